@@ -1,0 +1,106 @@
+"""Batched sampling with transformers: prompts bucketed by length, left padding, n samples per prompt,
+seeded per batch so that a run is reproducible for a given batch layout. Used by farm-sample's `hf`
+backend and by every method that samples (best-of-n, expert iteration, Quark)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Sample:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finished: bool  # ended with the end-of-sequence token rather than at max_new_tokens
+
+
+@dataclass
+class DecodingConfig:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 300
+    batch_size: int = 16  # sequences per forward pass (prompts per batch = batch_size // n, at least 1)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError("n must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0 (0 is greedy decoding)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+    def as_record_fields(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
+
+
+def length_buckets(lengths: Sequence[int], prompts_per_batch: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (longest first), so padding stays small."""
+    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
+    return [order[start : start + prompts_per_batch] for start in range(0, len(order), prompts_per_batch)]
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    config: DecodingConfig,
+    seed: int = 0,
+    on_batch: Callable[[list[int], list[list[Sample]]], None] | None = None,
+) -> list[list[Sample]]:
+    """Return config.n samples for each prompt, in prompt order.
+
+    `on_batch(indices, samples)` is called after each batch (for progress, streaming and resume).
+    Batch b is seeded with (seed, b), so results depend on the seed and the batch layout only.
+    """
+    import torch
+
+    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    prompts_per_batch = max(1, config.batch_size // config.n)
+    results: list[list[Sample]] = [[] for _ in prompts]
+    device = next(model.parameters()).device
+    sampling = config.temperature > 0
+    for batch_number, indices in enumerate(length_buckets([len(ids) for ids in encoded], prompts_per_batch)):
+        batch = tokenizer.pad({"input_ids": [encoded[i] for i in indices]}, padding=True, return_tensors="pt")
+        batch = {key: value.to(device) for key, value in batch.items()}
+        generator_seed = (seed * 1_000_003 + batch_number) % (2**63)
+        torch.manual_seed(generator_seed)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": config.max_new_tokens,
+            "num_return_sequences": config.n,
+            "pad_token_id": tokenizer.pad_token_id,
+            "do_sample": sampling,
+        }
+        if sampling:
+            kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            output = model.generate(**batch, **kwargs)
+        prompt_width = batch["input_ids"].shape[1]
+        completions = output[:, prompt_width:]
+        prompt_lengths = batch["attention_mask"].sum(dim=1).tolist()
+        batch_samples: list[list[Sample]] = []
+        for row, index in enumerate(indices):
+            samples = []
+            for k in range(config.n):
+                tokens = completions[row * config.n + k].tolist()
+                finished = tokenizer.eos_token_id in tokens
+                if finished:
+                    tokens = tokens[: tokens.index(tokenizer.eos_token_id)]
+                while tokens and tokens[-1] == tokenizer.pad_token_id:
+                    tokens.pop()
+                text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                samples.append(Sample(text, int(prompt_lengths[row]), len(tokens), finished))
+            results[index] = samples
+            batch_samples.append(samples)
+        if on_batch is not None:
+            on_batch(list(indices), batch_samples)
+    return results

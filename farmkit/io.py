@@ -1,0 +1,178 @@
+"""Reading and writing records: JSONL (or a JSON array), `-` for stdin/stdout, transparent .gz,
+validation at the boundary with FILE:LINE errors, and output files that appear whole or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from farmkit.validate import problems
+
+
+class FarmError(Exception):
+    """A data or runtime problem the user can fix; reported without a traceback, exit 1."""
+
+
+class RecordError(FarmError):
+    """A record that is not what the tool expects, with where it is."""
+
+    def __init__(self, source: str, line: int | None, message: str):
+        self.source, self.line, self.message = source, line, message
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {message}")
+
+
+def display_name(path: str | os.PathLike) -> str:
+    return "<stdin>" if str(path) == "-" else str(path)
+
+
+def open_binary(path: str | os.PathLike) -> IO[bytes]:
+    """Open a file for reading bytes; `-` is stdin and a gzip file (by magic bytes) is decompressed."""
+    if str(path) == "-":
+        raw: IO[bytes] = sys.stdin.buffer
+    else:
+        try:
+            raw = open(path, "rb")
+        except OSError as exc:
+            raise FarmError(f"{path}: cannot open: {exc.strerror}") from None
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+    if buffered.peek(2)[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=buffered)  # type: ignore[return-value]
+    return buffered
+
+
+def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, parsed value) from a JSONL file or a JSON array file.
+
+    A JSON array (AlpacaEval's .json files) is recognised by its first non-blank byte; its items
+    are numbered from 1 in the order they appear. Blank lines in JSONL are skipped.
+    """
+    name = display_name(path)
+    stream = open_binary(path)
+    try:
+        skipped_lines = 0
+        while True:  # skip leading whitespace to see whether this is a JSON array
+            head = stream.peek(64)
+            if not head or head.lstrip():
+                break
+            skipped_lines += stream.read(len(head)).count(b"\n")
+        if stream.peek(64).lstrip()[:1] == b"[":
+            try:
+                items = orjson.loads(stream.read())
+            except orjson.JSONDecodeError as exc:
+                raise RecordError(name, None, f"invalid JSON array ({exc}); expected a JSON array or JSON Lines") from None
+            yield from enumerate(items, start=1)
+            return
+        for number, line in enumerate(stream, start=1 + skipped_lines):
+            if not line.strip():
+                continue
+            try:
+                yield number, orjson.loads(line)
+            except orjson.JSONDecodeError:
+                shown = line.strip()[:60].decode("utf-8", "replace")
+                raise RecordError(name, number, f"not valid JSON ({shown!r}); expected one JSON object per line") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise FarmError(f"{name}: cannot read: {exc}") from None
+    finally:
+        if str(path) != "-":
+            stream.close()
+
+
+def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict[str, Any]]:
+    """Yield records from `path`, each checked against the schema of `kind` when one is given."""
+    name = display_name(path)
+    for number, record in iter_json(path):
+        if kind is not None:
+            problem = problems(record, kind)
+            if problem:
+                raise RecordError(name, number, problem)
+        elif not isinstance(record, dict):
+            raise RecordError(name, number, f"a {type(record).__name__} is not a record; expected a JSON object")
+        yield record
+
+
+def read_many(paths: Iterable[str | os.PathLike], kind: str | None = None) -> Iterator[dict[str, Any]]:
+    for path in paths:
+        yield from read_records(path, kind)
+
+
+def dumps(record: Any) -> bytes:
+    return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    Works for files and for directories (a model folder is written whole or not at all too).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        if tmp.is_dir() and target.is_dir():
+            import shutil
+
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        if tmp.is_dir():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+class RecordWriter:
+    """Write records as JSONL to stdout (streamed) or to a file (atomically, on close)."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = None if path in (None, "-") else Path(path)  # type: ignore[arg-type]
+        self.count = 0
+        self._stack = contextlib.ExitStack()
+        if self.path is None:
+            self._stream: IO[bytes] = sys.stdout.buffer
+        else:
+            tmp = self._stack.enter_context(atomic_path(self.path))
+            opener = gzip.open if self.path.suffix == ".gz" else open
+            self._stream = self._stack.enter_context(opener(tmp, "wb"))  # type: ignore[operator]
+
+    def write(self, record: Any) -> None:
+        self._stream.write(dumps(record))
+        self.count += 1
+        if self.path is None and self.count % 64 == 0:
+            self._stream.flush()
+
+    def write_all(self, records: Iterable[Any]) -> int:
+        for record in records:
+            self.write(record)
+        return self.count
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.path is None:
+            if exc_type is None:
+                self._stream.flush()
+            return
+        self._stack.__exit__(exc_type, exc, tb)
+
+
+def write_records(records: Iterable[Any], path: str | os.PathLike | None = None) -> int:
+    with RecordWriter(path) as writer:
+        return writer.write_all(records)

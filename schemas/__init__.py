@@ -1,0 +1,1 @@
+"""JSON Schemas of the record kinds, shipped as package data (see farmkit.validate)."""

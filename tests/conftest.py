@@ -1,0 +1,67 @@
+"""Shared fixtures: paths to the real public data, the embedded model, and a tiny random model that
+shares the embedded tokenizer (for tests that train and need speed more than quality)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def shared_data(relative: str) -> Path:
+    """A file under ../shared/data, or skip the test when it is absent."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        pytest.skip(f"shared data not present: {path}")
+    return path
+
+
+def run_tool(*args: str, input: bytes | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a farm-* console script in a real subprocess (bytes in, bytes out)."""
+    tool, *rest = args
+    executable = Path(sys.executable).parent / tool
+    return subprocess.run(
+        [str(executable), *rest], input=input, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.fixture(scope="session")
+def embedded_path() -> Path:
+    """The embedded model as a cached HF folder (converted from the GGUF on first use)."""
+    from farmkit.models import resolve
+
+    return Path(resolve("embedded"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, embedded_path) -> Path:
+    """A 2-layer, 64-wide Llama with the embedded tokenizer and chat template, randomly initialised
+    (seeded). Trains in seconds on a CPU; use it where the test is about the algorithm, not the model."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_path)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

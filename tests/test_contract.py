@@ -1,0 +1,134 @@
+"""The CLI contract, run over every farm-* command declared in pyproject.toml: fast --help without
+torch, empty input, a malformed line reported as FILE:LINE with exit 1, usage errors exit 2, and a
+closed stdout pipe that ends quietly."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import ROOT, run_tool
+
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+# How each command is called with one input file (`{input}`; `{dir}` is an output folder),
+# and what an empty input gives: "empty" (exit 0, nothing on stdout) or "error" (exit 1 with a
+# message naming the file: a training command cannot train on nothing).
+CONTRACT: dict[str, dict] = {
+    "farm-split": {"args": ["--tag", "{input}"], "empty": "empty"},
+    "farm-winrate": {"args": ["{input}"], "empty": "empty"},
+    "farm-correlate": {"args": ["{input}", "{input}"], "empty": "empty"},
+    "farm-annotate": {"args": ["--pool", "oracle_length", "{input}"], "empty": "empty"},
+    "farm-sample": {"args": ["embedded", "{input}"], "empty": "empty"},
+    "farm-sft": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-rm-train": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-score": {"args": ["embedded", "{input}"], "empty": "empty"},
+    "farm-bon": {"args": ["embedded", "embedded", "{input}"], "empty": "empty"},
+    "farm-expiter": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-dpo": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-ppo": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-quark": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+}
+
+# Commands that stream many records to stdout, with an input that makes them write far more than a
+# pipe buffer holds, for the closed-pipe check.
+def _many_instructions(n: int) -> bytes:
+    return b"".join(orjson.dumps({"instruction": f"task {i}", "input": "", "output": "x" * 40}) + b"\n" for i in range(n))
+
+
+def _many_pairs(n: int) -> bytes:
+    return b"".join(
+        orjson.dumps({"instruction": f"task {i}", "output_1": "short", "output_2": "a longer answer " * (i % 3 + 1)}) + b"\n"
+        for i in range(n)
+    )
+
+
+PIPED = {
+    "farm-split": (["--tag", "-"], _many_instructions),
+    "farm-annotate": (["--pool", "oracle_length", "-q", "--no-cache", "-"], _many_pairs),
+}
+
+
+def test_every_script_has_a_contract_entry():
+    assert sorted(SCRIPTS) == sorted(CONTRACT)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_help_is_fast_and_imports_no_torch(script):
+    module, function = SCRIPTS[script].split(":")
+    code = (
+        "import sys\n"
+        f"from {module} import {function} as main\n"
+        "try:\n"
+        f"    main(['--help'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'trl', 'vllm', 'openai') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"Usage:" in result.stdout
+
+
+def _call(script: str, path: Path, tmp_path: Path) -> list[str]:
+    return [a.format(input=str(path), dir=str(tmp_path / "out")) for a in CONTRACT[script]["args"]]
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_empty_input(script, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    result = run_tool(script, *_call(script, empty, tmp_path), "-q")
+    if CONTRACT[script]["empty"] == "empty":
+        assert result.returncode == 0, result.stderr.decode()
+        assert result.stdout == b""
+    else:
+        assert result.returncode == 1, result.stderr.decode()
+        assert str(empty) in result.stderr.decode()
+        assert not (tmp_path / "out").exists()
+    assert b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_malformed_line_names_file_and_line(script, tmp_path):
+    bad = tmp_path / "bad.jsonl.gz"
+    good = orjson.dumps({"instruction": "a", "input": "", "output": "b", "output_1": "b", "output_2": "c",
+                         "generator": "g", "preference": 1, "reward": 0.0})
+    bad.write_bytes(gzip.compress(good + b"\n" + good + b"\n{not json\n"))
+    result = run_tool(script, *_call(script, bad, tmp_path))
+    assert result.returncode == 1, result.stderr.decode()
+    stderr = result.stderr.decode()
+    assert f"{bad}:3:" in stderr
+    assert "expected" in stderr
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_unknown_option_is_a_usage_error(script):
+    result = run_tool(script, "--no-such-option")
+    assert result.returncode == 2
+    assert b"No such option" in result.stderr
+
+
+@pytest.mark.parametrize("script", sorted(PIPED))
+def test_closed_pipe_is_quiet(script):
+    args, make_input = PIPED[script]
+    executable = Path(sys.executable).parent / script
+    process = subprocess.Popen([str(executable), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdin.write(make_input(20000))
+    process.stdin.close()
+    first = process.stdout.readline()
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.wait(timeout=120)
+    assert first.startswith(b"{")
+    assert b"Traceback" not in stderr and b"Error" not in stderr, stderr.decode()
+    assert process.returncode in (0, -13), process.returncode
