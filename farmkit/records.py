@@ -1,0 +1,79 @@
+"""Conversions between record kinds that several tools need: preference verdicts as training targets,
+chosen/rejected pairs (TRL's prompt/chosen/rejected), and pairs from consecutive outputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from farmkit.io import RecordError
+
+TIE = 1.5
+
+
+def preference_target(preference: float | None) -> float | None:
+    """P(output_2 is better) for a verdict: 1 -> 0, 2 -> 1, 1.5 (or AlpacaEval's legacy 0) -> 0.5,
+    fractional values in [1, 2] -> soft labels; None (no verdict) -> None."""
+    if preference is None:
+        return None
+    if preference == 0:
+        return 0.5
+    if not 1 <= preference <= 2:
+        raise ValueError(f"preference {preference!r} is outside [1, 2]")
+    return float(preference) - 1.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One usable verdict: target is P(output_2 better) in [0, 1]."""
+
+    instruction: str
+    input: str
+    output_1: str
+    output_2: str
+    target: float
+
+    @property
+    def chosen(self) -> str:
+        return self.output_2 if self.target > 0.5 else self.output_1
+
+    @property
+    def rejected(self) -> str:
+        return self.output_1 if self.target > 0.5 else self.output_2
+
+
+def comparisons(
+    records: Iterable[dict[str, Any]], source: str = "<input>", ties: str = "drop"
+) -> tuple[list[Comparison], Counter]:
+    """Turn preference records into comparisons, counting what was left out and why.
+
+    ties="drop" leaves out exact ties (target 0.5); ties="half" keeps them with target 0.5.
+    Null verdicts are always left out and counted as `null`. Records without both output texts are
+    an error (AlpacaEval's compact annotations cannot be trained on).
+    """
+    if ties not in ("drop", "half"):
+        raise ValueError("ties must be 'drop' or 'half'")
+    kept: list[Comparison] = []
+    counts: Counter = Counter()
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get("output_1"), str) or not isinstance(record.get("output_2"), str):
+            raise RecordError(source, number, "the preference has no output texts; expected output_1 and output_2")
+        target = preference_target(record.get("preference"))
+        if target is None:
+            counts["null"] += 1
+            continue
+        if target == 0.5 and ties == "drop":
+            counts["tie"] += 1
+            continue
+        counts["used"] += 1
+        kept.append(Comparison(record.get("instruction", ""), record.get("input") or "", record["output_1"], record["output_2"], target))
+    return kept, counts
+
+
+def chosen_rejected(items: Iterable[Comparison]) -> Iterator[dict[str, str]]:
+    """Comparisons as instruction/input/chosen/rejected dicts (ties, if any were kept, are skipped)."""
+    for item in items:
+        if item.target != 0.5:
+            yield {"instruction": item.instruction, "input": item.input, "chosen": item.chosen, "rejected": item.rejected}
