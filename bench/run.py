@@ -48,7 +48,7 @@ def main(names: list[str]) -> int:
         ))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
     for r in table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

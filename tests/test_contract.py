@@ -7,12 +7,11 @@ from __future__ import annotations
 import gzip
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import orjson
 import pytest
-
+import tomllib
 from conftest import ROOT, run_tool
 
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
