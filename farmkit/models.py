@@ -100,10 +100,11 @@ def converted_gguf(gguf: Path, name: str) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
     folder = cache_dir() / "models" / f"{name}-{key}"
-    if (folder / META_FILE).exists():
+    if (folder / META_FILE).exists() and not _gguf_marked(folder):
         return folder
     with _file_lock(folder.with_suffix(".lock")):
         if (folder / META_FILE).exists():
+            _drop_gguf_mark(folder)
             return folder
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,6 +113,9 @@ def converted_gguf(gguf: Path, name: str) -> Path:
         print(f"farmkit: converting {gguf.name} to a cached model folder (once)...", file=sys.stderr)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        # the dequantized weights are plain fp32: without this mark the folder loads as a normal
+        # model (trainers refuse "quantized" ones)
+        loaded.config.quantization_config = None
         fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
         missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
         # tied output embeddings are the only keys allowed to be absent
@@ -130,6 +134,23 @@ def converted_gguf(gguf: Path, name: str) -> Path:
         os.replace(tmp, folder)
         print(f"farmkit: cached {name} in {folder} ({time.time() - started:.0f} s)", file=sys.stderr)
     return folder
+
+
+def _gguf_marked(folder: Path) -> bool:
+    config = folder / "config.json"
+    return config.is_file() and '"quant_method": "gguf"' in config.read_text()
+
+
+def _drop_gguf_mark(folder: Path) -> None:
+    """Repair a folder cached by an earlier farmkit whose config.json still claimed GGUF quantization."""
+    if not _gguf_marked(folder):
+        return
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    tmp = config_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, config_path)
 
 
 # ---------------------------------------------------------------------------------------------

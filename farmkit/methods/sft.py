@@ -1,0 +1,322 @@
+"""Supervised fine-tuning with TRL's SFTTrainer, the loss on the response only.
+
+Demonstrations (instruction, input, output, optional control) become token sequences built here:
+the prompt is exactly what `farmkit.models.PromptFormat` gives for sampling, tokenized alone as
+farm-sample tokenizes it, and the completion is the output followed by the end-of-sequence token.
+Binary FeedME and binary reward conditioning are ways of turning preference pairs into such
+demonstrations (`feedme_examples`, `conditioning_examples`); expert iteration calls `train_sft` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from farmkit.io import FarmError
+from farmkit.records import Comparison
+
+log = logging.getLogger("farmkit")
+
+POSITIVE_TOKEN = "<|preferred|>"
+NEGATIVE_TOKEN = "<|not_preferred|>"
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class SFTConfig:
+    """Every setting of an SFT run; farm-sft's options carry the same help text."""
+
+    epochs: float = field(default=3.0, metadata={"help": "Passes over the demonstrations (AlpacaFarm's SFT: 3)."})
+    max_steps: int = field(default=-1, metadata={"help": "Stop after this many optimizer steps (overrides --epochs; -1: no limit)."})
+    learning_rate: float = field(default=2e-5, metadata={"help": "Peak learning rate (AlpacaFarm's SFT: 2e-5; LoRA wants about 1e-4 to 1e-3)."})
+    batch_size: int = field(default=8, metadata={"help": "Sequences per device per forward pass."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Forward passes per optimizer step (effective batch = batch size x this x processes)."})
+    warmup_ratio: float = field(default=0.03, metadata={"help": "Fraction of the steps spent warming the learning rate up."})
+    lr_scheduler: str = field(default="cosine", metadata={"help": "Learning-rate schedule (a transformers scheduler name: cosine, linear, constant...)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_length: int = field(default=512, metadata={"help": "Longest training sequence in tokens (prompt + response); longer ones are cut at the end."})
+    template: str = field(default="auto", metadata={"help": "Prompt template: auto (the model's chat template if it has one), chat or alpaca."})
+    seed: int = field(default=0, metadata={"help": "Seed for initialisation, shuffling and dropout."})
+    lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights; it is merged before saving."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (alpha / r scales the adapter)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."})
+    save_steps: int = field(default=0, metadata={"help": "Write a resumable checkpoint every this many steps into DIR.checkpoints (0: none)."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in DIR.checkpoints, if there is one."})
+    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every this many steps."})
+    device: str = field(default="auto", metadata={"help": "auto (a GPU if present, else the CPU), cpu, cuda, cuda:1..."})
+    deepspeed: str | None = field(default=None, metadata={"help": "DeepSpeed config: zero2, zero3 (shipped) or a JSON file; use with accelerate launch."})
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0 and self.max_steps <= 0:
+            raise ValueError("give a positive epochs or max_steps")
+        if self.learning_rate <= 0:
+            raise ValueError("learning_rate must be positive")
+        if self.batch_size < 1 or self.gradient_accumulation_steps < 1:
+            raise ValueError("batch_size and gradient_accumulation_steps must be at least 1")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError("warmup_ratio must be in [0, 1)")
+        if self.max_length < 8:
+            raise ValueError("max_length must be at least 8 tokens")
+        if self.template not in ("auto", "chat", "alpaca"):
+            raise ValueError("template must be auto, chat or alpaca")
+        if self.save_steps < 0:
+            raise ValueError("save_steps must be >= 0")
+        if self.lora and self.lora_r < 1:
+            raise ValueError("lora_r must be at least 1")
+
+    @classmethod
+    def help_texts(cls) -> dict[str, str]:
+        return {item.name: item.metadata["help"] for item in fields(cls)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Turning records into demonstrations
+
+
+def feedme_examples(items: Iterable[Comparison]) -> list[dict[str, str]]:
+    """Binary FeedME: the preferred output of each comparison as a demonstration (ties left out)."""
+    return [
+        {"instruction": item.instruction, "input": item.input, "output": item.chosen}
+        for item in items
+        if item.target != 0.5
+    ]
+
+
+def conditioning_examples(
+    items: Iterable[Comparison], positive: str = POSITIVE_TOKEN, negative: str = NEGATIVE_TOKEN
+) -> list[dict[str, str]]:
+    """Binary reward conditioning: both outputs, each behind the control token for its verdict."""
+    examples = []
+    for item in items:
+        if item.target == 0.5:
+            continue
+        examples.append({"instruction": item.instruction, "input": item.input, "output": item.chosen, "control": positive})
+        examples.append({"instruction": item.instruction, "input": item.input, "output": item.rejected, "control": negative})
+    return examples
+
+
+def training_text(tokenizer: Any, prompt_format: Any, example: dict[str, Any]) -> tuple[str, str]:
+    """(prompt, completion) for one demonstration: the prompt farm-sample would use, and the output
+    followed by the end-of-sequence token so that the model learns to stop."""
+    from farmkit.models import response_end
+
+    prompt = prompt_format.prompt(tokenizer, example["instruction"], example.get("input") or "", control=example.get("control"))
+    return prompt, example["output"] + response_end(tokenizer)
+
+
+def tokenize_examples(
+    tokenizer: Any, prompt_format: Any, examples: Sequence[dict[str, Any]], max_length: int
+) -> list[dict[str, list[int]]]:
+    """Token ids and completion masks. The prompt is tokenized on its own, exactly as generation
+    tokenizes it, so the model is trained on the very context it later samples from."""
+    rows = []
+    for example in examples:
+        prompt, completion = training_text(tokenizer, prompt_format, example)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        input_ids = (prompt_ids + completion_ids)[:max_length]
+        mask = ([0] * len(prompt_ids) + [1] * len(completion_ids))[:max_length]
+        if any(mask):
+            rows.append({"input_ids": input_ids, "completion_mask": mask})
+    return rows
+
+
+def completion_loss(model: Any, tokenizer: Any, prompt_format: Any, examples: Sequence[dict[str, Any]], max_length: int = 512) -> float:
+    """Mean cross-entropy per response token of `model` on the demonstrations (prompt tokens excluded)."""
+    import torch
+
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for row in tokenize_examples(tokenizer, prompt_format, examples, max_length):
+            ids = torch.tensor([row["input_ids"]], device=device)
+            labels = ids.clone()
+            labels[0, torch.tensor(row["completion_mask"], device=device) == 0] = -100
+            logits = model(input_ids=ids).logits[:, :-1]
+            losses = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+            )
+            total += float(losses)
+            count += int((labels[:, 1:] != -100).sum())
+    return total / max(count, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def _deepspeed_config(name: str | None) -> str | None:
+    if name is None:
+        return None
+    shipped = SHIPPED_CONFIGS / f"deepspeed_{name}.json"
+    if shipped.is_file():
+        return str(shipped)
+    if Path(name).is_file():
+        return name
+    raise FarmError(f"DeepSpeed config {name!r}: expected zero2, zero3 or a JSON file")
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def checkpoint_dir(output_dir: str | os.PathLike) -> Path:
+    """Where resumable checkpoints of a run writing `output_dir` live (beside it, removed on success)."""
+    target = Path(output_dir)
+    return target.with_name(target.name + ".checkpoints")
+
+
+def _add_control_tokens(model: Any, tokenizer: Any, examples: Sequence[dict[str, Any]]) -> list[int]:
+    """Register the examples' control tokens as special tokens (one id each, never split) and grow the
+    embeddings to match. Returns the ids of the tokens that were new."""
+    controls = sorted({example["control"] for example in examples if example.get("control")})
+    vocabulary = tokenizer.get_vocab()
+    new = [token for token in controls if token not in vocabulary]
+    if new:
+        tokenizer.add_special_tokens({"extra_special_tokens": new}, replace_extra_special_tokens=False)
+        model.resize_token_embeddings(len(tokenizer))
+    return [tokenizer.convert_tokens_to_ids(token) for token in new]
+
+
+def train_sft(
+    model: str,
+    examples: list[dict[str, Any]],
+    output_dir: str | os.PathLike,
+    config: SFTConfig,
+    meta_extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune `model` on demonstrations and write an HF folder with meta.json at `output_dir`.
+
+    Examples carry instruction, input, output and optionally `control` (a token placed where the
+    response begins; new ones are added to the tokenizer as special tokens). `meta_extra` is merged
+    into meta.json (a caller names itself with "tool", its inputs with "inputs", and the token
+    sampling must use with "sampling_control_token"). Returns a summary: steps, losses, paths.
+    """
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig as TRLConfig
+    from trl import SFTTrainer
+
+    from farmkit.models import (
+        PromptFormat,
+        choose_device,
+        load_causal_lm,
+        package_versions,
+        read_meta,
+        resolve,
+        write_meta,
+    )
+
+    if not examples:
+        raise FarmError("no demonstrations to train on")
+    path = resolve(model)
+    device = choose_device(config.device)
+    on_gpu = device.startswith("cuda")
+    network, tokenizer = load_causal_lm(path, device=device, dtype="float32")
+    tokenizer.padding_side = "right"
+    # a base model's own sampling control token must not leak into demonstrations that carry none
+    prompt_format = replace(PromptFormat.for_model(path, config.template), control=None)
+    template = prompt_format.resolved(tokenizer)
+    new_token_ids = _add_control_tokens(network, tokenizer, examples)
+    rows = tokenize_examples(tokenizer, prompt_format, examples, config.max_length)
+    if not rows:
+        raise FarmError(f"every demonstration's prompt is longer than max_length={config.max_length}")
+
+    peft_config = None
+    if config.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+            target_modules="all-linear",
+            # new control tokens start untrained: their embedding rows must learn even under LoRA
+            trainable_token_indices={"embed_tokens": new_token_ids} if new_token_ids else None,
+        )
+
+    checkpoints = checkpoint_dir(output_dir)
+    with warnings.catch_warnings():
+        # TRL's own config still sets transformers' deprecated gradient_checkpointing alias
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+        args = TRLConfig(
+            output_dir=str(checkpoints),
+            num_train_epochs=config.epochs,
+            max_steps=config.max_steps,
+            learning_rate=config.learning_rate,
+            per_device_train_batch_size=config.batch_size,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            warmup_steps=float(config.warmup_ratio),  # a float below 1 is a fraction of the steps
+            lr_scheduler_type=config.lr_scheduler,
+            weight_decay=config.weight_decay,
+            max_length=config.max_length,
+            completion_only_loss=True,
+            seed=config.seed,
+            data_seed=config.seed,
+            logging_steps=config.logging_steps,
+            save_strategy="steps" if config.save_steps else "no",
+            save_steps=config.save_steps or 500,
+            report_to="none",
+            disable_tqdm=logging.getLogger("farmkit").level > logging.INFO,
+            use_cpu=not on_gpu,
+            bf16=on_gpu and torch.cuda.is_bf16_supported(),
+            gradient_checkpointing=False,
+            deepspeed=_deepspeed_config(config.deepspeed),
+            dataset_num_proc=None,
+        )
+    trainer = SFTTrainer(
+        model=network, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config
+    )
+    resume_from = None
+    if config.resume:
+        found = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])) if checkpoints.is_dir() else []
+        if found:
+            resume_from = str(found[-1])
+            log.info("resuming from %s", resume_from)
+        else:
+            log.warning("no checkpoint in %s: starting from the beginning", checkpoints)
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+    # Every rank takes part in saving (ZeRO-3 gathers shards); rank 0 alone finishes the folder.
+    target = Path(output_dir)
+    partial = target.with_name(f".{target.name}.partial")
+    if config.lora:
+        trainer.model = trainer.model.merge_and_unload()
+    trainer.save_model(str(partial))
+    summary = {
+        "output_dir": str(target),
+        "examples": len(rows),
+        "steps": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        "losses": losses,
+        "prompt_template": template,
+    }
+    if _is_main_process():
+        tokenizer.padding_side = "left"
+        tokenizer.save_pretrained(partial)
+        meta = {
+            "tool": "farm-sft",
+            "kind": "policy",
+            "base_model": str(model),
+            "base_model_meta": read_meta(path) or None,
+            "prompt_template": template,
+            "seed": config.seed,
+            "config": asdict(config),
+            "inputs": {},
+            "versions": package_versions(),
+            "training": {key: summary[key] for key in ("examples", "steps", "train_loss")},
+        }
+        meta.update(meta_extra or {})
+        write_meta(partial, meta)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(partial, target)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    return summary

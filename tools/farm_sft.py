@@ -1,0 +1,97 @@
+"""farm-sft: fine-tune a model on demonstrations (loss on the response only), or on preference pairs
+with Binary FeedME (--from-preferences) or binary reward conditioning (--reward-conditioning)."""
+
+from __future__ import annotations
+
+import click
+
+from farmkit.cli import common_options, entry_point, input_argument, log, seed_option
+from farmkit.io import FarmError, RecordError, display_name, read_records
+from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
+
+HELP = SFTConfig.help_texts()
+
+
+@click.command(name="farm-sft")
+@click.argument("model")
+@input_argument("demos")
+@click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
+              help="Model folder to write (HF weights + tokenizer + meta.json), whole or not at all.")
+@click.option("--from-preferences", is_flag=True,
+              help="Binary FeedME: DEMOS are preference records; train on the preferred output of each pair.")
+@click.option("--reward-conditioning", is_flag=True,
+              help="DEMOS are preference records; train on both outputs, each behind a control token for "
+                   "preferred / not preferred. farm-sample then adds the positive token by itself.")
+@click.option("--positive-token", default=POSITIVE_TOKEN, show_default=True, help="Control token of preferred outputs.")
+@click.option("--negative-token", default=NEGATIVE_TOKEN, show_default=True, help="Control token of the other outputs.")
+@click.option("--epochs", type=float, default=3.0, show_default=True, help=HELP["epochs"])
+@click.option("--max-steps", type=int, default=-1, show_default=True, help=HELP["max_steps"])
+@click.option("--learning-rate", type=float, default=2e-5, show_default=True, help=HELP["learning_rate"])
+@click.option("--batch-size", type=int, default=8, show_default=True, help=HELP["batch_size"])
+@click.option("--gradient-accumulation-steps", type=int, default=1, show_default=True, help=HELP["gradient_accumulation_steps"])
+@click.option("--warmup-ratio", type=float, default=0.03, show_default=True, help=HELP["warmup_ratio"])
+@click.option("--lr-scheduler", default="cosine", show_default=True, help=HELP["lr_scheduler"])
+@click.option("--max-length", type=int, default=512, show_default=True, help=HELP["max_length"])
+@click.option("--template", type=click.Choice(["auto", "chat", "alpaca"]), default="auto", show_default=True, help=HELP["template"])
+@click.option("--lora", is_flag=True, help=HELP["lora"])
+@click.option("--lora-r", type=int, default=16, show_default=True, help=HELP["lora_r"])
+@click.option("--save-steps", type=int, default=0, show_default=True, help=HELP["save_steps"])
+@click.option("--resume", is_flag=True, help=HELP["resume"])
+@click.option("--logging-steps", type=int, default=10, show_default=True, help=HELP["logging_steps"])
+@click.option("--device", default="auto", show_default=True, help=HELP["device"])
+@click.option("--deepspeed", default=None, help=HELP["deepspeed"])
+@seed_option
+@common_options
+def cli(model, demos, output_dir, from_preferences, reward_conditioning, positive_token, negative_token, **options):
+    """Fine-tune MODEL on DEMOS (instruction, input, output records) and write the model to -o DIR.
+
+    MODEL is `embedded`, a model folder, a .gguf file or a hub id. Prompts are formatted exactly as
+    farm-sample formats them (see --template), and the response ends with the end-of-sequence token.
+    """
+    if from_preferences and reward_conditioning:
+        raise click.UsageError("--from-preferences and --reward-conditioning are two different modes; pick one")
+    if positive_token == negative_token:
+        raise click.UsageError("--positive-token and --negative-token must differ")
+    try:
+        config = SFTConfig(**options)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    name = display_name(demos)
+    meta_extra = {"tool": "farm-sft", "inputs": {}}
+    if from_preferences or reward_conditioning:
+        from farmkit.methods.sft import conditioning_examples, feedme_examples
+        from farmkit.records import comparisons
+
+        items, counts = comparisons(read_records(demos, "preference"), source=name)
+        if from_preferences:
+            examples, mode = feedme_examples(items), "binary-feedme"
+        else:
+            examples, mode = conditioning_examples(items, positive_token, negative_token), "reward-conditioning"
+            meta_extra["sampling_control_token"] = positive_token
+            meta_extra["control_tokens"] = {"positive": positive_token, "negative": negative_token}
+        log.info("%s: %d pairs used, %d ties and %d null verdicts left out", name, counts["used"], counts["tie"], counts["null"])
+    else:
+        mode = "demonstrations"
+        examples = []
+        for number, record in enumerate(read_records(demos, "instruction"), start=1):
+            if not isinstance(record.get("output"), str) or not record["output"].strip():
+                raise RecordError(name, number, "the demonstration has no output; expected an `output` text to train on")
+            examples.append({"instruction": record["instruction"], "input": record.get("input") or "", "output": record["output"]})
+    if not examples:
+        raise FarmError(f"{name}: no demonstrations to train on")
+    meta_extra["mode"] = mode
+
+    from farmkit.methods.sft import train_sft
+    from farmkit.models import file_sha256
+
+    meta_extra["inputs"] = {name: file_sha256(demos)}
+    log.info("farm-sft: %s on %d demonstrations (%s) -> %s", model, len(examples), mode, output_dir)
+    summary = train_sft(model, examples, output_dir, config, meta_extra=meta_extra)
+    log.info("farm-sft: %d steps, mean training loss %.4f; wrote %s", summary["steps"], summary["train_loss"], output_dir)
+
+
+main = entry_point(cli)
+
+if __name__ == "__main__":
+    main()
