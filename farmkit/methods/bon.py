@@ -1,0 +1,124 @@
+"""Best-of-n: sample n outputs per prompt from a policy, score them with a reward model, keep the best.
+
+One sampling pass serves a whole sweep of n: the best of the first k samples, for every k asked for,
+so an over-optimization curve (reward against n) costs the largest n's samples and nothing more.
+Expert iteration uses the same selection to build its demonstrations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from farmkit.generation import DecodingConfig, Sample
+
+log = logging.getLogger("farmkit")
+
+
+@dataclass
+class BestOfNConfig:
+    """Sampling settings of best-of-n; `ns` lists every n to select for (the largest is sampled)."""
+
+    ns: tuple[int, ...] = (16,)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 300
+    batch_size: int = 16  # sequences per generation pass
+    score_batch_size: int = 16
+    template: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.ns = tuple(sorted(set(self.ns)))
+        if not self.ns or self.ns[0] < 1:
+            raise ValueError("every n must be at least 1")
+        if self.temperature <= 0:
+            raise ValueError("best-of-n needs sampling: temperature must be > 0")
+        DecodingConfig(**self.decoding_fields())  # the decoding settings' own checks
+
+    def decoding_fields(self) -> dict[str, Any]:
+        return {"n": max(self.ns), "temperature": self.temperature, "top_p": self.top_p,
+                "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size}
+
+
+@dataclass
+class ScoredPrompt:
+    """A prompt record with its samples, in sampling order, and their rewards."""
+
+    record: dict[str, Any]
+    samples: list[Sample]
+    rewards: list[float] = field(default_factory=list)
+
+    def best(self, k: int) -> int:
+        """Index of the highest reward among the first k samples (the earliest one on a tie)."""
+        window = self.rewards[:k]
+        return window.index(max(window))
+
+
+def sample_and_score(policy: str | os.PathLike, scorer: Any, prompts: Sequence[dict[str, Any]], config: BestOfNConfig,
+                     device: str = "auto") -> list[ScoredPrompt]:
+    """Sample max(config.ns) outputs per prompt record from `policy` and score every one with `scorer`
+    (a farmkit.methods.reward.RewardScorer). The policy is released before scoring."""
+    from farmkit.cli import progress
+    from farmkit.generation import generate
+    from farmkit.models import PromptFormat, load_causal_lm, resolve
+
+    path = resolve(policy)
+    network, tokenizer = load_causal_lm(path, device=device)
+    network.eval()
+    prompt_format = PromptFormat.for_model(path, config.template)
+    texts = [prompt_format.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts]
+    decoding = DecodingConfig(**config.decoding_fields())
+    with progress(total=len(texts) * decoding.n, desc=f"sampling {decoding.n} per prompt") as bar:
+        samples = generate(network, tokenizer, texts, decoding, seed=config.seed,
+                           on_batch=lambda indices, _: bar.update(len(indices) * decoding.n))
+    del network
+    scored = [ScoredPrompt(dict(record), found) for record, found in zip(prompts, samples, strict=True)]
+    items = [(p.record["instruction"], p.record.get("input"), s.text) for p in scored for s in p.samples]
+    with progress(total=len(items), desc="scoring") as bar:
+        rewards = scorer.score(items, progress=bar)
+    for position, prompt in enumerate(scored):
+        prompt.rewards = rewards[position * decoding.n : (position + 1) * decoding.n]
+    return scored
+
+
+def _output_record(prompt: ScoredPrompt, index: int, generator: str, config: BestOfNConfig, reward_model: str) -> dict[str, Any]:
+    record = dict(prompt.record)
+    record.update({
+        "output": prompt.samples[index].text,
+        "generator": generator,
+        "sample_index": index,
+        "reward": prompt.rewards[index],
+        "reward_model": reward_model,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "max_new_tokens": config.max_new_tokens,
+        "seed": config.seed,
+    })
+    return record
+
+
+def best_records(scored: Sequence[ScoredPrompt], policy_name: str, reward_model: str, config: BestOfNConfig) -> Iterator[dict[str, Any]]:
+    """For each n in config.ns (ascending), the best of the first n samples of every prompt, in prompt
+    order: output records with generator `<policy>-best-of-<n>`, best_of, reward and sample_index."""
+    for n in config.ns:
+        generator = f"{policy_name}-best-of-{n}"
+        for prompt in scored:
+            record = _output_record(prompt, prompt.best(n), generator, config, reward_model)
+            record["best_of"] = n
+            yield record
+
+
+def all_sample_records(scored: Sequence[ScoredPrompt], policy_name: str, reward_model: str, config: BestOfNConfig) -> Iterator[dict[str, Any]]:
+    """Every scored sample as an output record (generator: the policy's name), prompt by prompt."""
+    for prompt in scored:
+        for index in range(len(prompt.samples)):
+            yield _output_record(prompt, index, policy_name, config, reward_model)
+
+
+def mean_rewards(scored: Sequence[ScoredPrompt], ns: Sequence[int]) -> dict[int, float]:
+    """Mean reward of the selected output for each n (n=1 is the first sample's reward)."""
+    return {n: sum(p.rewards[p.best(n)] for p in scored) / len(scored) for n in ns} if scored else {}

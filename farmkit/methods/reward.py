@@ -1,0 +1,332 @@
+"""Reward models: Bradley-Terry training on preference comparisons (soft labels allowed) and batched
+scoring of outputs. Both format text the same way: the policy's prompt, the response, end-of-sequence.
+
+Training is a compact loop on `accelerate` rather than TRL's RewardTrainer, because the targets are
+probabilities (P(output_2 better): fractional verdicts and kept ties) and RewardTrainer only takes
+hard chosen/rejected pairs. The loop runs on one CPU, one GPU, or many under `accelerate launch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from farmkit.io import FarmError, atomic_path
+from farmkit.models import PromptFormat, read_meta, resolve, response_end
+from farmkit.records import Comparison
+
+log = logging.getLogger("farmkit")
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RewardConfig:
+    """Hyperparameters of reward-model training (the tool's options, resolved; saved in meta.json)."""
+
+    eval_fraction: float = 0.1  # share of prompts held out to measure pairwise accuracy
+    ties: str = "drop"  # "drop" leaves exact ties out, "half" trains on them with target 0.5
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    learning_rate: float = 1e-5
+    batch_size: int = 8  # pairs per optimizer step (per process)
+    max_length: int = 512  # tokens per text; longer ones lose their beginning, never the response end
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    template: str = "auto"
+    eval_every: int = 0  # steps between held-out evaluations; 0: only at the end
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError("eval_fraction must be in [0, 1)")
+        if self.ties not in ("drop", "half"):
+            raise ValueError("ties must be 'drop' or 'half'")
+        if self.epochs <= 0 and self.max_steps <= 0:
+            raise ValueError("give epochs > 0 or max_steps > 0")
+        if self.learning_rate <= 0 or self.batch_size < 1 or self.max_length < 8:
+            raise ValueError("learning_rate must be > 0, batch_size >= 1 and max_length >= 8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text and scoring, shared by training, farm-score, best-of-n and the RL methods
+
+
+def reward_text(tokenizer: Any, prompt_format: PromptFormat, instruction: str, input: str | None, output: str) -> str:
+    """What a reward model reads: the formatted prompt, the response, and end-of-sequence."""
+    return prompt_format.prompt(tokenizer, instruction, input) + output + response_end(tokenizer)
+
+
+def reward_format(model_path: str | os.PathLike, tokenizer: Any, template: str | None = None) -> PromptFormat:
+    """The prompt format of a model folder with `auto` resolved and no control token (a reward model
+    judges responses, it is never sampled from)."""
+    return PromptFormat(template=PromptFormat.for_model(model_path, template).resolved(tokenizer))
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    # the response and end-of-sequence sit at the end: truncation removes the start of long prompts
+    tokenizer.truncation_side = "left"
+    return tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+
+
+def _forward(network: Any, tokenizer: Any, sequences: Sequence[list[int]], device: Any) -> Any:
+    """Rewards (a 1-d tensor) for token sequences, through the model's own last-token pooling, so that
+    any caller that runs the model directly gets the same numbers."""
+    batch = tokenizer.pad({"input_ids": list(sequences)}, padding=True, return_tensors="pt")
+    return network(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits[:, 0]
+
+
+class RewardScorer:
+    """A loaded reward model that scores (instruction, input, output) triples in batches."""
+
+    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 16):
+        from farmkit.models import load_reward_model
+
+        self.name = model_name(model)
+        self.path = resolve(model)
+        self.network, self.tokenizer = load_reward_model(self.path, device=device)
+        self.network.eval()
+        self.format = reward_format(self.path, self.tokenizer)
+        self.max_length = int(read_meta(self.path).get("config", {}).get("max_length") or 1024)
+        self.batch_size = batch_size
+
+    def score(self, items: Sequence[tuple[str, str | None, str]], progress: Any = None) -> list[float]:
+        """Rewards in the order of `items`; batches group texts of similar length."""
+        import torch
+
+        texts = [reward_text(self.tokenizer, self.format, instruction, input, output) for instruction, input, output in items]
+        encoded = _encode(self.tokenizer, texts, self.max_length)
+        order = sorted(range(len(encoded)), key=lambda index: -len(encoded[index]))
+        rewards = [0.0] * len(encoded)
+        device = next(self.network.parameters()).device
+        with torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                indices = order[start : start + self.batch_size]
+                values = _forward(self.network, self.tokenizer, [encoded[i] for i in indices], device)
+                for index, value in zip(indices, values.float().tolist(), strict=True):
+                    rewards[index] = value
+                if progress is not None:
+                    progress.update(len(indices))
+        return rewards
+
+
+def model_name(model: str | os.PathLike) -> str:
+    """A short name for a model argument: a folder's name, or the argument itself."""
+    text = str(model).rstrip("/")
+    return Path(text).name if os.path.isdir(text) else text
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def split_held_out(items: Sequence[Comparison], fraction: float, seed: int) -> tuple[list[Comparison], list[Comparison]]:
+    """Hold out a seeded share of the prompts (every comparison of a held-out prompt goes with it, so
+    held-out accuracy measures prompts the model has not seen)."""
+    prompts = sorted({(item.instruction, item.input) for item in items})
+    random.Random(seed).shuffle(prompts)
+    count = math.ceil(len(prompts) * fraction) if fraction > 0 and len(prompts) > 1 else 0
+    held = set(prompts[: min(count, len(prompts) - 1)])
+    train = [item for item in items if (item.instruction, item.input) not in held]
+    held_out = [item for item in items if (item.instruction, item.input) in held]
+    return train, held_out
+
+
+def bradley_terry_loss(reward_1: Any, reward_2: Any, target: Any) -> Any:
+    """Cross-entropy of P(output_2 better) = sigmoid(r2 - r1) against a (possibly soft) target."""
+    import torch.nn.functional as F
+
+    return F.binary_cross_entropy_with_logits(reward_2 - reward_1, target)
+
+
+def _pair_stats(reward_1: Any, reward_2: Any, target: Any) -> tuple[int, int]:
+    """(correct, decided) over the pairs whose target is not a tie."""
+    decided = target != 0.5
+    correct = ((reward_2 > reward_1) == (target > 0.5)) & decided
+    return int(correct.sum()), int(decided.sum())
+
+
+class _Pairs:
+    """Tokenized comparisons; a batch is the output_1 texts followed by the output_2 texts."""
+
+    def __init__(self, tokenizer: Any, prompt_format: PromptFormat, items: Sequence[Comparison], max_length: int):
+        first = [reward_text(tokenizer, prompt_format, c.instruction, c.input, c.output_1) for c in items]
+        second = [reward_text(tokenizer, prompt_format, c.instruction, c.input, c.output_2) for c in items]
+        self.first = _encode(tokenizer, first, max_length)
+        self.second = _encode(tokenizer, second, max_length)
+        self.targets = [c.target for c in items]
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def collate(self, indices: list[int]) -> dict[str, Any]:
+        import torch
+
+        batch = self.tokenizer.pad(
+            {"input_ids": [self.first[i] for i in indices] + [self.second[i] for i in indices]}, padding=True, return_tensors="pt"
+        )
+        batch["target"] = torch.tensor([self.targets[i] for i in indices], dtype=torch.float32)
+        return dict(batch)
+
+
+def _rewards(network: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+    logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0].float()
+    half = logits.shape[0] // 2
+    return logits[:half], logits[half:]
+
+
+def _evaluate(accelerator: Any, network: Any, loader: Any) -> dict[str, float]:
+    import torch
+
+    network.eval()
+    losses, correct, decided, pairs = [], 0, 0, 0
+    with torch.inference_mode():
+        for batch in loader:
+            reward_1, reward_2 = _rewards(network, batch)
+            reward_1, reward_2, target = accelerator.gather_for_metrics((reward_1, reward_2, batch["target"]))
+            losses.append(float(bradley_terry_loss(reward_1, reward_2, target)) * len(target))
+            right, counted = _pair_stats(reward_1, reward_2, target)
+            correct, decided, pairs = correct + right, decided + counted, pairs + len(target)
+    network.train()
+    return {"eval_loss": sum(losses) / max(pairs, 1), "eval_accuracy": correct / decided if decided else float("nan"), "eval_pairs": pairs}
+
+
+def train_reward_model(
+    model: str | os.PathLike,
+    items: Sequence[Comparison],
+    output_dir: str | os.PathLike,
+    config: RewardConfig,
+    meta_extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train a Bradley-Terry reward model from `model`'s backbone and write it to `output_dir`
+    (weights, tokenizer, meta.json, metrics.jsonl), whole or not at all. Returns the summary."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+    from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
+
+    from farmkit.cli import progress
+    from farmkit.models import load_tokenizer, package_versions, write_meta
+
+    if not items:
+        raise FarmError("no comparisons to train on")
+    gpu = torch.cuda.is_available()
+    accelerator = Accelerator(cpu=not gpu, mixed_precision="bf16" if gpu and torch.cuda.is_bf16_supported() else "no")
+    set_seed(config.seed)
+    path = resolve(model)
+    tokenizer = load_tokenizer(path, padding_side="right")
+    prompt_format = reward_format(path, tokenizer, config.template)
+    train_items, held_out = split_held_out(items, config.eval_fraction, config.seed)
+    try:
+        # the load report lists the new head as missing, which is the point: silence it
+        with _transformers_quiet():
+            network = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    except OSError as exc:
+        raise FarmError(f"{model}: cannot load the backbone ({exc})") from None
+    network.config.pad_token_id = tokenizer.pad_token_id
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        # the scalar head is new: it trains in full beside the adapters (peft keeps it for SEQ_CLS)
+        lora = LoraConfig(task_type="SEQ_CLS", r=config.lora_r, lora_alpha=config.lora_alpha, target_modules="all-linear")
+        network = get_peft_model(network, lora)
+
+    train_pairs = _Pairs(tokenizer, prompt_format, train_items, config.max_length)
+    eval_pairs = _Pairs(tokenizer, prompt_format, held_out, config.max_length)
+    shuffler = torch.Generator().manual_seed(config.seed)
+    train_loader = DataLoader(train_pairs, batch_size=config.batch_size, shuffle=True, generator=shuffler, collate_fn=train_pairs.collate)
+    eval_loader = DataLoader(eval_pairs, batch_size=config.batch_size, collate_fn=eval_pairs.collate)
+    steps_per_epoch = math.ceil(len(train_pairs) / (config.batch_size * accelerator.num_processes))
+    total_steps = config.max_steps if config.max_steps > 0 else max(1, math.ceil(config.epochs * steps_per_epoch))
+    optimizer = torch.optim.AdamW([p for p in network.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay)
+    schedule = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
+    network, optimizer, train_loader, eval_loader, schedule = accelerator.prepare(network, optimizer, train_loader, eval_loader, schedule)
+
+    log.info("training a reward model on %d pairs (%d held out), %d steps", len(train_pairs), len(eval_pairs), total_steps)
+    summary: dict[str, Any] = {"train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs), "steps": total_steps}
+    with contextlib.ExitStack() as stack:
+        folder = stack.enter_context(atomic_path(output_dir)) if accelerator.is_main_process else None
+        metrics = None
+        if folder is not None:
+            folder.unlink()
+            folder.mkdir()
+            metrics = stack.enter_context(open(folder / METRICS_FILE, "w"))
+        started, step, window = time.time(), 0, []
+        network.train()
+        bar = progress(total=total_steps, desc="reward model") if accelerator.is_main_process else None
+        while step < total_steps:
+            for batch in train_loader:
+                reward_1, reward_2 = _rewards(network, batch)
+                loss = bradley_terry_loss(reward_1, reward_2, batch["target"])
+                accelerator.backward(loss)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+                step += 1
+                right, counted = _pair_stats(reward_1.detach(), reward_2.detach(), batch["target"])
+                row = {"step": step, "epoch": round(step / steps_per_epoch, 4), "loss": float(loss.detach()), "accuracy": right / counted if counted else None,
+                       "learning_rate": schedule.get_last_lr()[0], "seconds": round(time.time() - started, 2)}
+                window.append(row["loss"])
+                if config.eval_every and step % config.eval_every == 0 and step < total_steps and len(eval_pairs):
+                    row.update(_evaluate(accelerator, network, eval_loader))
+                if step == total_steps and len(eval_pairs):
+                    row.update(_evaluate(accelerator, network, eval_loader))
+                    summary.update({k: row[k] for k in ("eval_loss", "eval_accuracy")})
+                if metrics is not None:
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
+                if bar is not None:
+                    bar.update(1)
+                if step >= total_steps:
+                    break
+        if bar is not None:
+            bar.close()
+        summary["first_loss"], summary["final_loss"] = window[0], sum(window[-10:]) / len(window[-10:])
+        summary["seconds"] = round(time.time() - started, 1)
+        accelerator.wait_for_everyone()
+        if folder is not None:
+            metrics.close()
+            trained = accelerator.unwrap_model(network)
+            if config.lora:
+                trained = trained.merge_and_unload()
+            trained.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            meta = {
+                "tool": "farm-rm-train", "kind": "reward_model", "base_model": str(model),
+                "prompt_template": prompt_format.template, "seed": config.seed, "config": asdict(config),
+                "inputs": {}, "versions": package_versions(), "training": summary,
+            }
+            meta.update(meta_extra or {})
+            write_meta(folder, meta)
+    if "eval_accuracy" in summary:
+        log.info("held-out pairwise accuracy %.3f on %d pairs (loss %.4f)", summary["eval_accuracy"], len(eval_pairs), summary["eval_loss"])
+    return summary
+
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Any:
+    from transformers.utils import logging as transformers_logging
+
+    level = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(level)
