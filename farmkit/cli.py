@@ -83,6 +83,8 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("DISABLE_TQDM", "1")
+        # transformers 5 draws its "Loading weights" bars through huggingface_hub's switch
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def quiet() -> bool:
