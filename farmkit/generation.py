@@ -4,7 +4,7 @@ backend and by every method that samples (best-of-n, expert iteration, Quark).""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,11 +54,14 @@ def generate(
     config: DecodingConfig,
     seed: int = 0,
     on_batch: Callable[[list[int], list[list[Sample]]], None] | None = None,
+    skip: Collection[int] = (),
 ) -> list[list[Sample]]:
     """Return config.n samples for each prompt, in prompt order.
 
     `on_batch(indices, samples)` is called after each batch (for progress, streaming and resume).
     Batch b is seeded with (seed, b), so results depend on the seed and the batch layout only.
+    `skip` holds indices of prompts already done (a resumed run): a batch made only of them is not
+    generated (its samples stay empty), and the other batches keep their numbers, hence their seeds.
     """
     import torch
 
@@ -67,7 +70,10 @@ def generate(
     results: list[list[Sample]] = [[] for _ in prompts]
     device = next(model.parameters()).device
     sampling = config.temperature > 0
+    done = set(skip)
     for batch_number, indices in enumerate(length_buckets([len(ids) for ids in encoded], prompts_per_batch)):
+        if done.issuperset(indices):
+            continue
         batch = tokenizer.pad({"input_ids": [encoded[i] for i in indices]}, padding=True, return_tensors="pt")
         batch = {key: value.to(device) for key, value in batch.items()}
         generator_seed = (seed * 1_000_003 + batch_number) % (2**63)

@@ -226,6 +226,11 @@ class PromptFormat:
         return format_prompt(tokenizer, instruction, input, self.resolved(tokenizer), control or self.control)
 
 
+def chat_content(instruction: str, input: str | None = "") -> str:
+    """The user turn of the chat template; API backends send this same text as the user message."""
+    return instruction if not input else f"{instruction}\n\n{input}"
+
+
 def format_prompt(
     tokenizer: Any, instruction: str, input: str | None = "", template: str = "auto", control: str | None = None
 ) -> str:
@@ -233,9 +238,8 @@ def format_prompt(
     if template == "auto":
         template = "chat" if getattr(tokenizer, "chat_template", None) else "alpaca"
     if template == "chat":
-        content = instruction if not input else f"{instruction}\n\n{input}"
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": chat_content(instruction, input)}], tokenize=False, add_generation_prompt=True
         )
     elif template == "alpaca":
         preamble = ALPACA_PREAMBLE.format(with_input=ALPACA_WITH_INPUT if input else "")
