@@ -69,8 +69,60 @@ def _describe(spec: dict[str, Any]) -> str:
     return text
 
 
+_PYTHON_TYPES = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list,),
+    "boolean": (bool,),
+}
+
+
+@functools.cache
+def _compiled(kind: str) -> tuple[tuple[str, ...], dict[str, tuple[frozenset, Any, Any, Any]]]:
+    """The schema as exact Python types per field, for the fast acceptance check in `problems`."""
+    spec = schema(kind)
+    fields = {}
+    for field, field_spec in spec["properties"].items():
+        types = field_spec.get("type")
+        types = [types] if isinstance(types, str) else types
+        allowed = frozenset(t for name in types for t in _PYTHON_TYPES[name]) if types else None
+        enum = tuple(field_spec["enum"]) if "enum" in field_spec else None
+        fields[field] = (allowed, field_spec.get("minimum"), field_spec.get("maximum"), enum)
+    return tuple(spec["required"]), fields
+
+
+def _plainly_valid(record: Any, kind: str) -> bool:
+    # Exact type checks (orjson yields exact types): True only when the full check would pass too,
+    # so that valid records, nearly all of them, skip the slower path that builds messages.
+    if type(record) is not dict:
+        return False
+    required, fields = _compiled(kind)
+    for field in required:
+        if field not in record:
+            return False
+    for field, value in record.items():
+        spec = fields.get(field)
+        if spec is None:
+            continue
+        allowed, minimum, maximum, enum = spec
+        kind_of_value = type(value)
+        if allowed is not None and kind_of_value not in allowed:
+            return False
+        if enum is not None and value not in enum:
+            return False
+        if kind_of_value is int or kind_of_value is float:
+            if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+                return False
+    return True
+
+
 def problems(record: Any, kind: str) -> str | None:
     """Return what is wrong with `record` as a `kind` record ("...; expected ..."), or None."""
+    if _plainly_valid(record, kind):
+        return None
     spec = schema(kind)
     if not isinstance(record, dict):
         return f"a {type(record).__name__} is not a record; expected a JSON object ({spec['title']})"

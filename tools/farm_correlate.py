@@ -1,0 +1,130 @@
+"""farm-correlate: rank correlation between leaderboards, and a judge's labels against human labels."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import click
+
+from farmkit.cli import common_options, entry_point, log, provenance, stamp
+from farmkit.correlate import (
+    Annotations,
+    correlate_boards,
+    human_summary,
+    judge_summary,
+    read_board,
+)
+from farmkit.io import RecordWriter, atomic_path
+from farmkit.winrate import render
+
+FORMATS = ("jsonl", "table", "csv", "markdown")
+
+
+def _fields(ctx, param, value):
+    return tuple(part.strip() for part in value.split(",") if part.strip()) if value else value
+
+
+@click.command(name="farm-correlate")
+@click.argument("boards", nargs=-1, type=click.Path(allow_dash=True, dir_okay=False))
+@click.option("--name", "names", multiple=True, metavar="COLUMN",
+              help="Model-name column of the boards (once for all, or once per board). Default: generator, Model, or a CSV's first column.")
+@click.option("--score", "scores", multiple=True, metavar="COLUMN",
+              help="Score column of the boards (once for all, or once per board; a unique prefix is enough). Default: win_rate.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Leaderboard mode: scatter of the first two boards (diagonal, labelled points) as PNG.")
+@click.option("--judge", "judges", multiple=True, type=click.Path(allow_dash=True, dir_okay=False),
+              help="Annotation mode: the judge's preference records; each file is a run (repeat for repeated runs).")
+@click.option("--humans", "humans", multiple=True, type=click.Path(allow_dash=True, dir_okay=False),
+              help="Annotation mode: human preference records (several labels per pair allowed).")
+@click.option("--key", metavar="FIELD", help="Field that identifies a pair in all files. Default: pair_id, else the texts.")
+@click.option("--judge-label", default="preference", show_default=True, metavar="FIELD", help="Field holding the judge's label.")
+@click.option("--human-label", default="preference", show_default=True, callback=_fields, metavar="FIELD[,FIELD...]",
+              help="Field holding a human label; several fields: one annotator each (wide records).")
+@click.option("--outputs", default="output_1,output_2", show_default=True, callback=_fields, metavar="FIELD1,FIELD2",
+              help="Fields holding the two output texts (for the length, list and position preferences).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
+@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), help="Write to this file (atomically). Default: stdout.")
+@common_options
+def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_label, outputs, fmt, output):
+    """Leaderboard mode (BOARDS): correlate two or more leaderboards joined by model name (farm-winrate
+    JSONL, or CSVs with a name and a score column): Spearman, Kendall, Pearson and R^2 with n, and
+    the models missing from either side; one record per pair of boards.
+
+    Annotation mode (--judge/--humans): the judge's agreement with the humans (leave-one-out), bias,
+    variance over runs, preference for longer outputs, lists and the first position, and the humans'
+    own figures with Cohen's kappa between annotators (definitions in farmkit/correlate.py).
+
+    \b
+    farm-correlate sim.jsonl human.jsonl --plot sim_vs_human.png
+    farm-correlate benchmarks.csv benchmarks.csv --score 'Arena Elo' --score 'LC AlpacaEval 2.0'
+    farm-correlate --judge run0.jsonl --judge run1.jsonl --humans human_labels.jsonl
+    farm-correlate --humans pandalm_testset_v1.json --key idx --outputs response1,response2 \\
+        --human-label annotator1,annotator2,annotator3
+    """
+    if boards and (judges or humans):
+        raise click.UsageError("give leaderboards (leaderboard mode) or --judge/--humans (annotation mode), not both")
+    if len(outputs) != 2:
+        raise click.BadParameter("expected two fields, e.g. output_1,output_2", param_hint="--outputs")
+    if judges or humans:
+        annotations = Annotations(key_field=key, outputs=outputs)
+        for path in judges:
+            annotations.add_judge(path, judge_label)
+        for path in humans:
+            annotations.add_humans(path, human_label)
+        if annotations.unparsed:
+            log.warning(f"farm-correlate: {annotations.unparsed} labels are no verdict and were left out, "
+                        f"the first: {annotations.first_unparsed}")
+        rows = [row for row in (judge_summary(annotations), human_summary(annotations)) if row is not None]
+        info = provenance("farm-correlate", None, mode="annotations", key=key)
+    else:
+        if len(boards) < 2:
+            raise click.UsageError("leaderboard mode needs two leaderboards or more")
+        for option, values in (("--name", names), ("--score", scores)):
+            if len(values) not in (0, 1, len(boards)):
+                raise click.UsageError(f"give {option} once for all boards or once per board ({len(boards)})")
+        loaded = [read_board(path, _nth(names, i), _nth(scores, i)) for i, path in enumerate(boards)]
+        if not any(board.scores for board in loaded):
+            return
+        rows = [correlate_boards(x, y) for x, y in itertools.combinations(loaded, 2)]
+        for row in rows:
+            if row["missing_from_x"] or row["missing_from_y"]:
+                log.warning(f"farm-correlate: {row['x']} lacks {len(row['missing_from_x'])} models, "
+                            f"{row['y']} lacks {len(row['missing_from_y'])} (see missing_from_x / missing_from_y)")
+        if plot:
+            from farmkit.plots import scatter
+
+            x, y = loaded[0], loaded[1]
+            common = sorted(set(x.scores) & set(y.scores))
+            scatter(plot, [x.scores[m] for m in common], [y.scores[m] for m in common], labels=common,
+                    xlabel=x.label, ylabel=y.label, title=_title(rows[0]), diagonal=True)
+        info = provenance("farm-correlate", None, mode="leaderboards", names=list(names) or None, scores=list(scores) or None)
+    for row in rows:
+        stamp(row, "farm-correlate", info)
+    if fmt == "jsonl":
+        with RecordWriter(output) as writer:
+            writer.write_all(rows)
+        return
+    text = render(rows, fmt)
+    if output == "-":
+        sys.stdout.write(text)
+    else:
+        with atomic_path(output) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+
+
+def _nth(values: tuple[str, ...], index: int) -> str | None:
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values[index]
+
+
+def _title(row: dict) -> str:
+    if row["spearman"] is None:
+        return f"n = {row['n']}"
+    return f"Spearman {row['spearman']:.3f}, Pearson {row['pearson']:.3f}, n = {row['n']}"
+
+
+main = entry_point(cli)
+
+if __name__ == "__main__":
+    main()
