@@ -134,7 +134,10 @@ def entry_point(command: click.Command) -> Callable[[], None]:
     def main(argv: list[str] | None = None) -> None:
         code = 0
         try:
-            command.main(args=argv, prog_name=command.name, standalone_mode=False)
+            # make_context/invoke rather than command.main: click's main turns a closed pipe (EPIPE)
+            # into sys.exit(1) before the BrokenPipeError below can end the command quietly
+            with command.make_context(command.name, sys.argv[1:] if argv is None else list(argv)) as context:
+                command.invoke(context)
         except click.exceptions.Exit as exc:
             code = exc.exit_code
         except click.ClickException as exc:

@@ -23,7 +23,7 @@ CONTRACT: dict[str, dict] = {
     "farm-split": {"args": ["--tag", "{input}"], "empty": "empty"},
     "farm-winrate": {"args": ["{input}"], "empty": "empty"},
     "farm-correlate": {"args": ["{input}", "{input}"], "empty": "empty"},
-    "farm-annotate": {"args": ["--pool", "oracle_length", "{input}"], "empty": "empty"},
+    "farm-annotate": {"args": ["--pool", "gold", "--no-cache", "{input}"], "empty": "empty"},
     "farm-sample": {"args": ["embedded", "{input}"], "empty": "empty"},
     "farm-sft": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
     "farm-rm-train": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
@@ -50,7 +50,7 @@ def _many_pairs(n: int) -> bytes:
 
 PIPED = {
     "farm-split": (["--tag", "-"], _many_instructions),
-    "farm-annotate": (["--pool", "oracle_length", "-q", "--no-cache", "-"], _many_pairs),
+    "farm-annotate": (["--pool", "gold", "-q", "--no-cache", "-"], _many_pairs),
 }
 
 

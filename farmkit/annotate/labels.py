@@ -1,0 +1,62 @@
+"""The `file` backend: verdicts read from a preference file (human or external labels), for comparing
+simulated annotators with people.
+
+Labels are matched on (instruction, input, output_1, output_2), in either order. A pair labelled
+several times (several annotators) gives one of the labels chosen by the item's seeded draw
+(`aggregate: sample`, like asking one person from the crowd) or their mean (`aggregate: mean`, a soft
+label). A pair without a label gets no verdict.
+"""
+
+from __future__ import annotations
+
+from farmkit.annotate.backends import Verdict
+from farmkit.annotate.pools import Judge
+from farmkit.annotate.prompts import Shown
+from farmkit.io import read_records
+from farmkit.records import preference_target
+
+
+class FileBackend:
+    bulk = True
+    priced = False
+
+    def __init__(self) -> None:
+        self._labels: dict[str, dict[tuple[str, str, str, str], list[float]]] = {}
+
+    def model_name(self, judge: Judge) -> str:
+        return f"file:{judge.path}"
+
+    def labels(self, path: str) -> dict[tuple[str, str, str, str], list[float]]:
+        """P(output_2 better) for every labelled pair in `path`, keyed by the texts."""
+        if path not in self._labels:
+            table: dict[tuple[str, str, str, str], list[float]] = {}
+            for record in read_records(path, "preference"):
+                target = preference_target(record.get("preference"))
+                if target is None or not isinstance(record.get("output_1"), str) or not isinstance(record.get("output_2"), str):
+                    continue
+                key = (record.get("instruction", ""), record.get("input") or "", record["output_1"], record["output_2"])
+                table.setdefault(key, []).append(target)
+            self._labels[path] = table
+        return self._labels[path]
+
+    async def judge(self, judge: Judge, pairs: list[Shown], draws: list[float], seed: int) -> list[Verdict]:
+        table = self.labels(str(judge.path))
+        verdicts = []
+        for pair, draw in zip(pairs, draws, strict=True):
+            direct = table.get((pair.instruction, pair.input, pair.output_a, pair.output_b))
+            # a label for the pair in the other order: P(B better) there is P(A better) here
+            flipped = [1.0 - t for t in table.get((pair.instruction, pair.input, pair.output_b, pair.output_a), [])]
+            targets = (direct or []) + flipped
+            if not targets:
+                verdicts.append(Verdict(None, reason=f"no label for this pair in {judge.path}", model=self.model_name(judge)))
+                continue
+            if judge.aggregate == "mean":
+                target = sum(targets) / len(targets)
+            else:
+                target = targets[min(int(draw * len(targets)), len(targets) - 1)]
+            choice = "tie" if target == 0.5 else ("B" if target > 0.5 else "A")
+            verdicts.append(Verdict(choice, model=self.model_name(judge), probability=round(1.0 - target, 6)))
+        return verdicts
+
+    async def close(self) -> None:
+        self._labels.clear()

@@ -1,0 +1,81 @@
+"""The `local` backend: a judge model run in-process with transformers (the embedded model by default).
+
+The judge reads a `choice` template, formatted as a user turn with the model's own prompt format,
+followed by the template's `[answer]` text (the start of its reply). The verdict comes from the
+log-probabilities of the next token being " A" or " B": no generation and no parsing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+from farmkit.annotate.backends import Verdict, decide
+from farmkit.annotate.pools import Judge
+from farmkit.annotate.prompts import Shown, load_template
+from farmkit.io import FarmError
+
+
+class LocalBackend:
+    bulk = False
+    priced = False
+
+    def __init__(self, device: str = "auto") -> None:
+        self.device = device
+        self._loaded: dict[str, Any] = {}
+        self._lock = asyncio.Lock()  # one forward pass at a time: the model uses every core already
+
+    def model_name(self, judge: Judge) -> str:
+        return judge.model or "embedded"
+
+    def _load(self, model: str) -> Any:
+        if model not in self._loaded:
+            from farmkit.models import PromptFormat, load_causal_lm, resolve
+
+            network, tokenizer = load_causal_lm(model, device=self.device)
+            network.eval()
+            choices = []
+            for letter in (" A", " B"):
+                ids = tokenizer.encode(letter, add_special_tokens=False)
+                if len(ids) != 1:
+                    raise FarmError(f"{model}: {letter!r} is not one token for this tokenizer; the local judge needs it to be")
+                choices.append(ids[0])
+            self._loaded[model] = (network, tokenizer, PromptFormat.for_model(resolve(model)), choices)
+        return self._loaded[model]
+
+    async def judge(self, judge: Judge, pairs: list[Shown], draws: list[float], seed: int) -> list[Verdict]:
+        async with self._lock:
+            return await asyncio.to_thread(self._judge, judge, pairs, draws)
+
+    def _judge(self, judge: Judge, pairs: list[Shown], draws: list[float]) -> list[Verdict]:
+        import torch
+
+        started = time.perf_counter()
+        network, tokenizer, prompt_format, (token_a, token_b) = self._load(self.model_name(judge))
+        template = load_template(judge.prompt)
+        if template.format != "choice":
+            raise FarmError(f"judge {judge.name}: the local backend needs a `choice` template, not {template.format}")
+        texts = []
+        for pair in pairs:
+            question = template.messages([pair])[-1]["content"]
+            texts.append(prompt_format.prompt(tokenizer, question, "") + template.answer_prefix)
+        batch = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt").to(network.device)
+        with torch.no_grad():
+            logits = network(**batch).logits[:, -1, :].float()  # left padding: the last position is the next token
+        log_probs = torch.log_softmax(logits, dim=-1)
+        elapsed = (time.perf_counter() - started) / len(pairs)
+        verdicts = []
+        for row, draw in enumerate(draws):
+            lp_a, lp_b = log_probs[row, token_a].item(), log_probs[row, token_b].item()
+            scale = judge.temperature if judge.temperature > 0 else 1.0
+            probability = 1.0 / (1.0 + math.exp((lp_b - lp_a) / scale))
+            verdicts.append(Verdict(
+                decide(probability, judge.temperature, draw), model=self.model_name(judge), probability=round(probability, 6),
+                prompt_tokens=int(batch["attention_mask"][row].sum()), seconds=round(elapsed, 4),
+                raw=f"logp(A)={lp_a:.4f} logp(B)={lp_b:.4f}"))
+        return verdicts
+
+    async def close(self) -> None:
+        self._loaded.clear()

@@ -1,0 +1,197 @@
+"""Annotator pools: YAML files (shipped in pools/ or given as a path) listing judges, the label-noise
+rate, the model tiers and the request settings; loading, validation and the `--list-pools` rows.
+
+A pool file:
+
+    name: sim_eval
+    description: one line
+    flip_rate: 0.0            # share of labels flipped by noise (see below)
+    tiers: {small: gpt-4o-mini, medium: gpt-4.1-mini, large: gpt-4.1}
+    settings: {concurrency: 8, timeout: 60, max_retries: 6, backoff: 1.0, parse_retries: 2}
+    prices: {my-model: {prompt: 0.5, completion: 1.5}}   # USD per million tokens, optional
+    judges:
+      - {name: plain-large, backend: openai, tier: large, prompt: plain, batch_size: 1, temperature: 1.0}
+
+`flip_rate` is the share of labels that end up flipped: each label is replaced by a fair coin with
+probability 2 * flip_rate, so 0.25 means half the labels are coin flips (AlpacaFarm's setting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farmkit.io import FarmError
+
+BACKENDS = ("openai", "local", "oracle", "file")
+DEFAULT_SETTINGS = {"concurrency": 8, "timeout": 60.0, "max_retries": 6, "backoff": 1.0, "parse_retries": 2}
+
+
+@dataclass(frozen=True)
+class Judge:
+    """One simulated annotator. `temperature` is how random its verdicts are: the decoding temperature
+    for openai/local judges, the Bradley-Terry temperature for oracle judges (0: deterministic)."""
+
+    name: str
+    backend: str
+    weight: float = 1.0
+    temperature: float = 0.0
+    # openai and local: which model, which prompt, how many pairs per request, worked examples
+    tier: str | None = None
+    model: str | None = None
+    prompt: str = "plain"
+    batch_size: int = 1
+    examples: int = 0
+    max_tokens: int = 300
+    # oracle: the "true" reward ("heuristic" or a reward model folder) and the biases added to it
+    reward: str = "heuristic"
+    length_bias: float = 0.0
+    position_bias: float = 0.0
+    # file: where the labels are and how several labels for one pair are combined
+    path: str | None = None
+    aggregate: str = "sample"
+
+    def key_fields(self) -> dict[str, Any]:
+        """Everything about the judge that can change a verdict (the resolved model is added by the caller)."""
+        fields = dataclasses.asdict(self)
+        for unused in ("name", "weight", "tier", "model"):
+            fields.pop(unused)
+        return fields
+
+
+@dataclass
+class Pool:
+    name: str
+    description: str
+    judges: list[Judge]
+    flip_rate: float = 0.0
+    tiers: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SETTINGS))
+    prices: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def backends(self) -> list[str]:
+        return sorted({judge.backend for judge in self.judges})
+
+    def model_for(self, judge: Judge) -> str | None:
+        """The concrete model a judge calls: its own `model`, else its tier's model."""
+        if judge.model:
+            return judge.model
+        if judge.tier is None:
+            return None
+        if judge.tier not in self.tiers:
+            raise FarmError(f"pool {self.name}: judge {judge.name} uses tier {judge.tier!r}, which the pool does not map to a model")
+        return self.tiers[judge.tier]
+
+    def with_models(self, overrides: list[str]) -> Pool:
+        """Apply `--model NAME` (every openai judge) first, then `--model TIER=NAME` (that tier's judges)."""
+        tiers, judges = dict(self.tiers), list(self.judges)
+        for name in [o for o in overrides if "=" not in o]:
+            tiers = dict.fromkeys(tiers, name)
+            judges = [dataclasses.replace(j, model=name) if j.backend == "openai" else j for j in judges]
+        for override in [o for o in overrides if "=" in o]:
+            tier, name = override.split("=", 1)
+            if tier not in tiers:
+                raise FarmError(f"--model {override}: pool {self.name} has no tier {tier!r} (tiers: {', '.join(sorted(tiers)) or 'none'})")
+            tiers[tier] = name
+            judges = [dataclasses.replace(j, model=None) if j.tier == tier else j for j in judges]
+        return dataclasses.replace(self, tiers=tiers, judges=judges)
+
+    def listing(self) -> dict[str, Any]:
+        return {"name": self.name, "backends": self.backends, "judges": len(self.judges),
+                "flip_rate": self.flip_rate, "needs_endpoint": "openai" in self.backends,
+                "description": self.description}
+
+
+def _folder():
+    return importlib.resources.files("farmkit.annotate").joinpath("pools")
+
+
+def shipped_pools() -> list[str]:
+    return sorted(entry.name[:-5] for entry in _folder().iterdir() if entry.name.endswith(".yaml"))
+
+
+def load_pool(name_or_path: str) -> Pool:
+    """A shipped pool by name, or a pool YAML file."""
+    import yaml
+
+    shipped = _folder().joinpath(f"{name_or_path}.yaml")
+    if shipped.is_file():
+        text, source, base = shipped.read_text(encoding="utf-8"), f"pools/{name_or_path}.yaml", None
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise FarmError(f"no pool {name_or_path!r}: not a shipped pool ({', '.join(shipped_pools())}) nor a YAML file; "
+                            "see farm-annotate --list-pools")
+        text, source, base = path.read_text(encoding="utf-8"), str(path), path.parent
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FarmError(f"{source}: not valid YAML ({exc})") from None
+    return pool_from_dict(data, source, base)
+
+
+def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
+    if not isinstance(data, dict):
+        raise FarmError(f"{source}: expected a mapping with name, description and judges")
+    known = {"name", "description", "flip_rate", "tiers", "settings", "prices", "judges"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise FarmError(f"{source}: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(known))}")
+    judges_data = data.get("judges")
+    if not isinstance(judges_data, list) or not judges_data:
+        raise FarmError(f"{source}: `judges` must be a non-empty list")
+    judge_fields = {f.name for f in dataclasses.fields(Judge)}
+    judges = []
+    for number, entry in enumerate(judges_data, start=1):
+        if not isinstance(entry, dict):
+            raise FarmError(f"{source}: judge {number} is not a mapping")
+        bad = sorted(set(entry) - judge_fields)
+        if bad:
+            raise FarmError(f"{source}: judge {number}: unknown key(s) {', '.join(bad)}; expected some of {', '.join(sorted(judge_fields))}")
+        entry = dict(entry)
+        entry.setdefault("name", f"judge{number}")
+        if entry.get("path") and base is not None and not Path(entry["path"]).is_absolute():
+            entry["path"] = str(base / entry["path"])
+        if entry.get("prompt") and base is not None and (base / entry["prompt"]).is_file():
+            entry["prompt"] = str(base / entry["prompt"])
+        try:
+            judge = Judge(**entry)
+        except TypeError as exc:
+            raise FarmError(f"{source}: judge {number}: {exc}") from None
+        _check_judge(judge, source)
+        judges.append(judge)
+    names = [judge.name for judge in judges]
+    if len(set(names)) != len(names):
+        raise FarmError(f"{source}: judge names must be unique")
+    flip_rate = float(data.get("flip_rate", 0.0))
+    if not 0 <= flip_rate <= 0.5:
+        raise FarmError(f"{source}: flip_rate must be in [0, 0.5] (0.5: every label a coin flip)")
+    settings = dict(DEFAULT_SETTINGS)
+    settings.update(data.get("settings") or {})
+    unknown_settings = sorted(set(settings) - set(DEFAULT_SETTINGS))
+    if unknown_settings:
+        raise FarmError(f"{source}: unknown setting(s) {', '.join(unknown_settings)}; expected {', '.join(DEFAULT_SETTINGS)}")
+    return Pool(name=str(data.get("name") or Path(source).stem), description=str(data.get("description", "")),
+                judges=judges, flip_rate=flip_rate, tiers=dict(data.get("tiers") or {}), settings=settings,
+                prices=dict(data.get("prices") or {}), source=source)
+
+
+def _check_judge(judge: Judge, source: str) -> None:
+    where = f"{source}: judge {judge.name}"
+    if judge.backend not in BACKENDS:
+        raise FarmError(f"{where}: unknown backend {judge.backend!r}; expected one of {', '.join(BACKENDS)}")
+    if judge.weight <= 0 or judge.temperature < 0:
+        raise FarmError(f"{where}: weight must be > 0 and temperature >= 0")
+    if not 1 <= judge.batch_size <= 16:
+        raise FarmError(f"{where}: batch_size must be between 1 and 16")
+    if judge.backend == "openai" and not (judge.tier or judge.model):
+        raise FarmError(f"{where}: an openai judge needs a tier or a model")
+    if judge.backend == "file" and not judge.path:
+        raise FarmError(f"{where}: a file judge needs `path`, the labels file")
+    if judge.aggregate not in ("sample", "mean"):
+        raise FarmError(f"{where}: aggregate must be sample or mean")
