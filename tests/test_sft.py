@@ -1,0 +1,241 @@
+"""farm-sft and farmkit.methods.sft: real training runs, small. The embedded model learns a handful
+of demonstrations (loss on the response falls, weights move, the folder samples); the tiny model
+covers the modes (Binary FeedME, reward conditioning, LoRA) and checkpoint/resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import run_tool
+from farmkit.tools.farm_sample import cli as sample_cli
+from farmkit.tools.farm_sft import cli as sft_cli
+
+from farmkit.methods import sft
+from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig, train_sft
+
+DEMOS = [
+    {"instruction": "Name the colour of a clear daytime sky.", "input": "", "output": "Blue."},
+    {"instruction": "Translate the word into French.", "input": "cat", "output": "Chat."},
+    {"instruction": "What is three plus four?", "input": "", "output": "Seven."},
+    {"instruction": "Give the opposite of the word.", "input": "hot", "output": "Cold."},
+]
+
+PREFERENCES = [
+    {"instruction": "Say something kind.", "input": "", "output_1": "You did well today.", "output_2": "Go away.", "preference": 1},
+    {"instruction": "Name a fruit.", "input": "", "output_1": "A chair.", "output_2": "An apple.", "preference": 2},
+    {"instruction": "Count to three.", "input": "", "output_1": "1 2 3", "output_2": "one two three", "preference": 1.5},
+    {"instruction": "Name a planet.", "input": "", "output_1": "Mars.", "output_2": "Paris.", "preference": None},
+]
+
+
+def invoke(command, *args: str):
+    """Run a farm-* command in this process (no second import of torch and TRL), quietly."""
+    result = CliRunner().invoke(command, [*args, "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def state(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def quick(**overrides) -> SFTConfig:
+    settings = {"max_steps": 4, "batch_size": 4, "learning_rate": 1e-3, "warmup_ratio": 0.0, "logging_steps": 1,
+                "lr_scheduler": "constant", "max_length": 128}
+    settings.update(overrides)
+    return SFTConfig(**settings)
+
+
+def test_sft_lowers_the_response_loss_and_changes_the_weights(tiny_model_path, tmp_path):
+    from farmkit.models import PromptFormat, load_causal_lm
+
+    before_model, tokenizer = load_causal_lm(tiny_model_path)
+    loss_before = sft.completion_loss(before_model, tokenizer, PromptFormat.for_model(tiny_model_path), DEMOS)
+    summary = train_sft(str(tiny_model_path), DEMOS, tmp_path / "sft", quick(max_steps=8))
+    assert summary["steps"] == 8 and len(summary["losses"]) == 8
+    after_model, _ = load_causal_lm(tmp_path / "sft")
+    loss_after = sft.completion_loss(after_model, tokenizer, PromptFormat.for_model(tmp_path / "sft"), DEMOS)
+    assert loss_after < loss_before - 1.0, (loss_before, loss_after)
+    before = before_model.state_dict()
+    assert all(not (tensor == before[name]).all() for name, tensor in after_model.state_dict().items() if "norm" not in name)
+
+
+@pytest.mark.slow
+def test_embedded_sft_lowers_the_loss_changes_weights_and_samples(embedded_path, tmp_path):
+    from farmkit.generation import DecodingConfig, generate
+    from farmkit.models import PromptFormat, load_causal_lm
+
+    before_model, tokenizer = load_causal_lm(embedded_path)
+    prompt_format = PromptFormat.for_model(embedded_path)
+    loss_before = sft.completion_loss(before_model, tokenizer, prompt_format, DEMOS)
+    before = {name: tensor.clone() for name, tensor in before_model.state_dict().items()}
+    del before_model
+
+    out = tmp_path / "sft"
+    summary = train_sft("embedded", DEMOS, out, quick(max_steps=6, learning_rate=5e-5), meta_extra={"inputs": {"demos": "x"}})
+    assert summary["steps"] == 6
+
+    after_model, after_tokenizer = load_causal_lm(out)
+    loss_after = sft.completion_loss(after_model, after_tokenizer, PromptFormat.for_model(out), DEMOS)
+    assert loss_after < loss_before * 0.8, (loss_before, loss_after)
+    changed = [name for name, tensor in after_model.state_dict().items() if not (tensor == before[name]).all()]
+    assert len(changed) > len(before) // 2
+
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tool"] == "farm-sft" and meta["kind"] == "policy" and meta["base_model"] == "embedded"
+    assert meta["prompt_template"] == "chat" and meta["seed"] == 0 and meta["inputs"] == {"demos": "x"}
+    assert meta["config"]["max_steps"] == 6 and "transformers" in meta["versions"]
+    assert not sft.checkpoint_dir(out).exists()
+
+    # the folder loads as farm-sample loads it, and greedy decoding now gives the taught answer
+    prompt = PromptFormat.for_model(out).prompt(after_tokenizer, DEMOS[2]["instruction"])
+    [[sample]] = generate(after_model, after_tokenizer, [prompt], DecodingConfig(temperature=0, max_new_tokens=6))
+    assert "Seven" in sample.text
+
+
+def test_farm_sft_cli_writes_a_folder_that_farm_sample_reads(tiny_model_path, tmp_path):
+    demos = write_jsonl(tmp_path / "demos.jsonl", DEMOS)
+    out = tmp_path / "model"
+    invoke(sft_cli, str(tiny_model_path), str(demos), "-o", str(out), "--max-steps", "2", "--batch-size", "2")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["mode"] == "demonstrations" and list(meta["inputs"]) == [str(demos)]
+    assert len(meta["inputs"][str(demos)]) == 64
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"instruction": "Say hi.", "input": ""}])
+    sampled = invoke(sample_cli, str(out), str(prompts), "--max-new-tokens", "4")
+    [record] = [json.loads(line) for line in sampled.stdout.splitlines()]
+    assert record["generator"] == "model" and record["instruction"] == "Say hi."
+
+
+def test_a_demonstration_without_output_is_an_error_naming_its_line(tiny_model_path, tmp_path):
+    demos = write_jsonl(tmp_path / "demos.jsonl", [DEMOS[0], {"instruction": "No answer here."}])
+    result = run_tool("farm-sft", str(tiny_model_path), str(demos), "-o", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert f"{demos}:2: the demonstration has no output" in result.stderr.decode()
+    assert not (tmp_path / "out").exists()
+
+
+def test_modes_are_exclusive(tmp_path):
+    result = CliRunner().invoke(sft_cli, ["embedded", "x.jsonl", "-o", str(tmp_path / "o"), "--from-preferences", "--reward-conditioning"])
+    assert result.exit_code == 2 and "pick one" in result.output
+
+
+def test_feedme_and_conditioning_examples_follow_the_verdicts():
+    from farmkit.records import comparisons
+
+    items, counts = comparisons(PREFERENCES)
+    assert counts == {"used": 2, "tie": 1, "null": 1}
+    assert sft.feedme_examples(items) == [
+        {"instruction": "Say something kind.", "input": "", "output": "You did well today."},
+        {"instruction": "Name a fruit.", "input": "", "output": "An apple."},
+    ]
+    conditioned = sft.conditioning_examples(items)
+    assert [(e["output"], e["control"]) for e in conditioned] == [
+        ("You did well today.", POSITIVE_TOKEN), ("Go away.", NEGATIVE_TOKEN),
+        ("An apple.", POSITIVE_TOKEN), ("A chair.", NEGATIVE_TOKEN),
+    ]
+
+
+def test_from_preferences_trains_on_the_preferred_outputs(tiny_model_path, tmp_path, monkeypatch):
+    seen = []
+    original = sft.tokenize_examples
+
+    def spy(tokenizer, prompt_format, examples, max_length):
+        seen.extend(examples)
+        return original(tokenizer, prompt_format, examples, max_length)
+
+    monkeypatch.setattr(sft, "tokenize_examples", spy)
+    prefs = write_jsonl(tmp_path / "prefs.jsonl", PREFERENCES)
+    invoke(sft_cli, str(tiny_model_path), str(prefs), "-o", str(tmp_path / "feedme"), "--from-preferences", "--max-steps", "1")
+    assert [e["output"] for e in seen] == ["You did well today.", "An apple."]
+    assert json.loads((tmp_path / "feedme" / "meta.json").read_text())["mode"] == "binary-feedme"
+
+
+def test_reward_conditioning_adds_control_tokens_and_records_the_positive_one(tiny_model_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    prefs = write_jsonl(tmp_path / "prefs.jsonl", PREFERENCES)
+    out = tmp_path / "conditioned"
+    invoke(sft_cli, str(tiny_model_path), str(prefs), "-o", str(out), "--reward-conditioning", "--max-steps", "2",
+           "--learning-rate", "1e-2")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["sampling_control_token"] == POSITIVE_TOKEN and meta["mode"] == "reward-conditioning"
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    base_size = len(AutoTokenizer.from_pretrained(tiny_model_path))
+    assert len(tokenizer) == base_size + 2
+    for token in (POSITIVE_TOKEN, NEGATIVE_TOKEN):
+        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
+    weights = state(out)
+    embeddings = weights["model.embed_tokens.weight"]
+    assert embeddings.shape[0] == base_size + 2
+    # the two new rows were trained apart (they start from the same distribution)
+    assert not (embeddings[-1] == embeddings[-2]).all()
+
+
+def test_lora_is_merged_into_a_plain_folder(tiny_model_path, tmp_path):
+    out = tmp_path / "lora"
+    summary = train_sft(str(tiny_model_path), DEMOS, out, quick(lora=True, lora_r=4, max_steps=2, learning_rate=1e-2))
+    assert summary["steps"] == 2
+    names = set(state(out))
+    assert not any("lora" in name for name in names)
+    assert not (out / "adapter_config.json").exists()
+    base, tuned = state(tiny_model_path), state(out)
+    assert any(not (base[name] == tuned[name]).all() for name in base if name in tuned)
+
+
+def test_checkpoints_resume_to_the_same_weights(tiny_model_path, tmp_path):
+    straight = tmp_path / "straight"
+    train_sft(str(tiny_model_path), DEMOS, straight, quick(max_steps=4, batch_size=2))
+
+    interrupted = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        _train_until(tiny_model_path, interrupted, stop_after=2)
+    checkpoints = sft.checkpoint_dir(interrupted)
+    assert (checkpoints / "checkpoint-2").is_dir() and not interrupted.exists()
+    summary = train_sft(str(tiny_model_path), DEMOS, interrupted, quick(max_steps=4, batch_size=2, save_steps=2, resume=True))
+    assert summary["steps"] == 4
+    assert not checkpoints.exists()  # removed once the folder is complete
+    a, b = state(straight), state(interrupted)
+    assert all((a[name] - b[name]).abs().max() < 1e-5 for name in a)
+
+
+def _train_until(model: Path, output: Path, stop_after: int) -> None:
+    """Run train_sft and interrupt it (as a user's Ctrl-C would) once step `stop_after` is saved."""
+    from transformers import TrainerCallback
+
+    class Interrupt(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step >= stop_after:
+                raise KeyboardInterrupt
+
+    import trl
+
+    original = trl.SFTTrainer.__init__
+
+    def with_callback(self, *args, **kwargs):
+        kwargs["callbacks"] = [Interrupt()]
+        original(self, *args, **kwargs)
+
+    trl.SFTTrainer.__init__ = with_callback
+    try:
+        train_sft(str(model), DEMOS, output, quick(max_steps=4, batch_size=2, save_steps=2))
+    finally:
+        trl.SFTTrainer.__init__ = original
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ValueError, match="warmup_ratio"):
+        SFTConfig(warmup_ratio=1.5)
+    with pytest.raises(ValueError, match="max_steps"):
+        SFTConfig(epochs=0)
+    assert "Passes over the demonstrations" in SFTConfig.help_texts()["epochs"]
