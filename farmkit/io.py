@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import itertools
 import os
 import sys
 import tempfile
@@ -50,6 +51,28 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
     return buffered
 
 
+def _array_or_skipped_lines(stream: IO[bytes], name: str) -> tuple[list[Any] | None, int]:
+    """Skip leading blank lines; return (the items, 0) for a JSON array file, else (None, lines skipped)."""
+    skipped_lines = 0
+    while True:  # skip leading whitespace to see whether this is a JSON array
+        head = stream.peek(64)  # type: ignore[attr-defined]
+        if not head or head.lstrip():
+            break
+        skipped_lines += stream.read(len(head)).count(b"\n")
+    if stream.peek(64).lstrip()[:1] == b"[":  # type: ignore[attr-defined]
+        try:
+            items = orjson.loads(stream.read())
+        except orjson.JSONDecodeError as exc:
+            raise RecordError(name, None, f"invalid JSON array ({exc}); expected a JSON array or JSON Lines") from None
+        return items, 0
+    return None, skipped_lines
+
+
+def _bad_line(name: str, number: int, line: bytes) -> RecordError:
+    shown = line.strip()[:60].decode("utf-8", "replace")
+    return RecordError(name, number, f"not valid JSON ({shown!r}); expected one JSON object per line")
+
+
 def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     """Yield (line number, parsed value) from a JSONL file or a JSON array file.
 
@@ -59,17 +82,8 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     name = display_name(path)
     stream = open_binary(path)
     try:
-        skipped_lines = 0
-        while True:  # skip leading whitespace to see whether this is a JSON array
-            head = stream.peek(64)
-            if not head or head.lstrip():
-                break
-            skipped_lines += stream.read(len(head)).count(b"\n")
-        if stream.peek(64).lstrip()[:1] == b"[":
-            try:
-                items = orjson.loads(stream.read())
-            except orjson.JSONDecodeError as exc:
-                raise RecordError(name, None, f"invalid JSON array ({exc}); expected a JSON array or JSON Lines") from None
+        items, skipped_lines = _array_or_skipped_lines(stream, name)
+        if items is not None:
             yield from enumerate(items, start=1)
             return
         for number, line in enumerate(stream, start=1 + skipped_lines):
@@ -78,8 +92,47 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
             try:
                 yield number, orjson.loads(line)
             except orjson.JSONDecodeError:
-                shown = line.strip()[:60].decode("utf-8", "replace")
-                raise RecordError(name, number, f"not valid JSON ({shown!r}); expected one JSON object per line") from None
+                raise _bad_line(name, number, line) from None
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise FarmError(f"{name}: cannot read: {exc}") from None
+    finally:
+        if str(path) != "-":
+            stream.close()
+
+
+def iter_json_chunks(path: str | os.PathLike, size: int = 65536) -> Iterator[tuple[list[int], list[Any]]]:
+    """Like `iter_json`, in lists of up to `size` values with their line numbers: one call per
+    chunk instead of per record, for tools that fold millions of records (it reads `size` lines
+    before yielding, so interactive streaming tools should use `iter_json`)."""
+    name = display_name(path)
+    stream = open_binary(path)
+    try:
+        items, skipped_lines = _array_or_skipped_lines(stream, name)
+        if items is not None:
+            for start in range(0, len(items), size):
+                chunk = items[start:start + size]
+                yield list(range(start + 1, start + 1 + len(chunk))), chunk
+            return
+        number = 1 + skipped_lines
+        while True:
+            lines = list(itertools.islice(stream, size))
+            if not lines:
+                return
+            try:
+                values = list(map(orjson.loads, lines))
+                numbers = list(range(number, number + len(lines)))
+            except orjson.JSONDecodeError:  # a blank or bad line: go line by line to skip or name it
+                values, numbers = [], []
+                for offset, line in enumerate(lines):
+                    if not line.strip():
+                        continue
+                    try:
+                        values.append(orjson.loads(line))
+                    except orjson.JSONDecodeError:
+                        raise _bad_line(name, number + offset, line) from None
+                    numbers.append(number + offset)
+            number += len(lines)
+            yield numbers, values
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise FarmError(f"{name}: cannot read: {exc}") from None
     finally:

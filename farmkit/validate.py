@@ -80,18 +80,27 @@ _PYTHON_TYPES = {
 }
 
 
-@functools.cache
-def _compiled(kind: str) -> tuple[tuple[str, ...], dict[str, tuple[frozenset, Any, Any, Any]]]:
-    """The schema as exact Python types per field, for the fast acceptance check in `problems`."""
-    spec = schema(kind)
-    fields = {}
-    for field, field_spec in spec["properties"].items():
-        types = field_spec.get("type")
-        types = [types] if isinstance(types, str) else types
-        allowed = frozenset(t for name in types for t in _PYTHON_TYPES[name]) if types else None
-        enum = tuple(field_spec["enum"]) if "enum" in field_spec else None
-        fields[field] = (allowed, field_spec.get("minimum"), field_spec.get("maximum"), enum)
-    return tuple(spec["required"]), fields
+_COMPILED: dict[str, tuple[tuple[str, ...], dict[str, frozenset], dict[str, tuple]]] = {}
+
+
+def _compiled(kind: str) -> tuple[tuple[str, ...], dict[str, frozenset], dict[str, tuple]]:
+    """The schema as exact Python types per field, for the fast acceptance check in `problems`:
+    (required fields, {field: types} for fields with a type only, {field: (types, min, max, enum)})."""
+    compiled = _COMPILED.get(kind)
+    if compiled is None:
+        spec = schema(kind)
+        typed, special = {}, {}
+        for field, field_spec in spec["properties"].items():
+            types = field_spec.get("type")
+            types = [types] if isinstance(types, str) else types or []
+            allowed = frozenset(t for name in types for t in _PYTHON_TYPES[name])
+            if "enum" in field_spec or "minimum" in field_spec or "maximum" in field_spec or not types:
+                enum = tuple(field_spec["enum"]) if "enum" in field_spec else None
+                special[field] = (allowed or None, field_spec.get("minimum"), field_spec.get("maximum"), enum)
+            else:
+                typed[field] = allowed
+        compiled = _COMPILED[kind] = (tuple(spec["required"]), typed, special)
+    return compiled
 
 
 def _plainly_valid(record: Any, kind: str) -> bool:
@@ -99,12 +108,17 @@ def _plainly_valid(record: Any, kind: str) -> bool:
     # so that valid records, nearly all of them, skip the slower path that builds messages.
     if type(record) is not dict:
         return False
-    required, fields = _compiled(kind)
+    required, typed, special = _COMPILED.get(kind) or _compiled(kind)
     for field in required:
         if field not in record:
             return False
     for field, value in record.items():
-        spec = fields.get(field)
+        allowed = typed.get(field)
+        if allowed is not None:
+            if type(value) not in allowed:
+                return False
+            continue
+        spec = special.get(field)
         if spec is None:
             continue
         allowed, minimum, maximum, enum = spec
@@ -116,6 +130,48 @@ def _plainly_valid(record: Any, kind: str) -> bool:
         if kind_of_value is int or kind_of_value is float:
             if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
                 return False
+    return True
+
+
+class _Absent:
+    """Marks a field a record does not have."""
+
+
+def first_invalid(records: list[Any], kind: str) -> int | None:
+    """The index of the first record in `records` that `problems` rejects, or None when all pass.
+
+    Checks the list field by field (each field's types in one pass over the records) rather than
+    record by record: the same verdict, several times faster on the millions of records that
+    farm-winrate folds.
+    """
+    required, typed, special = _COMPILED.get(kind) or _compiled(kind)
+    if set(map(type, records)) <= {dict} and _fields_valid(records, required, typed, special):
+        return None
+    for index, record in enumerate(records):
+        if problems(record, kind) is not None:
+            return index
+    return None
+
+
+def _fields_valid(records: list[dict], required: tuple[str, ...], typed: dict, special: dict) -> bool:
+    for field in required:
+        if not all(field in record for record in records):
+            return False
+    present = set().union(*records)
+    absent = _Absent()
+    for field in present.intersection(typed):
+        if not set(map(type, [record.get(field, absent) for record in records])) - {_Absent} <= typed[field]:
+            return False
+    for field in present.intersection(special):
+        allowed, minimum, maximum, enum = special[field]
+        values = [record[field] for record in records if field in record]
+        if allowed is not None and not set(map(type, values)) <= allowed:
+            return False
+        if enum is not None and not all(value in enum for value in values):
+            return False
+        numbers = [value for value in values if type(value) is int or type(value) is float]
+        if numbers and ((minimum is not None and min(numbers) < minimum) or (maximum is not None and max(numbers) > maximum)):
+            return False
     return True
 
 

@@ -27,17 +27,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from farmkit.io import RecordError, display_name, iter_json
-from farmkit.validate import problems
+from farmkit.io import RecordError, display_name, iter_json_chunks
+from farmkit.validate import first_invalid, problems
 
 LENGTH_BIN = 50.0  # bins per unit of log length ratio (0.02 wide)
+LENGTH_BINS = 801  # z from -8 to 8 (a 3000-fold length ratio); further out shares the end bins
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 RIDGE = 1e-3
+
+
+CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
 
 
 @dataclass
@@ -53,22 +57,8 @@ class Tally:
     dropped: int = 0
     length_sum: int = 0
     length_n: int = 0
-    length_bins: dict[int, list[float]] = field(default_factory=dict)
-    values: dict[int, list[float]] = field(default_factory=dict)
-
-
-def verdict(preference: Any) -> float | None:
-    """x = P(output_2 better) from a preference: None for null; ValueError outside [1, 2] and 0."""
-    if preference is None:
-        return None
-    if preference == 0:
-        return 0.5
-    if not 1 <= preference <= 2:
-        raise ValueError(
-            f"preference {preference!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), a value in between, "
-            "0 (AlpacaEval's legacy tie) or null"
-        )
-    return float(preference) - 1.0
+    length_bins: np.ndarray | None = None  # (LENGTH_BINS, 3): count, sum of x, sum of z
+    values: np.ndarray | None = None  # (VALUE_GRID + 1, 2): count, sum of x
 
 
 def item_key(record: dict[str, Any]) -> Any:
@@ -79,12 +69,27 @@ def item_key(record: dict[str, Any]) -> Any:
     return (record.get("instruction"), record.get("input") or "")
 
 
-def _length(record: dict[str, Any], position: str) -> int | None:
-    length = record.get(f"len_{position}")
-    if isinstance(length, int) and not isinstance(length, bool):
-        return length
-    text = record.get(f"output_{position}")
-    return len(text) if isinstance(text, str) else None
+def _lengths(record: dict[str, Any]) -> tuple[float, float]:
+    """(length of output_1, length of output_2) in characters: len_1/len_2 or the texts; NaN if unknown."""
+    first, second = record.get("len_1"), record.get("len_2")
+    if type(first) is int and type(second) is int:
+        return first, second
+    lengths = []
+    for position, given in (("1", first), ("2", second)):
+        if type(given) is int:
+            lengths.append(given)
+        else:
+            text = record.get(f"output_{position}")
+            lengths.append(len(text) if isinstance(text, str) else math.nan)
+    return lengths[0], lengths[1]
+
+
+class InvalidRecord(ValueError):
+    """A record that the schema accepts but farm-winrate cannot count; index is its place in the chunk."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index, self.message = index, message
 
 
 class WinrateTable:
@@ -108,78 +113,107 @@ class WinrateTable:
         self.bootstrap, self.length_control = bootstrap, length_control
         self.tallies: dict[tuple[str, str], Tally] = {}
         self.skipped = 0
+        self._slots: dict[tuple[Any, Any], int] = {}
         self.items: dict[str, dict[Any, list[float]]] = {name: {} for pair in compare for name in pair}
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Count one (already schema-checked) record; ValueError says what is wrong with it."""
-        first, second = record.get("generator_1"), record.get("generator_2")
-        flip = False
+    def add_records(self, records: list[dict[str, Any]]) -> None:
+        """Count a list of (schema-checked) preference records; InvalidRecord names the first bad one.
+
+        Per record, only the fields used are gathered into lists; the sums are taken with numpy."""
+        first = [record.get("generator_1") for record in records]
+        second = [record.get("generator_2") for record in records]
         if self.reference is not None:
-            if first == self.reference:
-                model, reference = second, first
-            elif second == self.reference:
-                model, reference, flip = first, second, True
-            else:
-                self.skipped += 1
-                return
-        elif self.swap:
-            model, reference, flip = first, second, True
+            involved = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if self.reference in (a, b)]
+            self.skipped += len(records) - len(involved)
+            if len(involved) < len(records):
+                records = [records[i] for i in involved]
+                first, second = [first[i] for i in involved], [second[i] for i in involved]
+            flips = np.array([a != self.reference for a in first], dtype=bool)
         else:
-            model, reference = second, first
-        if model is None:
-            raise ValueError("no generator_2 to rank; expected generator_1 (the reference) and generator_2 (the model)")
-        key = (reference or "", model)
-        tally = self.tallies.get(key)
-        if tally is None:
-            tally = self.tallies[key] = Tally()
-        model_length = _length(record, "1" if flip else "2")
-        if model_length is not None:
-            tally.length_sum += model_length
-            tally.length_n += 1
-        x = verdict(record.get("preference"))
-        if x is None:
-            tally.dropped += 1
-            return
-        if flip:
-            x = 1.0 - x
-        tally.n += 1
-        tally.total += x
-        tally.total_sq += x * x
-        if x > 0.5:
-            tally.wins += 1
-        elif x < 0.5:
-            tally.losses += 1
+            flips = np.full(len(records), self.swap)
+        pairs = [(b, a) if flip else (a, b) for a, b, flip in zip(first, second, flips.tolist(), strict=True)]
+        slots_of = self._slots
+        slots = [slots_of.get(pair) for pair in pairs]
+        if None in slots:
+            for i, pair in enumerate(pairs):
+                if pair[1] is None:
+                    raise InvalidRecord(i, "no generator_2 to rank; expected generator_1 (the reference) and generator_2 (the model)")
+                if slots[i] is None:
+                    slots[i] = slots_of.setdefault(pair, len(slots_of))
+        slots_array = np.array(slots, dtype=np.int64)
+        preference = np.array([record.get("preference") for record in records], dtype=np.float64)
+        out_of_range = ~np.isnan(preference) & (preference != 0) & ((preference < 1) | (preference > 2))
+        if out_of_range.any():
+            i = int(np.argmax(out_of_range))
+            raise InvalidRecord(i, f"preference {records[i]['preference']!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), "
+                                "a value in between, 0 (AlpacaEval's legacy tie) or null")
+        x = np.where(preference == 0, 0.5, preference - 1.0)
+        x = np.where(flips, 1.0 - x, x)
+        lengths_1 = [record.get("len_1") for record in records]
+        lengths_2 = [record.get("len_2") for record in records]
+        if set(map(type, lengths_1)) | set(map(type, lengths_2)) <= {int}:
+            lengths = np.array([lengths_1, lengths_2], dtype=np.float64).T
         else:
-            tally.draws += 1
-        if self.length_control and model_length is not None:
-            reference_length = _length(record, "2" if flip else "1")
-            if reference_length is not None:
-                z = math.log((model_length + 1) / (reference_length + 1))
-                cell = tally.length_bins.setdefault(round(z * LENGTH_BIN), [0.0, 0.0, 0.0])
+            lengths = np.array([_lengths(record) for record in records], dtype=np.float64).reshape(len(records), 2)
+        lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
+        self._fold(slots_array, x, lengths[:, 1], lengths[:, 0])
+        for i, (_, model) in enumerate(pairs):
+            if model in self.items and x[i] == x[i]:
+                cell = self.items[model].setdefault(item_key(records[i]), [0.0, 0.0])
                 cell[0] += 1
-                cell[1] += x
-                cell[2] += z
+                cell[1] += float(x[i])
+
+    def _fold(self, slots: np.ndarray, x: np.ndarray, lengths: np.ndarray, reference_lengths: np.ndarray) -> None:
+        """Add one chunk (slot, verdict x or NaN, lengths or NaN per record) to the running sums."""
+        size = len(self._slots)
+        keys = list(self._slots)
+        while len(self.tallies) < size:
+            reference, model = keys[len(self.tallies)]
+            self.tallies[(reference or "", model)] = Tally()
+        tallies = list(self.tallies.values())
+        valid = ~np.isnan(x)
+        kept, values = slots[valid], x[valid]
+        has_length = ~np.isnan(lengths)
+        columns = {
+            "n": np.bincount(kept, minlength=size),
+            "total": np.bincount(kept, weights=values, minlength=size),
+            "total_sq": np.bincount(kept, weights=values * values, minlength=size),
+            "wins": np.bincount(kept[values > 0.5], minlength=size),
+            "losses": np.bincount(kept[values < 0.5], minlength=size),
+            "draws": np.bincount(kept[values == 0.5], minlength=size),
+            "dropped": np.bincount(slots[~valid], minlength=size),
+            "length_sum": np.bincount(slots[has_length], weights=lengths[has_length], minlength=size),
+            "length_n": np.bincount(slots[has_length], minlength=size),
+        }
+        for name, column in columns.items():
+            for index in np.flatnonzero(column):
+                tally = tallies[index]
+                value = column[index]
+                setattr(tally, name, getattr(tally, name) + (float(value) if name.startswith("total") else int(round(value))))
+        if self.length_control:
+            usable = valid & has_length & ~np.isnan(reference_lengths)
+            z = np.log1p(lengths[usable]) - np.log1p(reference_lengths[usable])
+            half = LENGTH_BINS // 2
+            bins = np.clip(np.rint(z * LENGTH_BIN), -half, half).astype(np.int64) + half
+            _histogram(tallies, "length_bins", slots[usable] * LENGTH_BINS + bins, LENGTH_BINS, [x[usable], z])
         if self.bootstrap:
-            cell = tally.values.setdefault(round(x * VALUE_GRID), [0.0, 0.0])
-            cell[0] += 1
-            cell[1] += x
-        if model in self.items:
-            cell = self.items[model].setdefault(item_key(record), [0.0, 0.0])
-            cell[0] += 1
-            cell[1] += x
+            bins = np.rint(values * VALUE_GRID).astype(np.int64)
+            _histogram(tallies, "values", kept * (VALUE_GRID + 1) + bins, VALUE_GRID + 1, [values])
 
     def add_file(self, path: str) -> None:
-        """Read and count every record of a file (JSONL, JSON array, .gz, `-`)."""
+        """Read and count every record of a file (JSONL, JSON array, .gz, `-`), a chunk at a time."""
         name = display_name(path)
-        for number, record in iter_json(path):
-            problem = problems(record, "preference")
-            if problem is None:
-                try:
-                    self.add(record)
-                    continue
-                except ValueError as exc:
-                    problem = str(exc)
-            raise RecordError(name, number, problem)
+        for numbers, records in iter_json_chunks(path, CHUNK):
+            bad = first_invalid(records, "preference")
+            if bad is not None:
+                raise RecordError(name, numbers[bad], problems(records[bad], "preference") or "")
+            try:
+                self.add_records(records)
+            except InvalidRecord as exc:
+                # the index is into the records that involve the reference, when one is given
+                involved = [n for n, r in zip(numbers, records, strict=True)
+                            if self.reference is None or self.reference in (r.get("generator_1"), r.get("generator_2"))]
+                raise RecordError(name, involved[exc.index], exc.message) from None
 
     def rows(self, seed: int = 0, resamples: int = 1000, confidence: float = 0.95) -> list[dict[str, Any]]:
         """One leaderboard row per (reference, model), best win rate first."""
@@ -198,6 +232,17 @@ class WinrateTable:
     def comparison(self, model_a: str, model_b: str) -> dict[str, Any]:
         """Paired comparison of two models on the items both were judged on (see `paired`)."""
         return paired(model_a, model_b, self.items.get(model_a, {}), self.items.get(model_b, {}))
+
+
+def _histogram(tallies: list[Tally], name: str, cells: np.ndarray, width: int, sums: list[np.ndarray]) -> None:
+    """Add counts and sums per cell (slot * width + bin) to each tally's dense histogram `name`."""
+    size = len(tallies) * width
+    columns = [np.bincount(cells, minlength=size)] + [np.bincount(cells, weights=v, minlength=size) for v in sums]
+    table = np.stack(columns, axis=-1).astype(np.float64).reshape(len(tallies), width, len(columns))
+    for index in np.flatnonzero(table[:, :, 0].sum(axis=1)):
+        tally = tallies[index]
+        current = getattr(tally, name)
+        setattr(tally, name, table[index] if current is None else current + table[index])
 
 
 def leaderboard_row(model: str, reference: str, tally: Tally) -> dict[str, Any]:
@@ -243,9 +288,9 @@ def fit_length_model(counts: np.ndarray, targets: np.ndarray, z: np.ndarray) -> 
 
 def length_controlled(tally: Tally) -> dict[str, Any]:
     empty = {"length_controlled_win_rate": None, "lc_standard_error": None, "length_coefficient": None}
-    if not tally.length_bins:
+    if tally.length_bins is None:
         return empty
-    cells = np.array([tally.length_bins[key] for key in sorted(tally.length_bins)])
+    cells = tally.length_bins[tally.length_bins[:, 0] > 0]
     counts, targets = cells[:, 0], cells[:, 1]
     z = cells[:, 2] / counts
     (alpha, beta), covariance = fit_length_model(counts, targets, z)
@@ -262,7 +307,7 @@ def bootstrap_interval(tally: Tally, rng: np.random.Generator, resamples: int, c
     for 1 / 1.5 / 2 verdicts; fractional ones are grouped on a 1e-4 grid at their group's mean)."""
     if tally.n == 0:
         return {"ci_low": None, "ci_high": None}
-    cells = np.array([tally.values[key] for key in sorted(tally.values)])
+    cells = tally.values[tally.values[:, 0] > 0]
     counts, means = cells[:, 0], cells[:, 1] / cells[:, 0]
     estimates = []
     for start in range(0, resamples, 200):
@@ -337,9 +382,11 @@ def render(rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str] | No
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(row.get(c), (int, float, type(None))) for row in rows) for c in columns]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     for r in cells:
-        lines.append("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+        lines.append("  ".join(v.rjust(w) if right else v.ljust(w)
+                               for v, w, right in zip(r, widths, numeric, strict=True)).rstrip())
     return "\n".join(lines) + "\n"
 
 
