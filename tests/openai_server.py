@@ -7,7 +7,7 @@ to a socket on 127.0.0.1.
         env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "test-key"}
         ...
         server.outcomes   # Counter of what each request got: ok, 429, 500, timeout, garbage, drop, 401, 404
-        server.bodies     # the JSON body of every request that was answered 200
+        server.bodies     # the JSON body of every request that got a real reply (not a fault)
 
 API:
 - `respond(body) -> str`: the assistant's reply to a request body (`echo` by default;
@@ -17,6 +17,8 @@ API:
   "429" (rate limited, with Retry-After and retry-after-ms headers set to `retry_after`),
   "500" (server error), "timeout" (answers only after `hang` seconds), "garbage" (a 200 whose text
   is not a verdict), "drop" (closes the connection without answering).
+- `script`: fault kinds (or None for a normal reply) for the first requests, in order, before the
+  random draws start: a way to be sure each fault is met.
 - `models`: the model names it serves (None: any); others get a 404 `model_not_found`.
 - `api_key`: the key it accepts (None: any); others get a 401.
 - `python tests/openai_server.py --latency 0.2 [--judge longer|echo] [--port P]` runs it alone and prints
@@ -60,11 +62,10 @@ _BLOCKS = {
 
 
 def prompt_format(text: str) -> str:
-    if '"verdicts"' in text:
-        return "json"
-    if "A > B" in text:
-        return "ranking"
-    return "plain"
+    """Which of farm-annotate's formats a prompt asks for, told by how its pairs are marked up."""
+    marks = {"plain": text.find("<answer A>\n"), "json": text.find('Response A:\n"""'), "ranking": text.find("[Reply A]\n")}
+    found = {name: at for name, at in marks.items() if at >= 0}
+    return min(found, key=found.get) if found else "plain"
 
 
 def shown_pairs(body: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
@@ -94,10 +95,12 @@ def judge_longer(body: dict[str, Any]) -> str:
 class OpenAIServer:
     def __init__(self, respond: Callable[[dict[str, Any]], str] = echo, latency: float = 0.0,
                  faults: dict[str, float] | None = None, models: set[str] | None = None, api_key: str | None = None,
-                 retry_after: float = 0.05, hang: float = 5.0, seed: int = 0, port: int = 0):
+                 retry_after: float = 0.05, hang: float = 5.0, seed: int = 0, port: int = 0,
+                 script: list[str | None] | None = None):
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
+        self.script = list(script or [])
         self.models, self.api_key, self.retry_after, self.hang = models, api_key, retry_after, hang
-        unknown = set(self.faults) - {"429", "500", "timeout", "garbage", "drop"}
+        unknown = (set(self.faults) | set(self.script)) - {"429", "500", "timeout", "garbage", "drop", None}
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}")
         self.outcomes: Counter = Counter()
@@ -129,6 +132,8 @@ class OpenAIServer:
 
     def draw_fault(self) -> str | None:
         with self._lock:
+            if self.script:
+                return self.script.pop(0)
             point = self._random.random()
         for kind, probability in self.faults.items():
             if point < probability:
@@ -209,8 +214,10 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 server.record("timeout")
                 time.sleep(server.hang)
             text = "I am not able to compare these two answers." if fault == "garbage" else server.respond(body)
-            if fault != "timeout":
-                server.record("garbage" if fault == "garbage" else "ok", body)
+            if fault == "garbage":
+                server.record("garbage")
+            elif fault != "timeout":
+                server.record("ok", body)
             prompt_tokens = sum(count_tokens(m.get("content") or "") for m in body.get("messages", []))
             self._send(200, {
                 "id": f"chatcmpl-{sum(server.outcomes.values())}", "object": "chat.completion", "created": int(time.time()),

@@ -35,6 +35,8 @@ from farmkit.io import FarmError
 
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"
+# the budget check assumes a prompt may hold this many times our estimate of its tokens (chars / 4)
+WORST_TOKENS = 1.5
 BULK_REQUEST = 512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
 
 
@@ -106,6 +108,7 @@ class Annotator:
         self.max_cost = max_cost
         self.backends = Backends(pool, {"prices": self.prices, "device": device})
         self.stats = Stats()
+        self._stopped = False
         self._weights = [judge.weight for judge in pool.judges]
         self._identities = [identity(pool, judge) if cacheable(judge) else None for judge in pool.judges]
 
@@ -173,7 +176,7 @@ class Annotator:
         prompt = sum(estimate_tokens(m["content"]) + 4 for m in messages)
         completion = judge.max_tokens if worst else min(judge.max_tokens, EXPECTED_COMPLETION_TOKENS[template.format] * len(request))
         model = self.pool.model_for(judge) or ""
-        return prompt, completion, self.prices.price(model, prompt * (1.1 if worst else 1.0), completion)
+        return prompt, completion, self.prices.price(model, prompt * (WORST_TOKENS if worst else 1.0), completion)
 
     def estimate(self, items: list[Item], plan: Plan) -> dict[str, Any]:
         prompt = completion = 0
@@ -252,6 +255,8 @@ class Annotator:
         pending = request
         for attempt in range(int(self.pool.settings["parse_retries"]) + 1):
             async with slots:
+                if self._stopped:
+                    return  # a fatal error elsewhere: send nothing more
                 worst = 0.0
                 if backend.priced and self.max_cost is not None:
                     worst = self.request_cost(pending, items, worst=True)[2]
@@ -263,6 +268,9 @@ class Annotator:
                 try:
                     verdicts = await backend.judge(judge, [self.shown(items[a.item], a) for a in pending],
                                                    [a.draw for a in pending], self._request_seed(pending, attempt))
+                except FatalBackendError:
+                    self._stopped = True
+                    raise
                 except RequestFailed as exc:
                     self._fail(pending, f"request failed: {exc}")
                     return
