@@ -1,0 +1,43 @@
+"""The `local` backend on the embedded model: verdicts from the log-probabilities of " A" and " B",
+undone from the order shown, cached like any paid verdict."""
+
+from __future__ import annotations
+
+import orjson
+from click.testing import CliRunner
+
+from farmkit.tools.farm_annotate import cli
+
+PAIRS = [
+    {"instruction": "What is the capital of France?", "output_1": "The capital of France is Paris.", "output_2": "Bananas are yellow."},
+    {"instruction": "Add 2 and 3.", "output_1": "2 + 3 = 5.", "output_2": "I like trains."},
+    {"instruction": "Name a primary color.", "output_1": "Tuesday.", "output_2": "Red is a primary color."},
+    {"instruction": "Translate 'gato' from Spanish to English.", "output_1": "It means 'cat'.", "output_2": "Seven."},
+]
+
+
+def _run(*args: str) -> tuple[list[dict], bytes]:
+    payload = b"".join(orjson.dumps(p) + b"\n" for p in PAIRS)
+    result = CliRunner().invoke(cli, ["--pool", "local_embedded", *args], input=payload, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return [orjson.loads(line) for line in result.stdout_bytes.splitlines()], result.stderr_bytes
+
+
+def test_local_judge_reads_answer_log_probabilities_and_caches_them(embedded_path, tmp_path):
+    cache = str(tmp_path / "local.sqlite")
+    records, stderr = _run("--cache", cache)
+    assert len(records) == len(PAIRS) and b"0 cache hits" in stderr
+    probabilities = []
+    for record in records:
+        details = record["provenance"]["farm-annotate"]
+        assert details["backend"] == "local" and details["model"] == "embedded" and details["prompt_tokens"] > 20
+        p_first = details["p_first_better"]
+        probabilities.append(p_first)
+        assert 0 < p_first < 1
+        # the verdict is the likelier side, mapped back from the order shown to output_1/output_2
+        first_is_output_1 = details["order_shown"] == "1,2"
+        assert record["preference"] == (1 if (p_first > 0.5) == first_is_output_1 else 2)
+    assert len({round(p, 4) for p in probabilities}) == len(PAIRS)  # it reads the content, not a constant
+    again, stderr = _run("--cache", cache)
+    assert b"4 cache hits" in stderr
+    assert [r["preference"] for r in again] == [r["preference"] for r in records]
