@@ -1,0 +1,137 @@
+"""Glue for the reward over-optimization study (`make overopt`).
+
+    python overopt.py rerank SCORED -n 1,2,4,...,64 --generator NAME
+        scored samples (farm-score output, several per prompt in sampling order) -> for each n, the
+        best of the first n samples of every prompt, as output records named NAME-best-of-N
+    python overopt.py plot GOLD_LEADERBOARD OUTPUTS... -o overopt.png
+        one point per system: its gold win rate (from farm-winrate over gold annotations) against
+        the mean surrogate reward of its outputs (the `reward` field), in two panels (one per reward
+        model) plus gold win rate against n; prints the table as JSONL on stdout
+
+Systems are recognised by name: `<rm>-best-of-<n>` and `ppo-<rm>-step-<k>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from statistics import fmean
+from typing import Any
+
+from farmkit.generation import Sample
+from farmkit.io import RecordWriter, read_records
+from farmkit.methods.bon import ScoredPrompt
+
+NAME = re.compile(r"^(?:(?P<rm>[\w.]+)-best-of-(?P<n>\d+)|ppo-(?P<ppo_rm>[\w.]+)-step-(?P<step>\d+))$")
+
+
+def rerank(scored_path: str, ns: list[int], generator: str) -> None:
+    prompts: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in read_records(scored_path, "reward"):
+        prompts[(record["instruction"], record.get("input") or "")].append(record)
+    groups = []
+    for records in prompts.values():
+        records.sort(key=lambda r: r.get("sample_index", 0))
+        group = ScoredPrompt(records[0], [Sample(r["output"], 0, 0, True) for r in records], [r["reward"] for r in records])
+        groups.append((group, records))
+    if any(len(records) < max(ns) for _, records in groups):
+        raise SystemExit(f"{scored_path}: fewer than {max(ns)} samples for some prompt")
+    with RecordWriter("-") as writer:
+        for n in ns:
+            for group, records in groups:
+                chosen = dict(records[group.best(n)])
+                chosen.update(generator=f"{generator}-best-of-{n}", best_of=n)
+                writer.write(chosen)
+
+
+def curves(leaderboard_path: str, output_paths: list[str]) -> list[dict[str, Any]]:
+    """One row per system: method, reward model, n or step, mean surrogate reward, gold win rate."""
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for path in output_paths:
+        for record in read_records(path, "reward"):
+            rewards[record["generator"]].append(record["reward"])
+    rows = []
+    for board in read_records(leaderboard_path):
+        match = NAME.match(board["generator"])
+        if match is None or board["generator"] not in rewards:
+            continue
+        bon = match["rm"] is not None
+        rows.append({
+            "system": board["generator"],
+            "method": "best-of-n" if bon else "ppo",
+            "reward_model": match["rm"] if bon else match["ppo_rm"],
+            "n" if bon else "step": int(match["n"] if bon else match["step"]),
+            "surrogate_reward": fmean(rewards[board["generator"]]),
+            "gold_win_rate": board["win_rate"],
+            "gold_standard_error": board.get("standard_error"),
+        })
+    rows.sort(key=lambda r: (r["reward_model"], r["method"], r.get("n", r.get("step"))))
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: str, labels: dict[str, str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({row["reward_model"] for row in rows})
+    figure, axes = plt.subplots(1, len(models) + 1, figsize=(5 * (len(models) + 1), 4.2), squeeze=False)
+    for panel, model in zip(axes[0], models, strict=False):
+        for method, marker in (("best-of-n", "o"), ("ppo", "s")):
+            points = [row for row in rows if row["reward_model"] == model and row["method"] == method]
+            if not points:
+                continue
+            xs = [row["surrogate_reward"] for row in points]
+            ys = [row["gold_win_rate"] for row in points]
+            errors = [row["gold_standard_error"] or 0 for row in points]
+            panel.errorbar(xs, ys, yerr=errors, marker=marker, capsize=2, label=method)
+            for row, x, y in zip(points, xs, ys, strict=True):
+                panel.annotate(f"n={row['n']}" if method == "best-of-n" else f"step {row['step']}", (x, y),
+                               textcoords="offset points", xytext=(3, 3), fontsize=7)
+        panel.set_title(f"reward model: {labels.get(model, model)}", fontsize=10)
+        panel.set_xlabel("mean surrogate reward")
+        panel.set_ylabel("gold win rate (%)")
+        panel.legend(fontsize=8)
+    sweep = axes[0][-1]
+    for model in models:
+        points = [row for row in rows if row["reward_model"] == model and row["method"] == "best-of-n"]
+        sweep.plot([row["n"] for row in points], [row["gold_win_rate"] for row in points], marker="o",
+                   label=labels.get(model, model))
+    sweep.set_xscale("log", base=2)
+    sweep.set_xlabel("n (best-of-n)")
+    sweep.set_ylabel("gold win rate (%)")
+    sweep.set_title("best-of-n sweep", fontsize=10)
+    sweep.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=110)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rerank_parser = commands.add_parser("rerank")
+    rerank_parser.add_argument("scored")
+    rerank_parser.add_argument("-n", required=True, help="comma-separated sample counts")
+    rerank_parser.add_argument("--generator", required=True)
+    plot_parser = commands.add_parser("plot")
+    plot_parser.add_argument("leaderboard")
+    plot_parser.add_argument("outputs", nargs="+")
+    plot_parser.add_argument("-o", "--output", required=True, help="the PNG")
+    plot_parser.add_argument("--label", action="append", default=[], metavar="RM=TEXT", help="panel title of a reward model")
+    args = parser.parse_args(argv)
+    if args.command == "rerank":
+        rerank(args.scored, sorted({int(n) for n in args.n.split(",")}), args.generator)
+        return
+    rows = curves(args.leaderboard, args.outputs)
+    if not rows:
+        raise SystemExit(f"{args.leaderboard}: no best-of-n or PPO systems with outputs in {', '.join(args.outputs)}")
+    plot(rows, args.output, dict(label.split("=", 1) for label in args.label))
+    with RecordWriter("-") as writer:
+        writer.write_all(rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
