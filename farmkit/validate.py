@@ -184,7 +184,8 @@ def problems(record: Any, kind: str) -> str | None:
         return f"a {type(record).__name__} is not a record; expected a JSON object ({spec['title']})"
     for field in spec["required"]:
         if field not in record:
-            return f"missing field {field!r}; expected a {spec['title']} with fields {', '.join(spec['required'])}"
+            article = "an" if spec["title"][0] in "aeiou" else "a"
+            return f"missing field {field!r}; expected {article} {spec['title']} with fields {', '.join(spec['required'])}"
     for field, field_spec in spec["properties"].items():
         if field not in record:
             continue

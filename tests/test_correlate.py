@@ -1,0 +1,192 @@
+"""farm-correlate: leaderboard correlations (hand-computed and the published Arena vs AlpacaEval 2
+figure), annotation statistics (hand-computed, the 4-seed GPT-4 judge's variance, PandaLM's three
+humans), input options, plot and errors."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from conftest import shared_data
+from farmkit.tools.farm_correlate import cli, main
+
+from farmkit.correlate import agreement, kappa
+
+
+def run_main(capfd, *args):
+    """The console entry point in this process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    captured = capfd.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+
+def write_jsonl(path, records):
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def records_of(result):
+    assert result.exit_code == 0, result.output
+    return [orjson.loads(line) for line in result.stdout.splitlines()]
+
+
+def board(path, scores, field="win_rate"):
+    return write_jsonl(path, [{"generator": name, field: score} for name, score in scores.items()])
+
+
+def test_two_leaderboards_by_hand(tmp_path):
+    # ranks 1..5 against 1,3,2,5,4: two adjacent swaps
+    x = board(tmp_path / "x.jsonl", {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "only_x": 9})
+    y = board(tmp_path / "y.jsonl", {"a": 10, "b": 30, "c": 20, "d": 50, "e": 40, "only_y": 1})
+    (row,) = records_of(CliRunner().invoke(cli, [str(x), str(y)]))
+    assert row["x"] == "x.jsonl:win_rate" and row["y"] == "y.jsonl:win_rate" and row["n"] == 5
+    assert row["spearman"] == pytest.approx(0.8)
+    assert row["kendall"] == pytest.approx(0.6)
+    assert row["pearson"] == pytest.approx(0.8)
+    assert row["r2"] == pytest.approx(0.64)
+    assert row["missing_from_x"] == ["only_y"] and row["missing_from_y"] == ["only_x"]
+    assert 0 < row["spearman_p"] < 1
+
+
+def test_three_boards_give_every_pair(tmp_path):
+    boards = [board(tmp_path / f"{i}.jsonl", {"a": i, "b": 2 * i + 1, "c": 5 - i, "d": 7}) for i in range(3)]
+    rows = records_of(CliRunner().invoke(cli, [str(b) for b in boards]))
+    assert [(r["x"], r["y"]) for r in rows] == [("0.jsonl:win_rate", "1.jsonl:win_rate"),
+                                                 ("0.jsonl:win_rate", "2.jsonl:win_rate"),
+                                                 ("1.jsonl:win_rate", "2.jsonl:win_rate")]
+
+
+def test_csv_columns_by_prefix_and_plot(tmp_path):
+    csv_board = tmp_path / "board.csv"
+    csv_board.write_text(',"Score\n[2024]",other\nm1,1.0,\nm2,2.0,5\nm3,3.5,\nm4,,1\n')
+    jsonl = board(tmp_path / "b.jsonl", {"m1": 0.1, "m2": 0.3, "m3": 0.2, "m4": 0.9}, field="lc")
+    plot = tmp_path / "scatter.png"
+    (row,) = records_of(CliRunner().invoke(cli, [str(csv_board), str(jsonl), "--score", "score", "--score", "lc", "--plot", str(plot)]))
+    assert row["x"] == "board.csv:Score [2024]" and row["y"] == "b.jsonl:lc"
+    assert row["n"] == 3 and row["missing_from_x"] == ["m4"]  # an empty score leaves the model out
+    assert row["spearman"] == pytest.approx(0.5)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_format(tmp_path):
+    x = board(tmp_path / "x.jsonl", {"a": 1, "b": 2, "c": 3})
+    y = board(tmp_path / "y.jsonl", {"a": 1, "b": 3, "c": 2})
+    text = CliRunner().invoke(cli, [str(x), str(y), "--format", "csv"]).stdout
+    header, line = text.splitlines()
+    assert header == "x,y,n,spearman,spearman_p,kendall,kendall_p,pearson,pearson_p,r2,missing_from_x,missing_from_y"
+    assert line.startswith("x.jsonl:win_rate,y.jsonl:win_rate,3,0.5,")
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("bad.jsonl", b'{"generator": "a", "win_rate": 1}\n{"generator": "a", "win_rate": 2}\n', "2: model 'a' appears twice"),
+    ("bad.jsonl", b'{"generator": "a", "win_rate": 1}\n{"generator": "b", "win_rate": "high"}\n',
+     "2: field 'win_rate' is \"high\"; expected a number or null"),
+    ("bad.csv", b"generator,win_rate\na,1\nb,high\n", "3: score 'high' of 'b' is not a number"),
+    ("bad.jsonl", b'{"generator": "a", "win_rate": 1}\n{"win_rate": 2}\n', "2: missing field 'generator'"),
+])
+def test_bad_boards(tmp_path, capfd, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    good = board(tmp_path / "good.jsonl", {"a": 1, "b": 2})
+    code, out, err = run_main(capfd, str(good), str(path))
+    assert code == 1 and out == ""
+    assert err.startswith(f"farm-correlate: error: {path}:{message}")
+
+
+def test_usage_errors(tmp_path, capfd):
+    x = board(tmp_path / "x.jsonl", {"a": 1})
+    code, _, err = run_main(capfd, str(x))
+    assert code == 2 and "leaderboard mode needs two leaderboards or more" in err
+    code, _, err = run_main(capfd, str(x), str(x), "--humans", str(x))
+    assert code == 2 and "not both" in err
+    code, _, err = run_main(capfd, str(x), str(x), "--score", "nope")
+    assert code == 1 and "no columns match 'nope' for --score; expected one of 'generator', 'win_rate'" in err
+
+
+# ---------------------------------------------------------------- annotation mode
+
+
+def test_agreement_and_kappa_helpers():
+    assert agreement(1.0, [1.0, 2.0]) == 0.5  # a tied mode: one of the two at random
+    assert agreement(2.0, [2.0, 2.0, 1.0]) == 1.0
+    assert agreement(1.5, [1.0]) == 0.0
+    # 2x2 table: agree on 3 of 4; marginals a: 1,1,2,2  b: 1,2,2,2 -> p_e = (2*1 + 2*3) / 16 = 0.5
+    assert kappa([1, 1, 2, 2], [1, 2, 2, 2]) == pytest.approx((0.75 - 0.5) / 0.5)
+
+
+def test_annotation_statistics_by_hand(tmp_path):
+    # three pairs, three humans (long records with `annotator`), a judge run twice
+    texts = {"p1": ("short", "a much longer answer"), "p2": ("- item\n- item", "plain"), "p3": ("same", "size")}
+    humans = {"p1": [2, 2, 1], "p2": [1, 1, 1], "p3": [1, 2, 0]}
+    judge_runs = [{"p1": 2, "p2": 2, "p3": 1}, {"p1": 2, "p2": 1, "p3": 1}]
+    human_records = [{"pair_id": key, "output_1": texts[key][0], "output_2": texts[key][1], "annotator": f"h{i}", "preference": label}
+                     for key, labels in humans.items() for i, label in enumerate(labels)]
+    humans_path = write_jsonl(tmp_path / "humans.jsonl", human_records)
+    run_paths = [write_jsonl(tmp_path / f"run{i}.jsonl", [{"pair_id": k, "preference": v, "annotator": "judge"} for k, v in run.items()])
+                 for i, run in enumerate(judge_runs)]
+    rows = records_of(CliRunner().invoke(cli, ["--judge", str(run_paths[0]), "--judge", str(run_paths[1]), "--humans", str(humans_path)]))
+    judge, people = rows
+    # judge vs the other two humans, for each held-out human and each run:
+    # p1 others {2,1},{2,1},{2,2}: run labels 2,2 -> (.5+.5+1) each; p2 others all 1: run 2 -> 0, run 1 -> 1;
+    # p3 others {2,tie},{1,tie},{1,2}: run labels 1,1 -> (0+.5+.5) each
+    expected_agreement = (2 * (0.5 + 0.5 + 1) + 3 * (0 + 1) + 2 * (0 + 0.5 + 0.5)) / 18
+    assert judge["human_agreement"] == pytest.approx(expected_agreement)
+    # bias: judge mode vs human mode: p1 {2} vs {2}: 0; p2 {2,1} vs {1}: 1 - 1/2; p3 {1} vs {1,2,tie}: 1 - 1/3
+    assert judge["bias"] == pytest.approx((0 + 0.5 + 2 / 3) / 3)
+    # variance: the two runs disagree on p2 only: each run disagrees with the other on 1 of 3 pairs
+    assert judge["variance"] == pytest.approx(1 / 3)
+    assert judge["n_runs"] == 2 and judge["n_pairs"] == 3 and judge["annotator"] == "judge"
+    # judge labels that are not ties: 6; first position chosen: p2 run 2, p3 twice -> 3 of 6
+    assert judge["p_prefers_first"] == pytest.approx(3 / 6)
+    # lengths differ on p1 (2 longer) and p2 (1 longer) and p3 ("same" vs "size": equal, left out)
+    assert judge["p_prefers_longer"] == pytest.approx((2 + 1) / 4)
+    # only p2 has exactly one list (output_1): the judge chose it once of twice
+    assert judge["p_prefers_lists"] == pytest.approx(1 / 2)
+    assert people["annotator"] == "humans" and people["n_labels"] == 9
+    assert people["majority_labels"] == {"2": 1, "1": 1, "none": 1}
+    assert people["cohen_kappa"]["h0|h1"] == pytest.approx(kappa([2, 1, 1], [2, 1, 2]))
+
+
+def test_bad_label_names_file_and_line(tmp_path, capfd):
+    path = write_jsonl(tmp_path / "j.jsonl", [{"pair_id": 1, "preference": 1}, {"pair_id": 2, "preference": 3}])
+    code, out, err = run_main(capfd, "--judge", str(path))
+    assert (code, out) == (1, "")
+    assert err == f"farm-correlate: error: {path}:2: label 3 is outside [1, 2]; expected 1, 2, 1.5 or 0 (tie)\n"
+
+
+# ---------------------------------------------------------------- published figures
+
+
+def test_arena_elo_against_length_controlled_alpacaeval_2():
+    data = shared_data("alpaca_eval/leaderboards/historic/benchmarks_2024-03-16.csv")
+    result = CliRunner().invoke(cli, [str(data), str(data), "--name", "Model", "--score", "Arena Elo", "--score", "LC AlpacaEval 2.0"])
+    (row,) = records_of(result)
+    assert row["n"] == 38
+    assert round(row["spearman"], 4) == 0.9766
+
+
+def test_variance_of_the_four_seed_gpt4_judge():
+    runs = [str(shared_data(f"alpaca_eval/gpt4_b1_seeds/annotations_seed{i}.json")) for i in range(4)]
+    args = [a for run in runs for a in ("--judge", run)]
+    (row,) = records_of(CliRunner().invoke(cli, args))
+    assert row["annotator"] == "gpt4_b1" and row["n_pairs"] == 648 and row["n_runs"] == 4
+    assert round(row["variance"], 4) == 0.1493
+
+
+def test_pandalm_human_annotators():
+    humans = shared_data("human_prefs/pandalm_testset_v1.json")
+    judge = shared_data("human_prefs/pandalm_gpt35_judgments_v1.json")
+    result = CliRunner().invoke(cli, ["--humans", str(humans), "--key", "idx", "--outputs", "response1,response2",
+                                      "--human-label", "annotator1,annotator2,annotator3",
+                                      "--judge", str(judge), "--judge-label", "gpt_result"])
+    judge_row, people = records_of(result)
+    kappas = {pair: round(value, 3) for pair, value in people["cohen_kappa"].items()}
+    assert kappas == {"annotator1|annotator2": 0.852, "annotator1|annotator3": 0.879, "annotator2|annotator3": 0.862}
+    assert people["majority_labels"] == {"tie": 105, "1": 422, "2": 472}
+    assert people["n_pairs"] == 999
+    # the gpt-3.5 judge answered "garbage" 25 times: no verdict, reported, never counted as a side
+    assert judge_row["n_pairs"] == 974
+    assert "25 labels are no verdict" in result.stderr
+    assert 0.5 < judge_row["human_agreement"] < people["human_agreement"]
