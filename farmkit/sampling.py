@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -193,12 +194,18 @@ async def _sample_openai(records: Sequence[dict], settings: SampleSettings, on_d
 
 
 def _api_message(exc: Exception) -> str:
+    """The endpoint's error message, with anything that looks like an API key blanked out
+    (OpenAI's own 401 message quotes part of the key)."""
     body = getattr(exc, "body", None)
+    message = str(getattr(exc, "message", exc))
     if isinstance(body, dict):
         detail = body.get("error", body)
         if isinstance(detail, dict) and detail.get("message"):
-            return str(detail["message"])[:300]
-    return str(getattr(exc, "message", exc))[:300]
+            message = str(detail["message"])
+    key = os.environ.get("OPENAI_API_KEY")
+    if key:
+        message = message.replace(key, "***")
+    return re.sub(r"\bsk-[\w*-]+", "sk-***", message)[:300]
 
 
 RUNNERS = {"hf": sample_hf, "vllm": sample_vllm, "openai": sample_openai}

@@ -1,0 +1,80 @@
+"""farmkit.models: resolving model arguments, the cached embedded model, meta.json, devices, and the
+prompt format a folder records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from farmkit import models
+from farmkit.io import FarmError
+
+
+def test_embedded_resolves_to_a_plain_cached_folder(embedded_path):
+    from safetensors import safe_open
+
+    assert models.resolve("embedded") == str(embedded_path)
+    config = json.loads((embedded_path / "config.json").read_text())
+    assert "quantization_config" not in config  # a plain fp32 model that trainers accept
+    assert models.read_meta(embedded_path)["name"] == "SmolLM2-135M-Instruct"
+    with safe_open(str(embedded_path / "model.safetensors"), "pt") as weights:
+        count = sum(_product(weights.get_slice(name).get_shape()) for name in weights.keys())
+    assert 134_000_000 < count < 135_000_000  # 134.5M parameters, output embeddings tied
+
+
+def _product(shape: list[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def test_a_folder_cached_by_an_older_farmkit_is_repaired(tmp_path):
+    folder = tmp_path / "cached"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gguf"}}))
+    assert models._gguf_marked(folder)
+    models._drop_gguf_mark(folder)
+    assert json.loads((folder / "config.json").read_text()) == {"model_type": "llama"}
+
+
+def test_resolve_model_arguments(tmp_path):
+    assert models.resolve(tmp_path) == str(tmp_path)
+    assert models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(FarmError, match="no such model folder"):
+        models.resolve(str(tmp_path / "missing" / "model"))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(FarmError, match="not a model folder or a .gguf file"):
+        models.resolve(tmp_path / "weights.bin")
+
+
+def test_meta_round_trip_and_input_hashes(tmp_path):
+    models.write_meta(tmp_path, {"kind": "policy", "prompt_template": "alpaca", "sampling_control_token": "<|good|>"})
+    assert models.read_meta(tmp_path)["kind"] == "policy"
+    assert models.read_meta(tmp_path / "elsewhere") == {}
+    fmt = models.PromptFormat.for_model(tmp_path)
+    assert (fmt.template, fmt.control) == ("alpaca", "<|good|>")
+    assert models.PromptFormat.for_model(tmp_path, "chat").template == "chat"  # an explicit choice wins
+    (tmp_path / "data.jsonl").write_text("abc")
+    assert models.file_sha256(tmp_path / "data.jsonl") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    (tmp_path / "meta.json").write_text("{broken")
+    with pytest.raises(FarmError, match="not valid JSON"):
+        models.read_meta(tmp_path)
+
+
+def test_device_and_precision():
+    import torch
+
+    assert models.choose_device("cpu") == "cpu"
+    assert models.choose_dtype("cpu") == torch.float32
+    assert models.choose_dtype("cuda", "bf16") == torch.bfloat16
+    if not torch.cuda.is_available():
+        assert models.choose_device() == "cpu"
+
+
+def test_load_causal_lm_pads_on_the_left(tiny_model_path):
+    network, tokenizer = models.load_causal_lm(tiny_model_path, device="cpu")
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+    assert network.config.pad_token_id == tokenizer.pad_token_id
+    assert next(network.parameters()).dtype.is_floating_point
