@@ -6,7 +6,7 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 EXTRAS ?= ml,api,plot,dev
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow bench demo lint clean
+.PHONY: install test test-slow bench demo overopt lint clean
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,9 @@ bench: install
 
 demo: install
 	$(MAKE) -C examples demo PATH="$(abspath $(VENV))/bin:$$PATH"
+
+overopt: install
+	$(MAKE) -C examples overopt PATH="$(abspath $(VENV))/bin:$$PATH"
 
 lint: install
 	$(PY) -m ruff check farmkit tools tests bench
