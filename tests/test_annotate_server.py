@@ -106,7 +106,7 @@ def test_second_run_makes_zero_requests_and_gives_the_same_records(tmp_path):
 
 
 def test_kill_nine_then_rerun_equals_an_uninterrupted_run(tmp_path):
-    pool, pairs = _pool(tmp_path, settings="settings: {concurrency: 2, timeout: 5, backoff: 0.02}\n"), _jsonl(_pairs(120))
+    pool, pairs = _pool(tmp_path, settings="settings: {concurrency: 2, timeout: 60, backoff: 0.02}\n"), _jsonl(_pairs(120))
     with OpenAIServer(respond=judge_longer, latency=0.03) as server:
         env = {**os.environ, **_env(server)}
         cache = tmp_path / "killed.sqlite"
@@ -136,7 +136,7 @@ def test_kill_nine_then_rerun_equals_an_uninterrupted_run(tmp_path):
                                  input=pairs, env=_env(server))
     assert resumed.returncode == 0, resumed.stderr.decode()
     assert asked_on_resume <= 120 - cached_before_kill  # paid verdicts were not asked again
-    assert asked_in_all <= 120 + 2 * 5  # at most the requests in flight at the kill were lost
+    assert asked_in_all <= 120 + 2 * 5  # at most the requests in flight at the kill were lost (no timeouts here)
     killed = _without_time(_records((tmp_path / "killed.jsonl").read_bytes()))
     assert len(killed) == 120
     assert killed == _without_time(_records(uninterrupted.stdout))

@@ -74,10 +74,14 @@ class Stats:
     started: float = field(default_factory=time.perf_counter)
 
 
-def unit(seed: int, purpose: str, item_hash: str) -> float:
-    """A uniform number in [0, 1) from the seed, a purpose and the pair: the same whatever else runs."""
-    digest = hashlib.sha256(f"{seed}|{purpose}|{item_hash}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+UNITS = ("noise", "coin", "judge", "order", "draw-0", "draw-1")
+
+
+def units(seed: int, item_hash: str) -> dict[str, float]:
+    """Uniform numbers in [0, 1) for each random decision about a pair, from the seed and the pair alone,
+    so a decision never depends on what else is in the file or on an earlier, killed run."""
+    digest = hashlib.sha512(f"{seed}|{item_hash}".encode()).digest()
+    return {name: int.from_bytes(digest[8 * i : 8 * i + 8], "big") / 2**64 for i, name in enumerate(UNITS)}
 
 
 def item_hash(item: Item) -> str:
@@ -110,7 +114,9 @@ class Annotator:
         self.stats = Stats()
         self._stopped = False
         self._weights = [judge.weight for judge in pool.judges]
-        self._identities = [identity(pool, judge) if cacheable(judge) else None for judge in pool.judges]
+        # the judge's part of every cache key: its configuration, model, prompt text, and the seed
+        self._judge_keys = [cache_key({"judge": judge.key_fields(), "identity": identity(pool, judge), "seed": seed}).encode()
+                            if cacheable(judge) else None for judge in pool.judges]
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -119,18 +125,18 @@ class Annotator:
         noise: dict[int, float] = {}
         total = sum(self._weights)
         for index, item in enumerate(items):
-            digest = item_hash(item)
-            if self.pool.flip_rate > 0 and unit(self.seed, "noise", digest) < 2 * self.pool.flip_rate:
-                noise[index] = 1 if unit(self.seed, "coin", digest) < 0.5 else 2
+            draws = units(self.seed, item_hash(item))
+            if self.pool.flip_rate > 0 and draws["noise"] < 2 * self.pool.flip_rate:
+                noise[index] = 1 if draws["coin"] < 0.5 else 2
                 continue
-            point, judge_index = unit(self.seed, "judge", digest) * total, 0
+            point, judge_index = draws["judge"] * total, 0
             while judge_index < len(self._weights) - 1 and point >= self._weights[judge_index]:
                 point -= self._weights[judge_index]
                 judge_index += 1
-            orders = (False, True) if self.both_orders else (unit(self.seed, "order", digest) < 0.5,)
+            orders = (False, True) if self.both_orders else (draws["order"] < 0.5,)
             for swapped in orders:
-                ask = Ask(index, judge_index, swapped, unit(self.seed, f"draw-{int(swapped)}", digest))
-                if self._identities[judge_index] is not None:
+                ask = Ask(index, judge_index, swapped, draws[f"draw-{int(swapped)}"])
+                if self._judge_keys[judge_index] is not None:
                     ask.key = self._key(ask, items[index])
                 asks.append(ask)
         if self.cache is not None:
@@ -142,10 +148,9 @@ class Annotator:
         return Plan(asks, noise, self._group(pending))
 
     def _key(self, ask: Ask, item: Item) -> str:
-        judge = self.pool.judges[ask.judge]
         shown = self.shown(item, ask)
-        return cache_key({"judge": judge.key_fields(), "identity": self._identities[ask.judge], "seed": self.seed,
-                          "instruction": shown.instruction, "input": shown.input, "a": shown.output_a, "b": shown.output_b})
+        texts = orjson.dumps([shown.instruction, shown.input, shown.output_a, shown.output_b])
+        return hashlib.sha256(self._judge_keys[ask.judge] + texts).hexdigest()
 
     def _group(self, pending: list[Ask]) -> list[list[Ask]]:
         by_judge: dict[int, list[Ask]] = {}

@@ -58,10 +58,10 @@ class OpenAIBackend:
         response = await self._create(model=model, messages=messages, temperature=judge.temperature,
                                       max_tokens=judge.max_tokens, seed=seed)
         elapsed = time.perf_counter() - started
-        text = (response.choices[0].message.content or "") if response.choices else ""
-        usage = response.usage
-        prompt_tokens = usage.prompt_tokens if usage else 0
-        completion_tokens = usage.completion_tokens if usage else 0
+        choices = response.get("choices") or [{}]
+        text = (choices[0].get("message") or {}).get("content") or ""
+        usage = response.get("usage") or {}
+        prompt_tokens, completion_tokens = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
         price = self.prices.price(model, prompt_tokens, completion_tokens)
         choices, reason = parse_verdicts(template.format, text, len(pairs))
         share = len(pairs)
@@ -80,7 +80,9 @@ class OpenAIBackend:
             wait = None
             self.stats["requests"] += 1
             try:
-                return await self.client.chat.completions.create(**request)
+                # the client's generic post: the same HTTP, auth and error classes as chat.completions.create,
+                # without its per-request type-driven transformation, which cost ~8 ms of CPU per request
+                return await self.client.post("/chat/completions", body=request, cast_to=dict)
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise FatalBackendError(
                     f"the endpoint {self.base_url} refused the request (HTTP {exc.status_code}): "

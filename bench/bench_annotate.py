@@ -1,0 +1,161 @@
+"""farm-annotate against a local OpenAI-compatible server (tests/openai_server.py, in its own process)
+with a fixed per-request latency:
+
+- throughput: requests/s with concurrency C against the limit C / latency (target >= 90% at an
+  API-like latency of 500 ms; a 100 ms stress point is reported too);
+- prompt tokens per pair (as the server counts them) at batch size 5 against batch size 1, with 3 and
+  0 in-context examples, on AlpacaEval's long outputs and on Alpaca-length short ones (target <= 40%);
+- a fully cached rerun of 10,000 pairs, the whole command timed from process start (target < 2 s).
+
+Prints one JSON line per figure (see bench/run.py). Pairs are real model outputs from
+../shared/data/alpaca_eval when present, else generated text of similar length.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+SHARED = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+# (latency s, concurrency, requests): a realistic API setting with the target, and a stress setting
+THROUGHPUT = ((0.5, 16, 480, True), (0.1, 16, 480, False))
+CACHED_PAIRS = 10_000
+
+
+def alpaca_pairs(n: int) -> list[dict]:
+    """Pairs of short, Alpaca-length answers (real Alpaca demonstrations; content does not matter for token counts)."""
+    path = SHARED / "alpaca" / "alpaca_cleaned_first1000.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())
+    return [{"instruction": rows[i]["instruction"], "output_1": rows[i]["output"], "output_2": rows[i + 1]["output"]}
+            for i in range(min(n, len(rows) - 1))]
+
+
+def real_pairs(n: int) -> list[dict]:
+    folder = SHARED / "alpaca_eval" / "model_outputs"
+    first, second = folder / "text_davinci_003.jsonl.gz", folder / "gpt4.jsonl.gz"
+    pairs: list[dict] = []
+    if first.exists() and second.exists():
+        with gzip.open(first) as a, gzip.open(second) as b:
+            reference = {r["instruction"]: r["output"] for r in map(json.loads, a)}
+            for record in map(json.loads, b):
+                if record["instruction"] in reference:
+                    pairs.append({"instruction": record["instruction"], "output_1": reference[record["instruction"]],
+                                  "output_2": record["output"]})
+    if not pairs:
+        filler = "This answer explains the point step by step with an example and a short conclusion. "
+        pairs = [{"instruction": f"Explain topic {i} to a beginner.", "output_1": filler * 4, "output_2": filler * 6}
+                 for i in range(800)]
+    # distinct pairs beyond the data's size: the same texts under numbered instructions
+    return [{**pairs[i % len(pairs)], "instruction": f"{pairs[i % len(pairs)]['instruction']} (#{i})"} for i in range(n)]
+
+
+def start_server(latency: float) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "openai_server.py"), "--latency", str(latency)],
+                               stdout=subprocess.PIPE, text=True)
+    return process, process.stdout.readline().strip()
+
+
+def pool_file(folder: Path, name: str, batch_size: int, examples: int, concurrency: int) -> str:
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps({
+        "name": name, "description": "benchmark judge", "tiers": {"large": "bench-model"},
+        "settings": {"concurrency": concurrency, "timeout": 30, "backoff": 0.1},
+        "judges": [{"name": name, "backend": "openai", "tier": "large", "prompt": "plain", "batch_size": batch_size,
+                    "examples": examples, "temperature": 0.0, "max_tokens": 60}]}))
+    return str(path)
+
+
+def timed_run(pool: str, pairs: list[dict], cache: str | None) -> tuple[float, object]:
+    """Annotate in this process (imports already paid), returning seconds and the run's stats."""
+    from farmkit.annotate.pairs import Item
+    from farmkit.annotate.pools import load_pool
+    from farmkit.annotate.run import Run
+
+    run = Run(load_pool(pool), cache_path=cache)
+    items = [Item({"input": "", **p}) for p in pairs]
+    started = time.perf_counter()
+    records = list(run.records(items))
+    elapsed = time.perf_counter() - started
+    assert len(records) == len(pairs) and all(r["preference"] is not None for r in records)
+    return elapsed, run.annotator.stats
+
+
+def emit(**row: object) -> None:
+    print(json.dumps({"benchmark": "annotate", **row}), flush=True)
+
+
+def main() -> None:
+    import openai  # noqa: F401 - imported before timing, as in a long-running process
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-annotate-"))
+    load = os.getloadavg()[0]
+    for latency, concurrency, requests, targeted in THROUGHPUT:
+        server, url = start_server(latency)
+        os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = url, "bench"
+        try:
+            seconds, stats = timed_run(pool_file(folder, "b1", 1, 0, concurrency), real_pairs(requests), None)
+        finally:
+            server.terminate()
+            server.wait()
+        limit, rate = concurrency / latency, stats.requests / seconds
+        emit(figure=f"throughput, concurrency {concurrency}, latency {latency * 1000:.0f} ms", value=rate, unit="requests/s",
+             peer="limit C/latency", peer_value=limit, ratio=rate / limit, target=">= 0.9" if targeted else "",
+             met=(rate / limit >= 0.9) if targeted else None, load_average=load)
+
+    server, url = start_server(0.0)
+    os.environ["OPENAI_BASE_URL"] = url
+    try:
+        for data, sample in (("AlpacaEval outputs", real_pairs(100)), ("Alpaca-length outputs", alpaca_pairs(100))):
+            if not sample:
+                continue
+            for examples in (3, 0):
+                per_pair = {}
+                for batch in (1, 5):
+                    pool = pool_file(folder, f"tokens{batch}-{examples}", batch, examples, 16)
+                    _, stats = timed_run(pool, sample, None)
+                    per_pair[batch] = stats.prompt_tokens / len(sample)
+                ratio = per_pair[5] / per_pair[1]
+                emit(figure=f"prompt tokens per pair, batch 5 vs 1, {data}, {examples} in-context examples",
+                     value=per_pair[5], unit="tokens/pair", peer="batch 1", peer_value=per_pair[1], ratio=ratio,
+                     target="<= 0.4", met=ratio <= 0.4)
+    finally:
+        server.terminate()
+        server.wait()
+
+    fast, url = start_server(0.0)
+    try:
+        env = {**os.environ, "OPENAI_BASE_URL": url}
+        many = folder / "many.jsonl"
+        many.write_text("".join(json.dumps(p) + "\n" for p in real_pairs(CACHED_PAIRS)))
+        pool, cache = pool_file(folder, "cached", 5, 0, 32), str(folder / "cache.sqlite")
+        command = [str(Path(sys.executable).parent / "farm-annotate"), "--pool", pool, "--cache", cache, "-q", str(many)]
+        first = subprocess.run(command, env=env, capture_output=True)
+        assert first.returncode == 0, first.stderr.decode()
+        started, cpu_before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        second = subprocess.run(command, env=env, capture_output=True)
+        seconds = time.perf_counter() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+        assert second.returncode == 0 and second.stdout == first.stdout
+        emit(figure=f"fully cached rerun of {CACHED_PAIRS} pairs (whole command)", value=seconds, unit="s",
+             peer="target", peer_value=2.0, ratio=seconds / 2.0, target="< 2 s", met=seconds < 2.0,
+             cpu_seconds=cpu, load_average=os.getloadavg()[0])
+        emit(figure="cached rerun records/s", value=CACHED_PAIRS / seconds, unit="records/s")
+    finally:
+        fast.terminate()
+        fast.wait()
+
+
+if __name__ == "__main__":
+    main()
