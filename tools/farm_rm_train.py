@@ -25,12 +25,13 @@ log = logging.getLogger("farmkit")
 @click.option("--max-length", default=512, show_default=True, type=click.IntRange(min=8), help="Tokens per text; longer texts lose their beginning.")
 @click.option("--lora", is_flag=True, help="Train LoRA adapters and the head instead of every weight (merged when saved).")
 @click.option("--lora-r", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--train-layers", default=-1, show_default=True, type=click.IntRange(min=-1), help="Train only the head and the top K blocks (0: the head alone); -1: every weight.")
 @click.option("--template", type=click.Choice(["auto", "chat", "alpaca"]), default="auto", show_default=True, help="Prompt template; auto: the model's own (meta.json, else chat if it has one).")
 @click.option("--eval-every", default=0, show_default=True, type=click.IntRange(min=0), help="Held-out evaluation every K steps (0: at the end only).")
 @seed_option
 @common_options
 def cli(model, prefs, output_dir, eval_fraction, ties, epochs, max_steps, learning_rate, batch_size, max_length, lora, lora_r,
-        template, eval_every, seed):
+        train_layers, template, eval_every, seed):
     """Train a reward model (MODEL's backbone + a scalar head on the last token) on PREFS by
     maximizing the Bradley-Terry likelihood. Fractional preferences are soft labels; null verdicts are
     skipped and counted. Reports held-out pairwise accuracy; per-step metrics go to DIR/metrics.jsonl."""
@@ -50,7 +51,7 @@ def cli(model, prefs, output_dir, eval_fraction, ties, epochs, max_steps, learni
 
     try:
         config = RewardConfig(eval_fraction=eval_fraction, ties=ties, epochs=epochs, max_steps=max_steps, learning_rate=learning_rate,
-                              batch_size=batch_size, max_length=max_length, lora=lora, lora_r=lora_r, lora_alpha=2 * lora_r,
+                              batch_size=batch_size, max_length=max_length, lora=lora, lora_r=lora_r, lora_alpha=2 * lora_r, train_layers=train_layers,
                               template=template, eval_every=eval_every, seed=seed)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -44,6 +44,7 @@ class RewardConfig:
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
+    train_layers: int = -1  # -1: every weight; K >= 0: only the head and the top K blocks (cheap backward)
     template: str = "auto"
     eval_every: int = 0  # steps between held-out evaluations; 0: only at the end
     seed: int = 0
@@ -55,6 +56,8 @@ class RewardConfig:
             raise ValueError("ties must be 'drop' or 'half'")
         if self.epochs <= 0 and self.max_steps <= 0:
             raise ValueError("give epochs > 0 or max_steps > 0")
+        if self.lora and self.train_layers >= 0:
+            raise ValueError("--lora and --train-layers are two ways of training fewer weights; pick one")
         if self.learning_rate <= 0 or self.batch_size < 1 or self.max_length < 8:
             raise ValueError("learning_rate must be > 0, batch_size >= 1 and max_length >= 8")
 
@@ -77,6 +80,8 @@ def reward_format(model_path: str | os.PathLike, tokenizer: Any, template: str |
 def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
     # the response and end-of-sequence sit at the end: truncation removes the start of long prompts
     tokenizer.truncation_side = "left"
+    if not texts:
+        return []
     return tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
 
 
@@ -246,6 +251,8 @@ def train_reward_model(
         # the scalar head is new: it trains in full beside the adapters (peft keeps it for SEQ_CLS)
         lora = LoraConfig(task_type="SEQ_CLS", r=config.lora_r, lora_alpha=config.lora_alpha, target_modules="all-linear")
         network = get_peft_model(network, lora)
+    elif config.train_layers >= 0:
+        _freeze_below(network, config.train_layers)
 
     train_pairs = _Pairs(tokenizer, prompt_format, train_items, config.max_length)
     eval_pairs = _Pairs(tokenizer, prompt_format, held_out, config.max_length)
@@ -318,6 +325,21 @@ def train_reward_model(
         log.info("held-out pairwise accuracy %.3f on %d pairs (loss %.4f)", summary["eval_accuracy"], len(eval_pairs), summary["eval_loss"])
     return summary
 
+
+
+def _freeze_below(network: Any, keep: int) -> None:
+    """Train only the scalar head and the top `keep` transformer blocks; the rest stays as loaded."""
+    backbone = getattr(network, network.base_model_prefix, None)
+    blocks = getattr(backbone, "layers", None)
+    if blocks is None:
+        raise FarmError(f"{type(network).__name__}: no `layers` list of transformer blocks; use --lora instead of --train-layers")
+    network.requires_grad_(False)
+    network.score.requires_grad_(True)
+    if keep > 0:
+        for block in list(blocks)[-keep:]:
+            block.requires_grad_(True)
+        if getattr(backbone, "norm", None) is not None:  # the final norm sits between the top block and the head
+            backbone.norm.requires_grad_(True)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,207 @@
+"""farm-rm-train and farm-score: Bradley-Terry training on pairs where one side is clearly better (it
+ends with a keyword), held-out accuracy, soft labels and ties, LoRA and partial training, and scoring
+that ranks the better outputs higher, in the input order, whatever the batch layout."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import run_tool
+from farmkit.tools.farm_rm_train import main as rm_train_main
+
+from farmkit.models import file_sha256
+
+WORDS = "apple river stone cloud music garden window paper light forest engine silver".split()
+KEYWORD = "thanks"
+
+
+def keyword_prefs(count: int, seed: int, start: int = 0) -> list[dict]:
+    """Preference records where the output ending with KEYWORD is the better one, in random positions."""
+    rng = random.Random(seed)
+    records = []
+    for number in range(start, start + count):
+        body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))
+        better_first = rng.random() < 0.5
+        good, plain = f"{body} {KEYWORD}", body
+        records.append({
+            "instruction": f"Write about {rng.choice(WORDS)} number {number}", "input": "",
+            "output_1": good if better_first else plain, "output_2": plain if better_first else good,
+            "preference": 1 if better_first else 2,
+        })
+    return records
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def train_keyword_rm(base: Path, folder: Path, pairs: int = 160, **overrides) -> dict:
+    """A reward model on the tiny backbone that learns the keyword (seconds on a CPU)."""
+    from farmkit.methods.reward import RewardConfig, train_reward_model
+    from farmkit.records import comparisons
+
+    items, _ = comparisons(keyword_prefs(pairs, seed=1))
+    settings = {"learning_rate": 1e-3, "batch_size": 16, "epochs": 3, "eval_fraction": 0.2, **overrides}
+    return train_reward_model(str(base), items, folder, RewardConfig(**settings))
+
+
+def run_main(main, argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    return exit_info.value.code
+
+
+@pytest.fixture(scope="module")
+def keyword_rm(tmp_path_factory, tiny_model_path):
+    """farm-rm-train run in-process on 200 keyword pairs, with null verdicts and ties mixed in."""
+    folder = tmp_path_factory.mktemp("rm")
+    records = keyword_prefs(200, seed=1)
+    records += [{**records[0], "preference": None, "preference_reason": "unparsable"}] * 3
+    records += [{**records[1], "preference": 1.5}] * 2
+    prefs = write_jsonl(folder / "prefs.jsonl", records)
+    code = run_main(rm_train_main, [str(tiny_model_path), str(prefs), "-o", str(folder / "rm"), "--learning-rate", "1e-3",
+                                    "--batch-size", "16", "--epochs", "3", "--eval-fraction", "0.2", "--seed", "3"])
+    assert code == 0
+    return folder / "rm"
+
+
+def test_reward_model_learns_the_better_side(keyword_rm, tiny_model_path):
+    rows = [json.loads(line) for line in (keyword_rm / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, len(rows) + 1))
+    final = rows[-1]
+    assert final["eval_pairs"] == 40
+    assert final["eval_accuracy"] >= 0.9  # chance is 0.5
+    assert sum(r["loss"] for r in rows[-5:]) / 5 < 0.5 * rows[0]["loss"]
+    meta = json.loads((keyword_rm / "meta.json").read_text())
+    assert meta["kind"] == "reward_model" and meta["tool"] == "farm-rm-train"
+    assert meta["prompt_template"] == "chat"  # the tiny model's chat template, resolved from "auto"
+    assert meta["base_model"] == str(tiny_model_path)
+    assert meta["preferences"] == {"records": 205, "used": 200, "null": 3, "tie": 2}
+    assert meta["seed"] == 3 and meta["config"]["ties"] == "drop"
+    [(path, digest)] = meta["inputs"].items()
+    assert digest == file_sha256(path)
+    assert meta["training"]["eval_accuracy"] == final["eval_accuracy"]
+
+
+def test_score_ranks_better_outputs_higher_in_input_order(keyword_rm):
+    fresh = keyword_prefs(30, seed=99, start=1000)  # prompts and texts the model never saw
+    outputs = []
+    for number, record in enumerate(fresh):
+        for position in (1, 2):
+            outputs.append({"instruction": record["instruction"], "output": record[f"output_{position}"], "generator": "g",
+                            "id": f"{number}-{position}", "better": record["preference"] == position})
+    result = run_tool("farm-score", str(keyword_rm), "-", "--batch-size", "7", "-q",
+                      input=b"".join(orjson.dumps(o) + b"\n" for o in outputs))
+    assert result.returncode == 0, result.stderr.decode()
+    scored = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [s["id"] for s in scored] == [o["id"] for o in outputs]
+    assert all(s["reward_model"] == "rm" and "farm-score" in s["provenance"] for s in scored)
+    wins = sum(
+        (scored[2 * i]["reward"] > scored[2 * i + 1]["reward"]) == scored[2 * i]["better"] for i in range(len(fresh))
+    )
+    assert wins >= 27
+    better = [s["reward"] for s in scored if s["better"]]
+    worse = [s["reward"] for s in scored if not s["better"]]
+    assert sum(better) / len(better) > sum(worse) / len(worse) + 1.0
+
+
+def test_batched_scores_equal_one_at_a_time_and_the_training_pooling(keyword_rm):
+    import torch
+
+    from farmkit.methods.reward import RewardScorer, reward_text
+
+    scorer = RewardScorer(keyword_rm, device="cpu", batch_size=5)
+    items = [("Say something", "", "a " * length + KEYWORD * (length % 2)) for length in range(1, 12)]
+    batched = scorer.score(items)
+    scorer.batch_size = 1
+    alone = scorer.score(items)
+    assert batched == pytest.approx(alone, abs=1e-4)
+    # the model's own forward on the documented text (prompt + response + eos) gives the same number
+    text = reward_text(scorer.tokenizer, scorer.format, *items[3])
+    assert text.startswith(scorer.format.prompt(scorer.tokenizer, "Say something", "")) and text.endswith(scorer.tokenizer.eos_token)
+    ids = torch.tensor([scorer.tokenizer(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        direct = scorer.network(input_ids=ids).logits[0, 0].item()
+    assert direct == pytest.approx(alone[3], abs=1e-4)
+
+
+def test_soft_label_loss_is_minimal_at_the_target_odds():
+    import torch
+
+    from farmkit.methods.reward import bradley_terry_loss
+
+    difference = torch.tensor([math.log(3.0)], requires_grad=True)  # sigmoid(log 3) = 0.75
+    loss = bradley_terry_loss(torch.zeros(1), difference, torch.tensor([0.75]))
+    loss.backward()
+    assert abs(difference.grad.item()) < 1e-6
+    hard = bradley_terry_loss(torch.zeros(1), torch.tensor([math.log(3.0)]), torch.tensor([1.0]))
+    assert hard.item() == pytest.approx(-math.log(0.75), rel=1e-5)
+
+
+def test_held_out_split_keeps_prompts_together():
+    from farmkit.methods.reward import split_held_out
+    from farmkit.records import Comparison
+
+    items = [Comparison(f"prompt {i % 10}", "", "a", "b", 1.0) for i in range(50)]
+    train, held_out = split_held_out(items, 0.3, seed=0)
+    assert len(held_out) == 15 and len(train) == 35
+    assert not {c.instruction for c in train} & {c.instruction for c in held_out}
+    assert split_held_out(items, 0.3, seed=0) == (train, held_out)
+    assert split_held_out(items, 0.3, seed=1)[1] != held_out
+
+
+def test_train_layers_leaves_lower_weights_untouched(tiny_model_path, tmp_path):
+    from safetensors.torch import load_file
+
+    summary = train_keyword_rm(tiny_model_path, tmp_path / "rm", pairs=64, train_layers=1, epochs=1)
+    assert summary["train_pairs"] == 51 and summary["steps"] == 4  # 13 of 64 prompts held out
+    base = load_file(tiny_model_path / "model.safetensors")
+    trained = load_file(tmp_path / "rm" / "model.safetensors")
+    assert (trained["model.embed_tokens.weight"] == base["model.embed_tokens.weight"]).all()
+    assert (trained["model.layers.0.mlp.up_proj.weight"] == base["model.layers.0.mlp.up_proj.weight"]).all()
+    assert not (trained["model.layers.1.mlp.up_proj.weight"] == base["model.layers.1.mlp.up_proj.weight"]).all()
+    assert "score.weight" in trained
+
+
+def test_lora_run_saves_a_merged_loadable_reward_model(tiny_model_path, tmp_path):
+    from safetensors.torch import load_file
+
+    from farmkit.models import load_reward_model
+
+    train_keyword_rm(tiny_model_path, tmp_path / "rm", pairs=32, lora=True, max_steps=3)
+    weights = load_file(tmp_path / "rm" / "model.safetensors")
+    assert not any("lora" in name for name in weights)
+    base = load_file(tiny_model_path / "model.safetensors")
+    assert not (weights["model.layers.0.self_attn.q_proj.weight"] == base["model.layers.0.self_attn.q_proj.weight"]).all()
+    network, _ = load_reward_model(tmp_path / "rm", device="cpu")
+    assert network.config.num_labels == 1
+    assert json.loads((tmp_path / "rm" / "meta.json").read_text())["config"]["lora"] is True
+
+
+def test_soft_labels_and_kept_ties_train(tiny_model_path, tmp_path, capfd):
+    records = keyword_prefs(40, seed=5)
+    for record in records[:10]:
+        record["preference"] = 1.25 if record["preference"] == 1 else 1.75  # soft labels, same direction
+    records += [{**records[11], "preference": 1.5}] * 4
+    prefs = write_jsonl(tmp_path / "prefs.jsonl", records)
+    code = run_main(rm_train_main, [str(tiny_model_path), str(prefs), "-o", str(tmp_path / "rm"), "--ties", "half",
+                                    "--max-steps", "2", "--batch-size", "8", "--eval-fraction", "0"])
+    assert code == 0
+    meta = json.loads((tmp_path / "rm" / "meta.json").read_text())
+    assert meta["preferences"] == {"records": 44, "used": 44} and meta["training"]["train_pairs"] == 44
+    assert "eval_accuracy" not in meta["training"]
+
+
+def test_no_usable_preferences_is_an_error_naming_the_file(tiny_model_path, tmp_path, capfd):
+    prefs = write_jsonl(tmp_path / "nulls.jsonl", [{**keyword_prefs(1, seed=0)[0], "preference": None}] * 2)
+    code = run_main(rm_train_main, [str(tiny_model_path), str(prefs), "-o", str(tmp_path / "rm")])
+    assert code == 1
+    stderr = capfd.readouterr().err
+    assert f"{prefs}: no usable preferences" in stderr and "2 null" in stderr
+    assert not (tmp_path / "rm").exists()
