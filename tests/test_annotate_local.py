@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import orjson
 from click.testing import CliRunner
-
 from farmkit.tools.farm_annotate import cli
 
 PAIRS = [
@@ -41,3 +40,31 @@ def test_local_judge_reads_answer_log_probabilities_and_caches_them(embedded_pat
     again, stderr = _run("--cache", cache)
     assert b"4 cache hits" in stderr
     assert [r["preference"] for r in again] == [r["preference"] for r in records]
+
+
+def test_oracle_judge_with_a_reward_model_folder(tiny_model_path, tmp_path):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    folder = tmp_path / "rm"
+    config = LlamaConfig.from_pretrained(tiny_model_path, num_labels=1)
+    torch.manual_seed(1)
+    LlamaForSequenceClassification(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(folder)
+    pool = tmp_path / "rm-pool.yaml"
+    pool.write_text(orjson.dumps({"name": "rm-gold", "judges": [{"name": "rm", "backend": "oracle", "reward": str(folder)}]}).decode())
+    answers = ["Paris.", "It is Lyon, I think.", "The capital of France is Paris, on the Seine.", "No idea."]
+    pairs = [{"instruction": "What is the capital of France?", "output_1": a, "output_2": b}
+             for a in answers for b in answers]
+    payload = b"".join(orjson.dumps(p) + b"\n" for p in pairs)
+    result = CliRunner().invoke(cli, ["--pool", str(pool), "--no-cache"], input=payload, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    verdict = {(r["output_1"], r["output_2"]): r["preference"] for r in map(orjson.loads, result.stdout_bytes.splitlines())}
+    for a in answers:
+        assert verdict[(a, a)] == 1.5  # the same reward on both sides
+        for b in answers:
+            if a != b:
+                assert {verdict[(a, b)], verdict[(b, a)]} == {1, 2}  # the order shown does not matter
+    # the reward model orders the answers: exactly one of them beats all the others
+    winners = [a for a in answers if all(verdict[(a, b)] == 1 for b in answers if b != a)]
+    assert len(winners) == 1

@@ -65,8 +65,5 @@ class VerdictCache:
             self._db.execute("ROLLBACK")
             raise
 
-    def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0]
-
     def close(self) -> None:
         self._db.close()

@@ -230,6 +230,7 @@ class Annotator:
                ready: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """Run the requests on an event loop in steps, yielding finished records between steps."""
         loop = asyncio.new_event_loop()
+        tasks: list[asyncio.Task] = []
         try:
             slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
             budget = {"reserved": 0.0}
@@ -238,19 +239,24 @@ class Annotator:
             while remaining:
                 done, remaining = loop.run_until_complete(asyncio.wait(remaining, return_when=asyncio.FIRST_COMPLETED))
                 for task in done:
-                    if task.exception() is not None:
-                        for other in remaining:
-                            other.cancel()
-                        if remaining:
-                            loop.run_until_complete(asyncio.wait(remaining))
-                        error = task.exception()
-                        if isinstance(error, FatalBackendError):
-                            raise FarmError(str(error)) from None
+                    error = task.exception()
+                    if isinstance(error, FatalBackendError):
+                        raise FarmError(str(error)) from None
+                    if error is not None:
                         raise error
                 flush()
                 yield from ready
                 ready.clear()
         finally:
+            # stopped early (an error, or the reader closed the pipe): cancel what is left, quietly
+            unfinished = [task for task in tasks if not task.done()]
+            for task in unfinished:
+                task.cancel()
+            if unfinished:
+                loop.run_until_complete(asyncio.wait(unfinished))
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # retrieved, so asyncio does not report it again at exit
             loop.run_until_complete(self.backends.close())
             loop.close()
 
