@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import run_tool
 from farmkit.tools.farm_annotate import cli
-from openai_server import OpenAIServer, judge_longer, shown_pairs
+from openai_server import OpenAIServer, judge_longer, shown_pairs, verdict_text
 
 KEY = "sk-test-DO-NOT-LEAK-7f3a9c"
 FAST = "settings: {timeout: 1.0, backoff: 0.02, max_retries: 8, concurrency: 8}\n"
@@ -233,3 +233,35 @@ def test_records_carry_provenance_and_never_the_key(tmp_path):
         assert details["prompt_tokens"] > 0
     for blob in (result.stdout, result.stderr, cache.read_bytes()):
         assert KEY.encode() not in blob
+
+
+def test_a_batch_with_missing_verdicts_fails_only_those_and_asks_them_again(tmp_path):
+    def forgetful(body):  # answers every pair but the last of a batch of two or more
+        format, pairs = shown_pairs(body)
+        winners = ["B" if len(b) > len(a) else "A" for a, b in pairs]
+        return verdict_text(format, winners[:-1] if len(winners) > 1 else winners)
+
+    pool = tmp_path / "b3.yaml"
+    pool.write_text(orjson.dumps({"name": "b3", "tiers": {"large": "m"}, "settings": {"backoff": 0.01}, "judges": [
+        {"name": "b3", "backend": "openai", "tier": "large", "prompt": "plain", "batch_size": 3}]}).decode())
+    pairs = _pairs(30)
+    with OpenAIServer(respond=forgetful) as server:
+        result = _annotate("--pool", str(pool), "--no-cache", input=_jsonl(pairs), env=_env(server))
+    records = _records(result.stdout)
+    assert [r["preference"] for r in records] == [_longer(r) for r in records]
+    sizes = Counter(len(shown_pairs(body)[1]) for body in server.bodies)
+    assert sizes == {3: 10, 1: 10}  # ten batches of three, then only the ten unanswered pairs again
+
+
+def test_unparseable_verdicts_are_null_with_reason_and_raw_text_after_bounded_retries(tmp_path):
+    pool = tmp_path / "b2.yaml"
+    pool.write_text(orjson.dumps({"name": "b2", "tiers": {"large": "m"}, "settings": {"parse_retries": 2}, "judges": [
+        {"name": "b2", "backend": "openai", "tier": "large", "prompt": "json_rationale", "batch_size": 2}]}).decode())
+    with OpenAIServer(respond=lambda body: "As an AI, I prefer not to judge.") as server:
+        result = _annotate("--pool", str(pool), "--no-cache", input=_jsonl(_pairs(6)), env=_env(server))
+    assert result.returncode == 0
+    records = _records(result.stdout)
+    assert all(r["preference"] is None and "no verdict could be parsed" in r["preference_reason"] for r in records)
+    assert all(r["provenance"]["farm-annotate"]["raw"] == ["As an AI, I prefer not to judge."] for r in records)
+    assert server.outcomes["ok"] == 3 * 3  # three requests, each asked once and retried twice
+    assert b"6 without a verdict" in result.stderr
