@@ -100,3 +100,38 @@ def keyword_reward_model(tiny_model_path: Path, folder: Path) -> Path:
 
 def keyword_fraction(texts: list[str]) -> float:
     return sum(text == KEYWORD for text in texts) / len(texts)
+
+
+def keyword_probability(folder: Path) -> float:
+    """Mean probability, over the test prompts, that the first response token is the keyword, with
+    the prompt formatted as farm-sample formats it for this folder (control token included)."""
+    import torch
+
+    from farmkit.models import PromptFormat, load_causal_lm
+
+    model, tokenizer = load_causal_lm(folder, device="cpu")
+    fmt = PromptFormat.for_model(folder)
+    keyword = tokenizer(KEYWORD, add_special_tokens=False)["input_ids"][0]
+    total = 0.0
+    with torch.no_grad():
+        for question in QUESTIONS:
+            ids = tokenizer(fmt.prompt(tokenizer, question), add_special_tokens=False, return_tensors="pt")
+            total += float(model(**ids).logits[0, -1].softmax(-1)[keyword])
+    return total / len(QUESTIONS)
+
+
+def sampled_rewards(folder: Path, reward_model: Path, n: int = 4) -> tuple[list[str], list[float]]:
+    """Sample n responses per test prompt from a saved folder as farm-sample's hf backend does, and
+    score them with the reward model as farm-score does."""
+    from farmkit.generation import DecodingConfig, generate
+    from farmkit.methods.reward import RewardScorer
+    from farmkit.models import PromptFormat, load_causal_lm
+
+    model, tokenizer = load_causal_lm(folder, device="cpu")
+    fmt = PromptFormat.for_model(folder)
+    prompts = [fmt.prompt(tokenizer, question) for question in QUESTIONS]
+    samples = generate(model, tokenizer, prompts, DecodingConfig(n=n, temperature=1.0, max_new_tokens=4, batch_size=64), seed=0)
+    texts = [sample.text for per_prompt in samples for sample in per_prompt]
+    scorer = RewardScorer(reward_model, device="cpu")
+    rewards = scorer.score([(QUESTIONS[i // n], "", text) for i, text in enumerate(texts)])
+    return texts, rewards

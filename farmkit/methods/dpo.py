@@ -57,6 +57,8 @@ class DPOConfig:
             raise ValueError("label-smoothing must lie in [0, 0.5)")
         if self.label_smoothing and not {"robust", "exo_pair"} & set(losses):
             raise ValueError("label-smoothing only applies to the robust and exo_pair losses")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError("warmup-ratio must lie in [0, 1)")
         if self.epochs <= 0 or self.learning_rate <= 0 or self.batch_size < 1 or self.gradient_accumulation_steps < 1:
             raise ValueError("epochs, learning-rate, batch-size and gradient-accumulation-steps must be positive")
         if self.max_steps == 0 or self.max_steps < -1:
@@ -127,7 +129,7 @@ def train_dpo(sft: str, pairs: list[dict[str, str]], output: str, config: DPOCon
             max_steps=config.max_steps,
             learning_rate=config.learning_rate,
             lr_scheduler_type="linear",
-            warmup_ratio=config.warmup_ratio,
+            warmup_steps=float(config.warmup_ratio),  # transformers 5: a float below 1 is a fraction of the steps
             per_device_train_batch_size=config.batch_size,
             gradient_accumulation_steps=config.gradient_accumulation_steps,
             max_length=config.max_length,
