@@ -8,8 +8,8 @@ AlpacaEval's leaderboard figures (reproduced exactly from its published annotati
     discrete_win_rate = 100 * (n_wins + n_draws / 2) / n_total
     avg_length = floor of the mean length (characters) of the model's outputs, null verdicts included
 
-Memory grows with the number of models, never with the number of records: each (reference, model)
-keeps running sums, plus two bounded histograms when asked for (bootstrap values on a 1e-4 grid,
+Records are read, checked and folded CHUNK at a time (the sums taken with numpy), so memory grows
+with the number of models, never with the number of records: each (reference, model) keeps running sums, plus two bounded histograms when asked for (bootstrap values on a 1e-4 grid,
 log length ratios on a 0.02 grid for the length-controlled win rate). Only `--compare` keeps one
 value per item, and only for the two models compared.
 
@@ -39,8 +39,6 @@ LENGTH_BIN = 50.0  # bins per unit of log length ratio (0.02 wide)
 LENGTH_BINS = 801  # z from -8 to 8 (a 3000-fold length ratio); further out shares the end bins
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 RIDGE = 1e-3
-
-
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
 
 
@@ -129,9 +127,10 @@ class WinrateTable:
                 records = [records[i] for i in involved]
                 first, second = [first[i] for i in involved], [second[i] for i in involved]
             flips = np.array([a != self.reference for a in first], dtype=bool)
+            pairs = [(b, a) if flip else (a, b) for a, b, flip in zip(first, second, flips.tolist(), strict=True)]
         else:
             flips = np.full(len(records), self.swap)
-        pairs = [(b, a) if flip else (a, b) for a, b, flip in zip(first, second, flips.tolist(), strict=True)]
+            pairs = list(zip(second, first, strict=True) if self.swap else zip(first, second, strict=True))
         slots_of = self._slots
         slots = [slots_of.get(pair) for pair in pairs]
         if None in slots:
@@ -148,16 +147,18 @@ class WinrateTable:
             raise InvalidRecord(i, f"preference {records[i]['preference']!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), "
                                 "a value in between, 0 (AlpacaEval's legacy tie) or null")
         x = np.where(preference == 0, 0.5, preference - 1.0)
-        x = np.where(flips, 1.0 - x, x)
+        if self.swap or self.reference is not None:
+            x = np.where(flips, 1.0 - x, x)
         lengths_1 = [record.get("len_1") for record in records]
         lengths_2 = [record.get("len_2") for record in records]
         if set(map(type, lengths_1)) | set(map(type, lengths_2)) <= {int}:
             lengths = np.array([lengths_1, lengths_2], dtype=np.float64).T
         else:
             lengths = np.array([_lengths(record) for record in records], dtype=np.float64).reshape(len(records), 2)
-        lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
+        if self.swap or self.reference is not None:
+            lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
         self._fold(slots_array, x, lengths[:, 1], lengths[:, 0])
-        for i, (_, model) in enumerate(pairs):
+        for i, (_, model) in enumerate(pairs if self.items else ()):
             if model in self.items and x[i] == x[i]:
                 cell = self.items[model].setdefault(item_key(records[i]), [0.0, 0.0])
                 cell[0] += 1
@@ -394,9 +395,12 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.2f}"
+        # two decimals, but small values (p-values) keep two significant digits
+        return f"{value:.2g}" if 0 < abs(value) < 0.005 else f"{value:.2f}"
     if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
+        # long lists (models missing from a board) would swamp a table: the count and the first few
+        shown = ",".join(map(str, value[:3]))
+        return shown if len(value) <= 3 else f"{len(value)}: {shown},..."
     return str(value)
 
 

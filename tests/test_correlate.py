@@ -77,6 +77,12 @@ def test_table_format(tmp_path):
     header, line = text.splitlines()
     assert header == "x,y,n,spearman,spearman_p,kendall,kendall_p,pearson,pearson_p,r2,missing_from_x,missing_from_y"
     assert line.startswith("x.jsonl:win_rate,y.jsonl:win_rate,3,0.5,")
+    z = board(tmp_path / "z.jsonl", {"a": 1, "b": 3, "c": 2, **{f"m{i}": i for i in range(5)}})
+    table = CliRunner().invoke(cli, [str(x), str(z), "--format", "table"]).stdout.splitlines()
+    assert table[0].split() == ["x", "y", "n", "spearman", "spearman_p", "kendall", "kendall_p", "pearson", "pearson_p",
+                                "r2", "missing_from_x", "missing_from_y"]
+    assert table[1].split() == ["x.jsonl:win_rate", "z.jsonl:win_rate", "3", "0.50", "0.67", "0.33", "1.00", "0.50",
+                                "0.67", "0.25", "5:", "m0,m1,m2,..."]
 
 
 @pytest.mark.parametrize(("name", "content", "message"), [

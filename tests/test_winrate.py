@@ -18,6 +18,7 @@ from farmkit.tools.farm_winrate import cli
 from scipy import stats
 
 from farmkit import winrate
+from farmkit.io import FarmError
 from farmkit.winrate import WinrateTable, fit_length_model
 
 PROVENANCE = {"farm-winrate": {"tool": "farm-winrate", "version": "0.1.0"}}
@@ -134,6 +135,8 @@ def test_paired_comparison_matches_a_paired_t_test(tmp_path):
     assert row["standard_error"] == pytest.approx(100 * difference.std(ddof=1) / math.sqrt(80))
     assert row["p_value"] == pytest.approx(test.pvalue)
     assert row["win_rate_a"] == pytest.approx(100 * (a - 1).mean())
+    with pytest.raises(FarmError, match="--compare: no verdicts on 'd' in the input; the models are a, b, c"):
+        invoke(str(path), "--compare", "a", "d")
 
 
 def test_length_control_removes_a_pure_length_preference(tmp_path):

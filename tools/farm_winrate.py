@@ -7,7 +7,7 @@ import sys
 import click
 
 from farmkit.cli import common_options, entry_point, log, provenance, seed_option, stamp
-from farmkit.io import RecordWriter, atomic_path
+from farmkit.io import FarmError, RecordWriter, atomic_path
 from farmkit.winrate import TABLE_COLUMNS, WinrateTable, render
 
 FORMATS = ("jsonl", "table", "csv", "markdown")
@@ -56,6 +56,10 @@ def cli(prefs, reference, swap, fmt, bootstrap, confidence, compare, no_length_c
     if table.skipped:
         log.warning(f"farm-winrate: skipped {table.skipped} records that do not involve the reference {reference!r}")
     if compare:
+        known = sorted({model for _, model in table.tallies})
+        for model in {name for pair in compare for name in pair}:
+            if not table.items.get(model):
+                raise FarmError(f"--compare: no verdicts on {model!r} in the input; the models are {', '.join(known)}")
         rows = [table.comparison(a, b) for a, b in compare]
         columns = None
     else:
