@@ -15,8 +15,7 @@ from farmkit.io import RecordWriter
 @click.command(name="farm-annotate")
 @input_argument("input")
 @output_option
-@click.option("--pool", default="sim_ann", show_default=True,
-              help="A pool name (see --list-pools) or a pool YAML file.")
+@click.option("--pool", help="A pool name (see --list-pools) or a pool YAML file.  [default: sim_ann]")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False),
               help="Pair each output record with this file's output for the same instruction (in position 1), for evaluation.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False),
@@ -56,10 +55,10 @@ def cli(input, output, pool, reference, labels, seed, flip_rate, both_orders, mo
         return
     if cache_path and no_cache:
         raise click.UsageError("--cache and --no-cache exclude each other")
-    if labels and pool != "sim_ann":
+    if labels and pool:
         raise click.UsageError("--labels replaces the pool; leave --pool out")
     chosen = (pool_module.pool_from_dict({"name": "labels", "description": f"labels from {labels}", "judges": [
-        {"name": "file", "backend": "file", "path": labels}]}, "--labels") if labels else pool_module.load_pool(pool))
+        {"name": "file", "backend": "file", "path": labels}]}, "--labels") if labels else pool_module.load_pool(pool or "sim_ann"))
     chosen = chosen.with_models(list(models))
     for name, value in (("concurrency", concurrency), ("timeout", timeout), ("max_retries", max_retries)):
         if value is not None:

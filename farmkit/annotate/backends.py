@@ -118,6 +118,11 @@ class Backends:
                 raise ValueError(f"unknown backend {name!r}")
         return self._built[name]
 
+    @property
+    def retries(self) -> int:
+        """Requests sent again after a transient failure (429, 5xx, timeout, dropped connection)."""
+        return sum(getattr(backend, "stats", {}).get("retries", 0) for backend in self._built.values())
+
     async def close(self) -> None:
         for backend in self._built.values():
             await backend.close()

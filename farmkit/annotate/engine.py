@@ -122,7 +122,7 @@ class Annotator:
 
     def plan(self, items: list[Item]) -> Plan:
         asks: list[Ask] = []
-        noise: dict[int, float] = {}
+        noise: dict[int, int] = {}
         total = sum(self._weights)
         for index, item in enumerate(items):
             draws = units(self.seed, item_hash(item))
@@ -189,9 +189,9 @@ class Annotator:
         for request in plan.requests:
             p, c, cost = self.request_cost(request, items, worst=False)
             prompt, completion, price = prompt + p, completion + c, price + cost
-        paid = [r for r in plan.requests if self.pool.judges[r[0].judge].backend == "openai"]
+        paid = [self.pool.judges[r[0].judge].backend == "openai" for r in plan.requests]
         return {"items": len(items), "noised": len(plan.noise), "cached": sum(a.cached for a in plan.asks),
-                "requests": len(paid), "in_process_pairs": sum(len(r) for r in plan.requests if r not in paid),
+                "requests": sum(paid), "in_process_pairs": sum(len(r) for r, p in zip(plan.requests, paid, strict=True) if not p),
                 "prompt_tokens": prompt, "completion_tokens": completion, "price": round(price, 6),
                 "unpriced_models": sorted(self.prices.unpriced)}
 

@@ -61,10 +61,10 @@ class Run:
 
     def summary(self) -> None:
         stats = self.annotator.stats
-        openai_stats = getattr(self.annotator.backends._built.get("openai"), "stats", {})
+        retries = self.annotator.backends.retries
         parts = [
             f"{stats.items} items ({stats.noised} noised)",
-            f"{stats.requests} requests" + (f" (+{openai_stats['retries']} retries)" if openai_stats.get("retries") else ""),
+            f"{stats.requests} requests" + (f" (+{retries} retries)" if retries else ""),
             f"{stats.cache_hits} cache hits",
             f"{stats.failures} without a verdict",
             f"{stats.prompt_tokens:,.0f} prompt + {stats.completion_tokens:,.0f} completion tokens",
