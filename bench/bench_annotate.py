@@ -104,7 +104,9 @@ def main() -> None:
         server, url = start_server(latency)
         os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = url, "bench"
         try:
+            cpu_before = time.process_time()
             seconds, stats = timed_run(pool_file(folder, "b1", 1, 0, concurrency), real_pairs(requests), None)
+            cpu_per_request = (time.process_time() - cpu_before) / stats.requests
         finally:
             server.terminate()
             server.wait()
@@ -112,6 +114,9 @@ def main() -> None:
         emit(figure=f"throughput, concurrency {concurrency}, latency {latency * 1000:.0f} ms", value=rate, unit="requests/s",
              peer="limit C/latency", peer_value=limit, ratio=rate / limit, target=">= 0.9" if targeted else "",
              met=(rate / limit >= 0.9) if targeted else None, load_average=load)
+        # what the client itself costs: the rate one free core could sustain, whatever the machine's load
+        emit(figure=f"client CPU per request (latency {latency * 1000:.0f} ms)", value=cpu_per_request * 1000, unit="ms",
+             peer="requests/s one core sustains", peer_value=1 / cpu_per_request)
 
     server, url = start_server(0.0)
     os.environ["OPENAI_BASE_URL"] = url

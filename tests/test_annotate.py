@@ -166,13 +166,14 @@ def test_consecutive_outputs_pair_up_and_the_reference_goes_first(tmp_path):
     for i in range(3):
         for k in range(2):
             outputs.append({"instruction": f"Name a color {i}", "input": "", "output": f"Blue, sample {k}." if k else "red",
-                            "generator": "sft", "sample_index": k, "id": i})
+                            "generator": "sft", "sample_index": k, "id": i, "provenance": {"farm-sample": {"seed": 7}}})
     outputs.append({"instruction": "lonely", "output": "x", "generator": "sft", "sample_index": 0})
     result = run_tool("farm-annotate", "--pool", "gold", "--no-cache", input=_jsonl(outputs))
     assert result.returncode == 0, result.stderr.decode()
     records = _records(result.stdout)
     assert [(r["output_1"], r["output_2"], r["id"]) for r in records] == [("red", "Blue, sample 1.", i) for i in range(3)]
     assert records[0]["sample_index_1"] == 0 and records[0]["sample_index_2"] == 1
+    assert records[0]["provenance"]["farm-sample"] == {"seed": 7} and "farm-annotate" in records[0]["provenance"]
     assert b"1 output record(s)" in result.stderr  # the odd one out is reported, not silently paired
 
     reference = tmp_path / "reference.jsonl"

@@ -67,7 +67,8 @@ def _pair_record(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _join(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    """A pair record from two output records; fields the two share (id, dataset...) pass through."""
+    """A pair record from two output records; fields the two share (id, dataset...) pass through, and so
+    does the second record's provenance (the model under evaluation, with a reference)."""
     record: dict[str, Any] = {
         "instruction": second["instruction"], "input": second.get("input") or "",
         "output_1": first["output"], "output_2": second["output"],
@@ -79,6 +80,8 @@ def _join(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     for side, source in (("1", first), ("2", second)):
         if "sample_index" in source:
             record[f"sample_index_{side}"] = source["sample_index"]
+    if isinstance(second.get("provenance"), dict):
+        record["provenance"] = second["provenance"]
     return record
 
 
