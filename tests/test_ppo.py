@@ -50,6 +50,7 @@ def test_ppo_raises_the_reward_and_the_kl_grows_from_zero(models, trained):
     assert max(entry["kl"] for entry in metrics[1:]) > 0.05
     for name in ("reward", "entropy", "response_length", "value_loss", "clip_fraction"):
         assert all(isinstance(entry[name], float) for entry in metrics), name
+    assert all(entry["score"] == entry["reward"] for entry in metrics)  # --unfinished truncate: scores as they are
     early = sum(entry["reward"] for entry in metrics[:2]) / 2
     late = sum(entry["reward"] for entry in metrics[-2:]) / 2
     assert late > early + 0.1, (early, late)
@@ -92,6 +93,18 @@ def test_resume_continues_exactly_where_the_run_stopped(models, tmp_path):
     assert all(torch.allclose(first[key], second[key], atol=1e-6) for key in first)
     original = load_file(sft / "model.safetensors")
     assert any(not torch.equal(first[key], original[key]) for key in first)
+
+
+def test_unfinished_responses_can_be_penalized(models, tmp_path):
+    sft, rm = models
+    config = PPOConfig(steps=1, checkpoint_every=0, unfinished="penalty", unfinished_penalty=-3.0,
+                       **{**SMALL, "max_response_tokens": 1})
+    last = train_ppo(str(sft), str(rm), prompt_records(16), str(tmp_path / "out"), config, seed=0)
+    # one token cannot be a word and its end token: only empty answers finish, the rest score -3
+    unfinished = last["unfinished_fraction"]
+    assert 0.3 < unfinished <= 1.0
+    assert last["reward"] > -1.0  # the reward model's own scores lie near 0 here
+    assert abs(last["score"] - (-3.0 * unfinished)) < 0.5
 
 
 def test_resume_without_a_checkpoint_fails_clearly(models, tmp_path):

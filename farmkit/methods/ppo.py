@@ -25,7 +25,7 @@ from farmkit.methods.config import config_dict, help_field
 from farmkit.models import TEMPLATES
 
 log = logging.getLogger("farmkit")
-UNFINISHED = ("penalty", "truncate")
+UNFINISHED = ("truncate", "penalty")
 METRICS_FILE = "metrics.jsonl"
 TRAINER_STATE = "trainer"
 
@@ -41,7 +41,7 @@ class PPOConfig:
     kl_coef: float = help_field(0.0067, "Fixed coefficient of the per-token KL penalty to the SFT model (AlpacaFarm: 0.002-0.0067 with simulated preferences, 0.02 with human ones).")
     temperature: float = help_field(0.7, "Sampling temperature of the rollouts (log-probabilities use the same temperature).")
     max_response_tokens: int = help_field(300, "Longest response sampled, in tokens.")
-    unfinished: str = help_field("penalty", "A response that hits max-response-tokens without its end token: 'penalty' replaces its score with unfinished-penalty; 'truncate' scores the truncated text as it is.", UNFINISHED)
+    unfinished: str = help_field("truncate", "A response that hits max-response-tokens without its end token: 'truncate' (AlpacaFarm's default) scores the truncated text as it is; 'penalty' replaces its score with unfinished-penalty.", UNFINISHED)
     unfinished_penalty: float = help_field(-1.0, "The score given to an unfinished response under --unfinished penalty.")
     gamma: float = help_field(1.0, "Discount of GAE (AlpacaFarm: 1).")
     lam: float = help_field(1.0, "Lambda of GAE (AlpacaFarm: 1).")
@@ -105,6 +105,8 @@ def train_ppo(sft: str, reward_model: str, prompts: list[dict[str, Any]], output
     accelerator = Accelerator()
     device = str(accelerator.device)
     world, rank = accelerator.num_processes, accelerator.process_index
+    if not accelerator.is_main_process:
+        log.setLevel(logging.ERROR)  # one process speaks for all
     if config.rollout_batch_size % world or config.minibatch_size % world:
         raise FarmError("rollout-batch-size and minibatch-size must be multiples of the number of processes")
     local_rollouts, local_minibatch = config.rollout_batch_size // world, max(1, config.minibatch_size // world)

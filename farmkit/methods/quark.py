@@ -26,7 +26,7 @@ from farmkit.models import TEMPLATES
 
 log = logging.getLogger("farmkit")
 KEEP = ("top", "all")
-UNFINISHED = ("penalty", "truncate")
+UNFINISHED = ("truncate", "penalty")
 
 
 def quantile_token(quantile: int) -> str:
@@ -47,7 +47,7 @@ class QuarkConfig:
     kl_coef: float = help_field(0.05, "Weight of the per-token KL(policy || SFT) penalty.")
     temperature: float = help_field(0.7, "Sampling temperature of the rollouts.")
     max_response_tokens: int = help_field(300, "Longest response sampled, in tokens.")
-    unfinished: str = help_field("penalty", "A response that hits max-response-tokens without its end token: 'penalty' scores it unfinished-penalty; 'truncate' scores the truncated text.", UNFINISHED)
+    unfinished: str = help_field("truncate", "A response that hits max-response-tokens without its end token: 'truncate' scores the truncated text as it is; 'penalty' scores it unfinished-penalty.", UNFINISHED)
     unfinished_penalty: float = help_field(-1.0, "The score of an unfinished response under --unfinished penalty.")
     generation_batch_size: int = help_field(16, "Prompts per generate() call.")
     reward_batch_size: int = help_field(16, "Texts per reward-model forward pass.")
