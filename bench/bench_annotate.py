@@ -5,7 +5,9 @@ with a fixed per-request latency:
   API-like latency of 500 ms; a 100 ms stress point is reported too);
 - prompt tokens per pair (as the server counts them) at batch size 5 against batch size 1, with 3 and
   0 in-context examples, on AlpacaEval's long outputs and on Alpaca-length short ones (target <= 40%);
-- a fully cached rerun of 10,000 pairs, the whole command timed from process start (target < 2 s).
+- a fully cached rerun of 10,000 pairs, the whole command timed from process start (target < 2 s);
+- pairs/s against AlpacaEval's annotator at its default settings on the same server (target >= 3x),
+  when bench/out/alpaca-eval-venv holds alpaca-eval (see bench/alpaca_eval_peer.py).
 
 Prints one JSON line per figure (see bench/run.py). Pairs are real model outputs from
 ../shared/data/alpaca_eval when present, else generated text of similar length.
@@ -29,6 +31,7 @@ SHARED = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "da
 # (latency s, concurrency, requests): a realistic API setting with the target, and a stress setting
 THROUGHPUT = ((0.5, 16, 480, True), (0.1, 16, 480, False))
 CACHED_PAIRS = 10_000
+PEER_LATENCY, PEER_PAIRS = 0.5, 200
 
 
 def alpaca_pairs(n: int) -> list[dict]:
@@ -60,9 +63,9 @@ def real_pairs(n: int) -> list[dict]:
     return [{**pairs[i % len(pairs)], "instruction": f"{pairs[i % len(pairs)]['instruction']} (#{i})"} for i in range(n)]
 
 
-def start_server(latency: float) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "openai_server.py"), "--latency", str(latency)],
-                               stdout=subprocess.PIPE, text=True)
+def start_server(latency: float, reply: str | None = None) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, str(ROOT / "tests" / "openai_server.py"), "--latency", str(latency)]
+    process = subprocess.Popen(command + (["--reply", reply] if reply else []), stdout=subprocess.PIPE, text=True)
     return process, process.stdout.readline().strip()
 
 
@@ -89,6 +92,40 @@ def timed_run(pool: str, pairs: list[dict], cache: str | None) -> tuple[float, o
     elapsed = time.perf_counter() - started
     assert len(records) == len(pairs) and all(r["preference"] is not None for r in records)
     return elapsed, run.annotator.stats
+
+
+def alpaca_eval_comparison(folder: Path) -> None:
+    """Pairs/s of AlpacaEval's annotator at its defaults against farm-annotate's on the same server,
+    when the peer's own environment exists (bench/out/alpaca-eval-venv with `pip install alpaca-eval`)."""
+    from farmkit.annotate.pools import DEFAULT_SETTINGS
+
+    peer_python = ROOT / "bench" / "out" / "alpaca-eval-venv" / "bin" / "python"
+    if not peer_python.exists():
+        print("alpaca-eval comparison skipped: no bench/out/alpaca-eval-venv", file=sys.stderr)
+        return
+    pairs = real_pairs(PEER_PAIRS)
+    path = folder / "peer-pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    reply = "[{'model': 'model_1', 'rank': 1}, {'model': 'model_2', 'rank': 2}]"  # the peer's ranking format
+    server, url = start_server(PEER_LATENCY, reply)
+    os.environ["OPENAI_BASE_URL"] = url
+    try:
+        peer = subprocess.run([str(peer_python), str(ROOT / "bench" / "alpaca_eval_peer.py"), str(path)],
+                              env={**os.environ, "OPENAI_API_BASE": url}, capture_output=True, text=True)
+        assert peer.returncode == 0, peer.stderr[-2000:]
+        figures = json.loads(peer.stdout.strip().splitlines()[-1])
+        assert figures["parsed"] == len(pairs), figures
+        peer_rate = len(pairs) / figures["seconds"]
+        single = pool_file(folder, "default-b1", 1, 0, DEFAULT_SETTINGS["concurrency"])
+        for label, pool in (("one judge, batch 1", single), ("sim_eval pool, batches of 1-5", "sim_eval")):
+            seconds, _ = timed_run(pool, pairs, None)
+            rate = len(pairs) / seconds
+            emit(figure=f"pairs/s at defaults, {label}, latency {PEER_LATENCY * 1000:.0f} ms", value=rate, unit="pairs/s",
+                 peer="alpaca-eval 0.6.6 (alpaca_eval_gpt4, defaults)", peer_value=peer_rate, ratio=rate / peer_rate,
+                 target=">= 3", met=rate / peer_rate >= 3, load_average=os.getloadavg()[0])
+    finally:
+        server.terminate()
+        server.wait()
 
 
 def emit(**row: object) -> None:
@@ -137,6 +174,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait()
+
+    alpaca_eval_comparison(folder)
 
     fast, url = start_server(0.0)
     try:

@@ -21,8 +21,9 @@ API:
   random draws start: a way to be sure each fault is met.
 - `models`: the model names it serves (None: any); others get a 404 `model_not_found`.
 - `api_key`: the key it accepts (None: any); others get a 401.
-- `python tests/openai_server.py --latency 0.2 [--judge longer|echo] [--port P]` runs it alone and prints
-  its URL on stdout (for benchmarks that need the server in another process).
+- `python tests/openai_server.py --latency 0.2 [--judge longer|echo] [--reply TEXT] [--port P]` runs it
+  alone and prints its URL on stdout (for benchmarks that need the server in another process);
+  `--reply` answers prompts that are not farm-annotate's (another annotator's, for comparisons).
 """
 
 from __future__ import annotations
@@ -235,8 +236,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--judge", choices=("longer", "echo"), default="longer")
+    parser.add_argument("--reply", help="with --judge longer: the reply to prompts that are not farm-annotate's "
+                                        "(another tool's judge prompt, for comparisons on the same server)")
     args = parser.parse_args()
-    server = OpenAIServer(respond=judge_longer if args.judge == "longer" else echo, latency=args.latency, port=args.port)
+    if args.judge == "echo":
+        respond = echo
+    else:
+        def respond(body: dict[str, Any]) -> str:
+            return judge_longer(body) or args.reply or ""
+    server = OpenAIServer(respond=respond, latency=args.latency, port=args.port)
     print(server.url, flush=True)
     try:
         server._httpd.serve_forever(poll_interval=0.05)

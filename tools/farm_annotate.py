@@ -30,7 +30,7 @@ from farmkit.io import RecordWriter
 @click.option("--max-cost", type=click.FloatRange(min=0), metavar="USD", help="Refuse to start, or stop asking, before spending more.")
 @click.option("--estimate", is_flag=True, help="Print the expected requests, tokens and price as JSON and exit without asking anything.")
 @click.option("--prices", type=click.Path(exists=True, dir_okay=False), help="YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.")
-@click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight at once (pool default: 8).")
+@click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight at once (pool default: 16).")
 @click.option("--timeout", type=click.FloatRange(min=0.1), help="Seconds before a request is abandoned and retried (pool default: 60).")
 @click.option("--max-retries", type=click.IntRange(min=0), help="Retries of a failed request (pool default: 6).")
 @click.option("--device", default="auto", show_default=True, help="Device for local and reward-model judges.")

@@ -7,7 +7,7 @@ A pool file:
     description: one line
     flip_rate: 0.0            # share of labels flipped by noise (see below)
     tiers: {small: gpt-4o-mini, medium: gpt-4.1-mini, large: gpt-4.1}
-    settings: {concurrency: 8, timeout: 60, max_retries: 6, backoff: 1.0, parse_retries: 2}
+    settings: {concurrency: 16, timeout: 60, max_retries: 6, backoff: 1.0, parse_retries: 2}
     prices: {my-model: {prompt: 0.5, completion: 1.5}}   # USD per million tokens, optional
     judges:
       - {name: plain-large, backend: openai, tier: large, prompt: plain, batch_size: 1, temperature: 1.0}
@@ -27,7 +27,7 @@ from typing import Any
 from farmkit.io import FarmError
 
 BACKENDS = ("openai", "local", "oracle", "file")
-DEFAULT_SETTINGS = {"concurrency": 8, "timeout": 60.0, "max_retries": 6, "backoff": 1.0, "parse_retries": 2}
+DEFAULT_SETTINGS = {"concurrency": 16, "timeout": 60.0, "max_retries": 6, "backoff": 1.0, "parse_retries": 2}
 
 
 @dataclass(frozen=True)
