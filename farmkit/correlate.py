@@ -15,7 +15,8 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
 - p_prefers_longer / p_prefers_lists / p_prefers_first: among the non-tie labels on pairs where the
   lengths differ / exactly one output has a list / any, the share choosing the longer output / the
   output with a list / output_1.
-- cohen_kappa: between every two human annotators (their shared pairs), (p_o - p_e) / (1 - p_e).
+- cohen_kappa: between every two human annotators (their shared pairs), (p_o - p_e) / (1 - p_e);
+  left out when there are more than 20 named annotators (crowd labels, where pairs rarely overlap).
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ class WinrateTable:
         self.bootstrap, self.length_control = bootstrap, length_control
         self.tallies: dict[tuple[str, str], Tally] = {}
         self.skipped = 0
-        self._slots: dict[tuple[Any, Any], int] = {}
+        self._slots: dict[tuple[Any, Any], int] = {}  # (reference, model) -> index of its sums
+        self._by_model: dict[Any, dict[Any, int]] = {}  # the same, by reference then model
         self.items: dict[str, dict[Any, list[float]]] = {name: {} for pair in compare for name in pair}
 
     def add_records(self, records: list[dict[str, Any]]) -> None:
@@ -127,18 +128,22 @@ class WinrateTable:
                 records = [records[i] for i in involved]
                 first, second = [first[i] for i in involved], [second[i] for i in involved]
             flips = np.array([a != self.reference for a in first], dtype=bool)
-            pairs = [(b, a) if flip else (a, b) for a, b, flip in zip(first, second, flips.tolist(), strict=True)]
+            references = [self.reference] * len(records)
+            models = [a if flip else b for a, b, flip in zip(first, second, flips.tolist(), strict=True)]
         else:
             flips = np.full(len(records), self.swap)
-            pairs = list(zip(second, first, strict=True) if self.swap else zip(first, second, strict=True))
-        slots_of = self._slots
-        slots = [slots_of.get(pair) for pair in pairs]
+            references, models = (second, first) if self.swap else (first, second)
+        distinct = set(references)
+        if len(distinct) == 1:  # the usual case: one reference, look models up by name alone
+            slots = list(map(self._by_model.setdefault(distinct.pop(), {}).get, models))
+        else:
+            slots = list(map(self._slots.get, zip(references, models, strict=True)))
         if None in slots:
-            for i, pair in enumerate(pairs):
-                if pair[1] is None:
+            for i, slot in enumerate(slots):
+                if models[i] is None:
                     raise InvalidRecord(i, "no generator_2 to rank; expected generator_1 (the reference) and generator_2 (the model)")
-                if slots[i] is None:
-                    slots[i] = slots_of.setdefault(pair, len(slots_of))
+                if slot is None:
+                    slots[i] = self._slot(references[i], models[i])
         slots_array = np.array(slots, dtype=np.int64)
         preference = np.array([record.get("preference") for record in records], dtype=np.float64)
         out_of_range = ~np.isnan(preference) & (preference != 0) & ((preference < 1) | (preference > 2))
@@ -158,11 +163,18 @@ class WinrateTable:
         if self.swap or self.reference is not None:
             lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
         self._fold(slots_array, x, lengths[:, 1], lengths[:, 0])
-        for i, (_, model) in enumerate(pairs if self.items else ()):
+        for i, model in enumerate(models if self.items else ()):
             if model in self.items and x[i] == x[i]:
                 cell = self.items[model].setdefault(item_key(records[i]), [0.0, 0.0])
                 cell[0] += 1
                 cell[1] += float(x[i])
+
+    def _slot(self, reference: Any, model: Any) -> int:
+        slot = self._slots.get((reference, model))
+        if slot is None:
+            slot = self._slots[(reference, model)] = len(self._slots)
+            self._by_model.setdefault(reference, {})[model] = slot
+        return slot
 
     def _fold(self, slots: np.ndarray, x: np.ndarray, lengths: np.ndarray, reference_lengths: np.ndarray) -> None:
         """Add one chunk (slot, verdict x or NaN, lengths or NaN per record) to the running sums."""

@@ -4,6 +4,10 @@ humans), input options, plot and errors."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -196,3 +200,23 @@ def test_pandalm_human_annotators():
     assert judge_row["n_pairs"] == 974
     assert "25 labels are no verdict" in result.stderr
     assert 0.5 < judge_row["human_agreement"] < people["human_agreement"]
+
+
+def test_winrate_output_pipes_into_correlate(tmp_path):
+    # two judges that rank four models alike (one harsher): Spearman 1 through a real pipe
+    def prefs(path, wins):
+        records = [{"generator_1": "ref", "generator_2": model, "preference": 2 if i < won else 1}
+                   for model, won in wins.items() for i in range(10)]
+        return write_jsonl(path, records)
+
+    lenient = prefs(tmp_path / "lenient.jsonl", {"a": 9, "b": 7, "c": 5, "d": 2})
+    harsh = prefs(tmp_path / "harsh.jsonl", {"a": 6, "b": 4, "c": 3, "d": 1})
+    scripts = Path(sys.executable).parent
+    subprocess.run([str(scripts / "farm-winrate"), str(harsh), "-q", "-o", str(tmp_path / "harsh_board.jsonl")], check=True)
+    winrate = subprocess.Popen([str(scripts / "farm-winrate"), str(lenient), "-q"], stdout=subprocess.PIPE)
+    correlate = subprocess.run([str(scripts / "farm-correlate"), "-", str(tmp_path / "harsh_board.jsonl")],
+                               stdin=winrate.stdout, capture_output=True, check=True)
+    winrate.wait()
+    (row,) = [orjson.loads(line) for line in correlate.stdout.splitlines()]
+    assert (row["x"], row["y"], row["n"]) == ("<stdin>:win_rate", "harsh_board.jsonl:win_rate", 4)
+    assert row["spearman"] == pytest.approx(1.0) and row["kendall"] == pytest.approx(1.0)

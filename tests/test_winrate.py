@@ -281,3 +281,17 @@ def test_reproduces_alpacaeval_leaderboards(tmp_path, annotator, board):
         # avg_length is AlpacaEval's over all 805 outputs: comparable where no annotation row is missing
         if expected.get("avg_length") and records_per_model[name] == 805:
             assert row["avg_length"] == int(float(expected["avg_length"])), name
+
+
+def test_line_plot_draws_each_series(tmp_path):
+    from matplotlib.image import imread
+
+    from farmkit.plots import line_plot
+
+    path = line_plot(tmp_path / "curve.png", {"ppo": ([1, 4, 16], [0.4, 0.5, 0.45]), "bon": ([1, 4, 16], [0.4, 0.55, 0.6])},
+                     xlabel="n", ylabel="win rate", log_x=True)
+    pixels = imread(path)
+    colors = {tuple(p) for p in (pixels[:, :, :3] * 255).round().astype(int).reshape(-1, 3)[::7]}
+    # matplotlib's first two cycle colours (blue, orange) are both drawn
+    assert any(abs(r - 31) < 20 and abs(g - 119) < 20 and abs(b - 180) < 20 for r, g, b in colors)
+    assert any(abs(r - 255) < 20 and abs(g - 127) < 20 and abs(b - 14) < 20 for r, g, b in colors)
