@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import click
@@ -11,7 +12,7 @@ from farmkit.io import FarmError, display_name, read_records
 from farmkit.methods.sft import SFTConfig
 
 log = logging.getLogger("farmkit")
-HELP = SFTConfig.help_texts()
+HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fields(SFTConfig)}
 
 
 @click.command(name="farm-expiter")
