@@ -238,4 +238,23 @@ def test_config_rejects_nonsense():
         SFTConfig(warmup_ratio=1.5)
     with pytest.raises(ValueError, match="max_steps"):
         SFTConfig(epochs=0)
-    assert "Passes over the demonstrations" in SFTConfig.help_texts()["epochs"]
+
+
+def test_options_carry_the_config_help_and_read_a_yaml_file(tmp_path, monkeypatch):
+    from dataclasses import fields
+
+    help_text = " ".join(CliRunner().invoke(sft_cli, ["--help"]).output.split())
+    for item in fields(SFTConfig):
+        assert " ".join(item.metadata["help"].split()) in help_text, item.name
+    config = tmp_path / "sft.yaml"
+    config.write_text("learning-rate: 0.5\nmax_steps: 7\n")
+    seen = {}
+
+    def capture(model, examples, output_dir, config, meta_extra=None):
+        seen["config"] = config
+        return {"steps": 0, "train_loss": 0.0}
+
+    demos = write_jsonl(tmp_path / "demos.jsonl", DEMOS)
+    monkeypatch.setattr(sft, "train_sft", capture)
+    invoke(sft_cli, "embedded", str(demos), "-o", str(tmp_path / "o"), "--config", str(config), "--max-steps", "3")
+    assert (seen["config"].learning_rate, seen["config"].max_steps) == (0.5, 3)  # the flag wins over the file

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument, log, seed_option
+from farmkit.cli import common_options, entry_point, input_argument, log
 from farmkit.io import FarmError, RecordError, display_name, read_records
+from farmkit.methods.config import config_options, resolve_config
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
-
-HELP = SFTConfig.help_texts()
 
 
 @click.command(name="farm-sft")
@@ -24,38 +23,26 @@ HELP = SFTConfig.help_texts()
                    "preferred / not preferred. farm-sample then adds the positive token by itself.")
 @click.option("--positive-token", default=POSITIVE_TOKEN, show_default=True, help="Control token of preferred outputs.")
 @click.option("--negative-token", default=NEGATIVE_TOKEN, show_default=True, help="Control token of the other outputs.")
-@click.option("--epochs", type=float, default=3.0, show_default=True, help=HELP["epochs"])
-@click.option("--max-steps", type=int, default=-1, show_default=True, help=HELP["max_steps"])
-@click.option("--learning-rate", type=float, default=2e-5, show_default=True, help=HELP["learning_rate"])
-@click.option("--batch-size", type=int, default=8, show_default=True, help=HELP["batch_size"])
-@click.option("--gradient-accumulation-steps", type=int, default=1, show_default=True, help=HELP["gradient_accumulation_steps"])
-@click.option("--warmup-ratio", type=float, default=0.03, show_default=True, help=HELP["warmup_ratio"])
-@click.option("--lr-scheduler", default="cosine", show_default=True, help=HELP["lr_scheduler"])
-@click.option("--max-length", type=int, default=512, show_default=True, help=HELP["max_length"])
-@click.option("--template", type=click.Choice(["auto", "chat", "alpaca"]), default="auto", show_default=True, help=HELP["template"])
-@click.option("--lora", is_flag=True, help=HELP["lora"])
-@click.option("--lora-r", type=int, default=16, show_default=True, help=HELP["lora_r"])
-@click.option("--save-steps", type=int, default=0, show_default=True, help=HELP["save_steps"])
-@click.option("--resume", is_flag=True, help=HELP["resume"])
-@click.option("--logging-steps", type=int, default=10, show_default=True, help=HELP["logging_steps"])
-@click.option("--device", default="auto", show_default=True, help=HELP["device"])
-@click.option("--deepspeed", default=None, help=HELP["deepspeed"])
-@seed_option
+@config_options(SFTConfig)
 @common_options
-def cli(model, demos, output_dir, from_preferences, reward_conditioning, positive_token, negative_token, **options):
+def cli(model, demos, output_dir, from_preferences, reward_conditioning, positive_token, negative_token, config_file, **values):
     """Fine-tune MODEL on DEMOS (instruction, input, output records) and write the model to -o DIR.
 
     MODEL is `embedded`, a model folder, a .gguf file or a hub id. Prompts are formatted exactly as
     farm-sample formats them (see --template), and the response ends with the end-of-sequence token.
+    Options can also come from --config FILE.yaml (flags given here win).
+
+    \b
+    Examples:
+      farm-sft embedded splits/sft.jsonl -o sft/ --epochs 3
+      farm-sft sft/ prefs.jsonl -o feedme/ --from-preferences
+      farm-sft sft/ prefs.jsonl -o conditioned/ --reward-conditioning --lora
     """
     if from_preferences and reward_conditioning:
         raise click.UsageError("--from-preferences and --reward-conditioning are two different modes; pick one")
     if positive_token == negative_token:
         raise click.UsageError("--positive-token and --negative-token must differ")
-    try:
-        config = SFTConfig(**options)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    config = resolve_config(SFTConfig, config_file, values)
 
     name = display_name(demos)
     meta_extra = {"tool": "farm-sft", "inputs": {}}

@@ -9,12 +9,14 @@ demonstrations (`feedme_examples`, `conditioning_examples`); expert iteration ca
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import sys
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,8 @@ class SFTConfig:
     lr_scheduler: str = field(default="cosine", metadata={"help": "Learning-rate schedule (a transformers scheduler name: cosine, linear, constant...)."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     max_length: int = field(default=512, metadata={"help": "Longest training sequence in tokens (prompt + response); longer ones are cut at the end."})
-    template: str = field(default="auto", metadata={"help": "Prompt template: auto (the model's chat template if it has one), chat or alpaca."})
+    template: str = field(default="auto", metadata={"help": "Prompt template: auto (the one the model folder records, else its chat template, else alpaca), chat or alpaca.",
+                                                    "choices": ("auto", "chat", "alpaca")})
     seed: int = field(default=0, metadata={"help": "Seed for initialisation, shuffling and dropout."})
     lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights; it is merged before saving."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
@@ -70,10 +73,6 @@ class SFTConfig:
             raise ValueError("save_steps must be >= 0")
         if self.lora and self.lora_r < 1:
             raise ValueError("lora_r must be at least 1")
-
-    @classmethod
-    def help_texts(cls) -> dict[str, str]:
-        return {item.name: item.metadata["help"] for item in fields(cls)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +201,7 @@ def train_sft(
     """
     import torch
     from datasets import Dataset
+    from transformers import PrinterCallback
     from trl import SFTConfig as TRLConfig
     from trl import SFTTrainer
 
@@ -220,7 +220,8 @@ def train_sft(
     path = resolve(model)
     device = choose_device(config.device)
     on_gpu = device.startswith("cuda")
-    network, tokenizer = load_causal_lm(path, device=device, dtype="float32")
+    # fp32 master weights on the CPU; the Trainer moves them to this process's device (one GPU per rank)
+    network, tokenizer = load_causal_lm(path, device="cpu", dtype="float32")
     tokenizer.padding_side = "right"
     # a base model's own sampling control token must not leak into demonstrations that carry none
     prompt_format = replace(PromptFormat.for_model(path, config.template), control=None)
@@ -242,6 +243,7 @@ def train_sft(
         )
 
     checkpoints = checkpoint_dir(output_dir)
+    quiet = log.getEffectiveLevel() > logging.INFO
     with warnings.catch_warnings():
         # TRL's own config still sets transformers' deprecated gradient_checkpointing alias
         warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
@@ -263,7 +265,7 @@ def train_sft(
             save_strategy="steps" if config.save_steps else "no",
             save_steps=config.save_steps or 500,
             report_to="none",
-            disable_tqdm=logging.getLogger("farmkit").level > logging.INFO,
+            disable_tqdm=quiet,
             use_cpu=not on_gpu,
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
             gradient_checkpointing=False,
@@ -273,6 +275,8 @@ def train_sft(
     trainer = SFTTrainer(
         model=network, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config
     )
+    if quiet:
+        trainer.remove_callback(PrinterCallback)
     resume_from = None
     if config.resume:
         found = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])) if checkpoints.is_dir() else []
@@ -281,7 +285,9 @@ def train_sft(
             log.info("resuming from %s", resume_from)
         else:
             log.warning("no checkpoint in %s: starting from the beginning", checkpoints)
-    result = trainer.train(resume_from_checkpoint=resume_from)
+    # the Trainer prints its loss logs on stdout, which belongs to records (farm-expiter streams there)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = trainer.train(resume_from_checkpoint=resume_from)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
     # Every rank takes part in saving (ZeRO-3 gathers shards); rank 0 alone finishes the folder.
