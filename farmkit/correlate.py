@@ -359,9 +359,10 @@ def judge_summary(annotations: Annotations) -> dict[str, Any] | None:
         humans = [label for _, label in p.humans]
         if len(humans) == 1:
             against_humans.extend(agreement(run, humans) for run in runs)
-        for i in range(len(humans) if len(humans) > 1 else 0):
-            others = humans[:i] + humans[i + 1:]
-            against_humans.extend(agreement(run, others) for run in runs)
+        elif len(humans) > 1:
+            for i in range(len(humans)):
+                others = humans[:i] + humans[i + 1:]
+                against_humans.extend(agreement(run, others) for run in runs)
         if humans:
             bias.append(1 - _mode_agreement(runs, humans))
     # variance is a mean over runs: average each run's disagreements over its pairs first

@@ -159,6 +159,15 @@ def test_annotation_statistics_by_hand(tmp_path):
     assert people["cohen_kappa"]["h0|h1"] == pytest.approx(kappa([2, 1, 1], [2, 1, 2]))
 
 
+def test_one_human_label_per_pair_is_plain_agreement(tmp_path):
+    humans = write_jsonl(tmp_path / "h.jsonl", [{"pair_id": i, "preference": v, "annotator": "h"} for i, v in enumerate([1, 2, 2, 1])])
+    judge = write_jsonl(tmp_path / "j.jsonl", [{"pair_id": i, "preference": v} for i, v in enumerate([1, 2, 1, "Tie"])])
+    judge_row, people = records_of(CliRunner().invoke(cli, ["--judge", str(judge), "--humans", str(humans)]))
+    assert judge_row["annotator"] == "j" and judge_row["n_runs"] == 1 and judge_row["variance"] is None
+    assert judge_row["human_agreement"] == pytest.approx(2 / 4) and judge_row["bias"] == pytest.approx(2 / 4)
+    assert people["human_agreement"] is None and people["cohen_kappa"] == {}
+
+
 def test_bad_label_names_file_and_line(tmp_path, capfd):
     path = write_jsonl(tmp_path / "j.jsonl", [{"pair_id": 1, "preference": 1}, {"pair_id": 2, "preference": 3}])
     code, out, err = run_main(capfd, "--judge", str(path))
