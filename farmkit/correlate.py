@@ -12,9 +12,11 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
 - bias: 1 - agreement of the mode of the judge's runs with the mode of all humans.
 - variance: mean over runs of 1 - agreement of the run with the mode of the other runs (needs two
   runs or more: several files, or several labels per pair in one file).
-- p_prefers_longer / p_prefers_lists / p_prefers_first: among the non-tie labels on pairs where the
-  lengths differ / exactly one output has a list / any, the share choosing the longer output / the
-  output with a list / output_1.
+- p_prefers_longer / p_prefers_lists / p_prefers_first: among the non-tie labels on pairs whose
+  lengths differ by more than 30 characters / where exactly one output has a list / all pairs, the
+  share choosing the longer output / the output with a list / output_1. The 30 characters are
+  AlpacaEval's: its evaluators' leaderboard counts P(prefers longer) over 445 of the 648
+  cross-annotated pairs, exactly those whose outputs differ by more than 30 characters.
 - cohen_kappa: between every two human annotators (their shared pairs), (p_o - p_e) / (1 - p_e);
   left out when there are more than 20 named annotators (crowd labels, where pairs rarely overlap).
 """
@@ -290,14 +292,15 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-def _preferences(pairs: Iterable[Pair], labels_of) -> dict[str, float | None]:
+def _preferences(pairs: Iterable[Pair], labels_of, min_length_difference: int) -> dict[str, float | None]:
     longer, lists, first = [], [], []
     for pair in pairs:
         for label in labels_of(pair):
             if label == TIE:
                 continue
             first.append(float(label == 1.0))
-            if pair.length_1 is not None and pair.length_2 is not None and pair.length_1 != pair.length_2:
+            if (pair.length_1 is not None and pair.length_2 is not None
+                    and abs(pair.length_1 - pair.length_2) > min_length_difference):
                 longer.append(float((label == 2.0) == (pair.length_2 > pair.length_1)))
             if pair.list_1 is not None and pair.list_2 is not None and pair.list_1 != pair.list_2:
                 lists.append(float((label == 2.0) == pair.list_2))
@@ -319,7 +322,7 @@ def _label_name(label: float) -> str:
     return {1.0: "1", 2.0: "2", TIE: "tie"}[label]
 
 
-def human_summary(annotations: Annotations) -> dict[str, Any] | None:
+def human_summary(annotations: Annotations, min_length_difference: int = 30) -> dict[str, Any] | None:
     pairs = [p for p in annotations.pairs.values() if p.humans]
     if not pairs:
         return None
@@ -343,13 +346,13 @@ def human_summary(annotations: Annotations) -> dict[str, Any] | None:
         "n_pairs": len(pairs),
         "n_labels": sum(len(p.humans) for p in pairs),
         "human_agreement": _mean(loo),
-        **_preferences(pairs, lambda p: [label for _, label in p.humans]),
+        **_preferences(pairs, lambda p: [label for _, label in p.humans], min_length_difference),
         "majority_labels": dict(sorted(majority.items())),
         "cohen_kappa": kappas,
     }
 
 
-def judge_summary(annotations: Annotations) -> dict[str, Any] | None:
+def judge_summary(annotations: Annotations, min_length_difference: int = 30) -> dict[str, Any] | None:
     pairs = [p for p in annotations.pairs.values() if p.judge]
     if not pairs:
         return None
@@ -380,5 +383,5 @@ def judge_summary(annotations: Annotations) -> dict[str, Any] | None:
         "human_agreement": _mean(against_humans),
         "bias": _mean(bias),
         "variance": _mean([_mean(v) for v in per_run.values()]) if per_run else None,
-        **_preferences(pairs, lambda p: [label for _, label in p.judge]),
+        **_preferences(pairs, lambda p: [label for _, label in p.judge], min_length_difference),
     }

@@ -136,8 +136,10 @@ def test_annotation_statistics_by_hand(tmp_path):
     humans_path = write_jsonl(tmp_path / "humans.jsonl", human_records)
     run_paths = [write_jsonl(tmp_path / f"run{i}.jsonl", [{"pair_id": k, "preference": v, "annotator": "judge"} for k, v in run.items()])
                  for i, run in enumerate(judge_runs)]
-    rows = records_of(CliRunner().invoke(cli, ["--judge", str(run_paths[0]), "--judge", str(run_paths[1]), "--humans", str(humans_path)]))
-    judge, people = rows
+    args = ["--judge", str(run_paths[0]), "--judge", str(run_paths[1]), "--humans", str(humans_path)]
+    default_judge, _ = records_of(CliRunner().invoke(cli, args))
+    assert default_judge["p_prefers_longer"] is None  # no pair differs by more than 30 characters
+    judge, people = records_of(CliRunner().invoke(cli, [*args, "--min-length-difference", "0"]))
     # judge vs the other two humans, for each held-out human and each run:
     # p1 others {2,1},{2,1},{2,2}: run labels 2,2 -> (.5+.5+1) each; p2 others all 1: run 2 -> 0, run 1 -> 1;
     # p3 others {2,tie},{1,tie},{1,2}: run labels 1,1 -> (0+.5+.5) each
@@ -192,6 +194,9 @@ def test_variance_of_the_four_seed_gpt4_judge():
     (row,) = records_of(CliRunner().invoke(cli, args))
     assert row["annotator"] == "gpt4_b1" and row["n_pairs"] == 648 and row["n_runs"] == 4
     assert round(row["variance"], 4) == 0.1493
+    # 445 of the 648 pairs differ by more than 30 characters (AlpacaEval's denominator); over the four
+    # runs the judge chose the longer output 1079 times of 1780
+    assert row["p_prefers_longer"] == pytest.approx(1079 / 1780)
 
 
 def test_pandalm_human_annotators():

@@ -42,10 +42,12 @@ def _fields(ctx, param, value):
               help="Field holding a human label; several fields: one annotator each (wide records).")
 @click.option("--outputs", default="output_1,output_2", show_default=True, callback=_fields, metavar="FIELD1,FIELD2",
               help="Fields holding the two output texts (for the length, list and position preferences).")
+@click.option("--min-length-difference", default=30, show_default=True, type=click.IntRange(min=0), metavar="CHARS",
+              help="p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
 @click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), help="Write to this file (atomically). Default: stdout.")
 @common_options
-def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_label, outputs, fmt, output):
+def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_label, outputs, min_length_difference, fmt, output):
     """Leaderboard mode (BOARDS): correlate two or more leaderboards joined by model name (farm-winrate
     JSONL, or CSVs with a name and a score column): Spearman, Kendall, Pearson and R^2 with n, and
     the models missing from either side; one record per pair of boards.
@@ -74,8 +76,9 @@ def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_lab
         if annotations.unparsed:
             log.warning(f"farm-correlate: {annotations.unparsed} labels are no verdict and were left out, "
                         f"the first: {annotations.first_unparsed}")
-        rows = [row for row in (judge_summary(annotations), human_summary(annotations)) if row is not None]
-        info = provenance("farm-correlate", None, mode="annotations", key=key)
+        summaries = (judge_summary(annotations, min_length_difference), human_summary(annotations, min_length_difference))
+        rows = [row for row in summaries if row is not None]
+        info = provenance("farm-correlate", None, mode="annotations", key=key, min_length_difference=min_length_difference)
     else:
         if len(boards) < 2:
             raise click.UsageError("leaderboard mode needs two leaderboards or more")
