@@ -5,8 +5,10 @@ the starting point and the frozen reference; prompts are formatted exactly as sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -145,7 +147,8 @@ def train_dpo(sft: str, pairs: list[dict[str, str]], output: str, config: DPOCon
         )
         trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tokenizer, peft_config=peft_config)
-        trainer.train()
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer prints its logs; stdout is for records only
+            trainer.train()
         history = [entry for entry in trainer.state.log_history if "loss" in entry]
         metrics_path = Path(scratch) / "metrics.jsonl"
         metrics_path.write_text("".join(json.dumps(entry) + "\n" for entry in history))

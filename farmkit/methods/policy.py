@@ -17,7 +17,7 @@ import torch
 
 from farmkit.io import FarmError, atomic_path
 from farmkit.methods.rl_common import response_mask
-from farmkit.models import PromptFormat, file_sha256, package_versions, write_meta
+from farmkit.models import file_sha256, package_versions, write_meta
 
 
 @dataclass
@@ -198,8 +198,3 @@ def save_policy(
         if extra is not None:
             extra(tmp)
         write_meta(tmp, meta)
-
-
-def template_of(model_path: str, tokenizer: Any, template: str) -> str:
-    """The resolved prompt template ("chat" or "alpaca") a policy trained from `model_path` uses."""
-    return PromptFormat.for_model(model_path, template).resolved(tokenizer)
