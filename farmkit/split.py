@@ -139,6 +139,8 @@ def assign(records: Sequence[dict[str, Any]], sizes: Sizes, seed: int = 0, exact
         for width in sizes.widths():
             running += width
             edges.append(running)
+        if edges[-1] > 1 - 1e-9:  # shares that add up to 1 cover all of [0, 1), rounding aside
+            edges[-1] = 1.0
         capped = not sizes.fractions and len(records) >= sum(sizes.values)
         for first in order:
             u = position(content_key(records[first]), seed)

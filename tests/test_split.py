@@ -151,3 +151,10 @@ def test_real_alpaca_data():
     # the one repeated instruction of this file (records 39 and 52) lands once
     assert records[38]["instruction"] == records[51]["instruction"] and records[38]["split"] == records[51]["split"]
     assert "record 52 repeats record 39" in result.stderr.decode()
+
+
+def test_fractions_adding_up_to_one_leave_nothing_out():
+    # 0.7 + 0.2 + 0.1 is 0.9999999999999999 in floating point: the last split still reaches 1
+    result = assign(instructions(3000), parse_sizes("a=0.7,b=0.2,c=0.1"), seed=3)
+    assert None not in result.assignment
+    assert abs(result.counts["c"] - 300) < 4 * (3000 * 0.1 * 0.9) ** 0.5
