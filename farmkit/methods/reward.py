@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.io import FarmError, atomic_path
+from farmkit.methods.config import help_field
 from farmkit.models import PromptFormat, read_meta, resolve, response_end
 from farmkit.records import Comparison
 
@@ -30,24 +31,25 @@ METRICS_FILE = "metrics.jsonl"
 
 @dataclass
 class RewardConfig:
-    """Hyperparameters of reward-model training (the tool's options, resolved; saved in meta.json)."""
+    """Hyperparameters of reward-model training; farm-rm-train's options carry the same help text."""
 
-    eval_fraction: float = 0.1  # share of prompts held out to measure pairwise accuracy
-    ties: str = "drop"  # "drop" leaves exact ties out, "half" trains on them with target 0.5
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides epochs
-    learning_rate: float = 1e-5
-    batch_size: int = 8  # pairs per optimizer step (per process)
-    max_length: int = 512  # tokens per text; longer ones lose their beginning, never the response end
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    train_layers: int = -1  # -1: every weight; K >= 0: only the head and the top K blocks (cheap backward)
-    template: str = "auto"
-    eval_every: int = 0  # steps between held-out evaluations; 0: only at the end
-    seed: int = 0
+    eval_fraction: float = help_field(0.1, "Share of prompts held out to report pairwise accuracy (every pair of a held-out prompt goes with it).")
+    ties: str = help_field("drop", "Ties (preference 1.5): drop them, or train on them with target 0.5.", choices=("drop", "half"))
+    epochs: float = help_field(1.0, "Passes over the training pairs.")
+    max_steps: int = help_field(-1, "Optimizer steps; > 0 overrides --epochs.")
+    learning_rate: float = help_field(1e-5, "Peak learning rate (linear warmup, then linear decay to 0).")
+    batch_size: int = help_field(8, "Pairs per optimizer step per process (each pair is two sequences).")
+    max_length: int = help_field(512, "Tokens per text; a longer text loses its beginning, never the response end.")
+    warmup_ratio: float = help_field(0.03, "Fraction of the steps spent warming the learning rate up.")
+    weight_decay: float = help_field(0.0, "AdamW weight decay.")
+    lora: bool = help_field(False, "Train LoRA adapters and the head instead of every weight (merged before saving).")
+    lora_r: int = help_field(16, "LoRA rank.")
+    lora_alpha: int = help_field(32, "LoRA scaling numerator (alpha / r scales the adapter).")
+    train_layers: int = help_field(-1, "Train only the head and the top K transformer blocks (0: the head alone; -1: every weight).")
+    template: str = help_field("auto", "Prompt template: auto (the model's own: meta.json, else its chat template), chat or alpaca.",
+                               choices=("auto", "chat", "alpaca"))
+    eval_every: int = help_field(0, "Held-out evaluation every K steps (0: at the end only).")
+    seed: int = help_field(0, "Seed for the held-out split, the head's initialisation and shuffling.")
 
     def __post_init__(self) -> None:
         if not 0 <= self.eval_fraction < 1:
@@ -60,6 +62,8 @@ class RewardConfig:
             raise ValueError("--lora and --train-layers are two ways of training fewer weights; pick one")
         if self.learning_rate <= 0 or self.batch_size < 1 or self.max_length < 8:
             raise ValueError("learning_rate must be > 0, batch_size >= 1 and max_length >= 8")
+        if self.train_layers < -1 or self.eval_every < 0 or self.lora_r < 1 or not 0 <= self.warmup_ratio < 1:
+            raise ValueError("train_layers must be >= -1, eval_every >= 0, lora_r >= 1 and warmup_ratio in [0, 1)")
 
 
 # ---------------------------------------------------------------------------------------------
