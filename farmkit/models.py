@@ -113,9 +113,6 @@ def converted_gguf(gguf: Path, name: str) -> Path:
         print(f"farmkit: converting {gguf.name} to a cached model folder (once)...", file=sys.stderr)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        # the dequantized weights are plain fp32: without this mark the folder loads as a normal
-        # model (trainers refuse "quantized" ones)
-        loaded.config.quantization_config = None
         fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
         missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
         # tied output embeddings are the only keys allowed to be absent
@@ -129,6 +126,9 @@ def converted_gguf(gguf: Path, name: str) -> Path:
         tokenizer.save_pretrained(tmp)
         if loaded.generation_config is not None:
             loaded.generation_config.save_pretrained(tmp)
+        # the weights are plain fp32 now: without the GGUF mark the folder loads as a normal model
+        # (trainers refuse "quantized" ones)
+        _drop_gguf_mark(tmp)
         write_meta(tmp, {"source": str(gguf), "converted_from": "gguf", "name": name, "prompt_template": "auto"})
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)

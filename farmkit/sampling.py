@@ -99,8 +99,7 @@ def sample_vllm(records: Sequence[dict], settings: SampleSettings, on_done: OnDo
     path = resolve(settings.model)
     tokenizer = load_tokenizer(path)
     prompt_format = PromptFormat.for_model(path, settings.template)
-    dtype = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(settings.dtype, settings.dtype)
-    engine = LLM(model=path, tokenizer=path, dtype=dtype, seed=settings.seed)
+    engine = LLM(model=path, tokenizer=path, dtype=settings.dtype, seed=settings.seed)
     decoding = settings.decoding
     todo = [index for index in range(len(records)) if index not in skip]
     # chunks keep the side file and the progress bar moving; vLLM schedules within a chunk
