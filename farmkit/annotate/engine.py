@@ -28,7 +28,7 @@ from farmkit.annotate.backends import (
 from farmkit.annotate.cache import VerdictCache, cache_key
 from farmkit.annotate.cost import EXPECTED_COMPLETION_TOKENS, PriceTable, estimate_tokens
 from farmkit.annotate.pairs import Item
-from farmkit.annotate.pools import Pool, shipped_pools
+from farmkit.annotate.pools import Judge, Pool, shipped_pools
 from farmkit.annotate.prompts import Shown, load_template
 from farmkit.cli import provenance, stamp
 from farmkit.io import FarmError
@@ -114,6 +114,8 @@ class Annotator:
         self.stats = Stats()
         self._stopped = False
         self._weights = [judge.weight for judge in pool.judges]
+        self._judge_details = [self._details(judge) for judge in pool.judges]
+        self._noised_details = self._details(None)
         # the judge's part of every cache key: its configuration, model, prompt text, and the seed
         self._judge_keys = [cache_key({"judge": judge.key_fields(), "identity": identity(pool, judge), "seed": seed}).encode()
                             if cacheable(judge) else None for judge in pool.judges]
@@ -235,9 +237,23 @@ class Annotator:
             slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
             budget = {"reserved": 0.0}
             tasks = [loop.create_task(self._request(request, items, slots, budget)) for request in requests]
-            remaining = set(tasks)
-            while remaining:
-                done, remaining = loop.run_until_complete(asyncio.wait(remaining, return_when=asyncio.FIRST_COMPLETED))
+            # completed tasks are collected by a callback: asyncio.wait over every pending task at each
+            # step would cost O(requests) per completion, O(requests^2) in all
+            finished: list[asyncio.Task] = []
+            some_done = asyncio.Event()
+
+            def collect(task: asyncio.Task) -> None:
+                finished.append(task)
+                some_done.set()
+
+            for task in tasks:
+                task.add_done_callback(collect)
+            collected = 0
+            while collected < len(tasks):
+                loop.run_until_complete(some_done.wait())
+                some_done.clear()
+                done, finished[:] = list(finished), []
+                collected += len(done)
                 for task in done:
                     error = task.exception()
                     if isinstance(error, FatalBackendError):
@@ -318,43 +334,48 @@ class Annotator:
 
     def record(self, item: Item, asks: list[Ask], coin: int | None) -> dict[str, Any]:
         record = dict(item.record)
-        details: dict[str, Any] = {"pool": self.pool.name, "noised": coin is not None}
         if coin is not None:
             preference, reason = coin, None
+            details = dict(self._noised_details)
         else:
-            judge = self.pool.judges[asks[0].judge]
-            preferences = [_undo_order(ask) for ask in asks]
-            reasons = [ask.verdict.reason for ask in asks if ask.verdict.choice is None]
+            details = dict(self._judge_details[asks[0].judge])
+            verdicts = [ask.verdict for ask in asks]
+            reasons = [v.reason or "no verdict" for v in verdicts if v.choice is None]
             if reasons:
-                preference, reason = None, "; ".join(dict.fromkeys(r or "no verdict" for r in reasons))
+                preference, reason = None, "; ".join(dict.fromkeys(reasons))
                 self.stats.failures += 1
             else:
+                preferences = {_undo_order(ask) for ask in asks}
                 # asked in both orders: two verdicts that disagree are a tie
-                preference, reason = (preferences[0] if len(set(preferences)) == 1 else 1.5), None
-            verdicts = [ask.verdict for ask in asks]
-            details.update({
-                "judge": judge.name, "backend": judge.backend, "model": verdicts[0].model,
-                "order_shown": "both" if len(asks) > 1 else ("2,1" if asks[0].swapped else "1,2"),
-                "prompt": judge.prompt if judge.backend in ("openai", "local") else None,
-                "batch_size": judge.batch_size if judge.backend in ("openai", "local") else None,
-                "temperature": judge.temperature,
-                "prompt_tokens": round(sum(v.prompt_tokens for v in verdicts), 1),
-                "completion_tokens": round(sum(v.completion_tokens for v in verdicts), 1),
-                "price": round(sum(v.price for v in verdicts), 8),
-                "time": round(sum(v.seconds for v in verdicts), 4),
-            })
-            probabilities = [v.probability for v in verdicts if v.probability is not None]
-            if probabilities and len(asks) == 1:
-                details["p_first_better"] = probabilities[0]
+                preference, reason = (preferences.pop() if len(preferences) == 1 else 1.5), None
+            details["model"] = verdicts[0].model
+            details["order_shown"] = "both" if len(asks) > 1 else ("2,1" if asks[0].swapped else "1,2")
+            details["prompt_tokens"] = round(sum(v.prompt_tokens for v in verdicts), 1)
+            details["completion_tokens"] = round(sum(v.completion_tokens for v in verdicts), 1)
+            details["price"] = round(sum(v.price for v in verdicts), 8)
+            details["time"] = round(sum(v.seconds for v in verdicts), 4)
+            if len(asks) == 1 and verdicts[0].probability is not None:
+                details["p_first_better"] = verdicts[0].probability
             if preference is None:
-                details["raw"] = [v.raw for v in verdicts if v.choice is None and v.raw is not None] or None
+                raw = [v.raw for v in verdicts if v.choice is None and v.raw is not None]
+                if raw:
+                    details["raw"] = raw
         record["preference"] = preference
         if reason is not None:
             record["preference_reason"] = reason
         else:
             record.pop("preference_reason", None)
         record["annotator"] = self.pool.name
-        return stamp(record, TOOL, provenance(TOOL, self.seed, **details))
+        return stamp(record, TOOL, details)
+
+    def _details(self, judge: Judge | None) -> dict[str, Any]:
+        """The provenance every record from `judge` (None: a noised label) shares."""
+        if judge is None:
+            return provenance(TOOL, self.seed, pool=self.pool.name, noised=True)
+        asks_a_model = judge.backend in ("openai", "local")
+        return provenance(TOOL, self.seed, pool=self.pool.name, noised=False, judge=judge.name, backend=judge.backend,
+                          prompt=judge.prompt if asks_a_model else None,
+                          batch_size=judge.batch_size if asks_a_model else None, temperature=judge.temperature)
 
 
 def _undo_order(ask: Ask) -> float:
