@@ -267,3 +267,16 @@ def test_unparseable_verdicts_are_null_with_reason_and_raw_text_after_bounded_re
     assert all(r["provenance"]["farm-annotate"]["raw"] == ["As an AI, I prefer not to judge."] for r in records)
     assert server.outcomes["ok"] == 3 * 3  # three requests, each asked once and retried twice
     assert b"6 without a verdict" in result.stderr
+
+
+def test_an_endpoint_that_cannot_be_reached_stops_the_run(tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": KEY}
+    result = run_tool("farm-annotate", "--pool", _pool(tmp_path, source="single"), "--no-cache", "--max-retries", "1",
+                      input=_jsonl(_pairs(20)), env=env)
+    assert result.returncode == 1 and result.stdout == b""
+    assert f"cannot connect to http://127.0.0.1:{port}/v1".encode() in result.stderr

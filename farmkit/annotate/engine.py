@@ -288,7 +288,8 @@ class Annotator:
                 if backend.priced and self.max_cost is not None:
                     worst = self.request_cost(pending, items, worst=True)[2]
                     if self.stats.price + budget["reserved"] + worst > self.max_cost:
-                        self._fail(pending, f"not asked: the next request could exceed --max-cost {self.max_cost}")
+                        self._fail(pending, f"not asked: the next request could exceed --max-cost {self.max_cost}",
+                                   backend.model_name(judge))
                         self.stats.skipped_budget += len(pending)
                         return
                 budget["reserved"] += worst
@@ -299,7 +300,7 @@ class Annotator:
                     self._stopped = True
                     raise
                 except RequestFailed as exc:
-                    self._fail(pending, f"request failed: {exc}")
+                    self._fail(pending, f"request failed: {exc}", backend.model_name(judge))
                     return
                 finally:
                     budget["reserved"] -= worst
@@ -326,9 +327,9 @@ class Annotator:
         digest = hashlib.sha256(orjson.dumps([self.seed, attempt, [a.key or a.draw for a in asks]])).digest()
         return int.from_bytes(digest[:4], "big")
 
-    def _fail(self, asks: list[Ask], reason: str) -> None:
+    def _fail(self, asks: list[Ask], reason: str, model: str | None = None) -> None:
         for ask in asks:
-            ask.verdict = Verdict(None, reason=reason)
+            ask.verdict = Verdict(None, reason=reason, model=model)
 
     # -- records ----------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ class OpenAIBackend:
         # a local server (vLLM, llama.cpp) needs no key, but the client insists on one
         self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key or "no-key", max_retries=0,
                                          timeout=float(self.settings["timeout"]))
-        self.stats = {"requests": 0, "retries": 0}
+        self.stats = {"requests": 0, "retries": 0, "answered": 0}
 
     def model_name(self, judge: Judge) -> str:
         model = self.pool.model_for(judge)
@@ -76,8 +76,9 @@ class OpenAIBackend:
         import openai
 
         attempts = int(self.settings["max_retries"]) + 1
+        unreachable = False
         for attempt in range(attempts):
-            wait = None
+            wait, unreachable = None, False
             self.stats["requests"] += 1
             try:
                 # the client's generic post: the same HTTP, auth and error classes as chat.completions.create,
@@ -98,10 +99,14 @@ class OpenAIBackend:
                 wait = _retry_after(exc.response)
             except (openai.APITimeoutError, openai.APIConnectionError) as exc:
                 last = type(exc).__name__
+                unreachable = not isinstance(exc, openai.APITimeoutError)
             if attempt + 1 < attempts:
                 self.stats["retries"] += 1
                 backoff = float(self.settings["backoff"]) * 2**attempt * (0.5 + random.random())
                 await asyncio.sleep(min(MAX_BACKOFF, wait if wait is not None else backoff))
+        if unreachable and not self.stats["answered"]:
+            # never reached at all, through every retry: a wrong address, not a passing fault
+            raise FatalBackendError(f"cannot connect to {self.base_url} (after {attempts} attempts); check OPENAI_BASE_URL")
         raise RequestFailed(f"{last} after {attempts} attempts")
 
     async def close(self) -> None:

@@ -72,6 +72,9 @@ class Run:
             f"{time.perf_counter() - stats.started:.1f} s",
         ]
         log.info("farm-annotate: %s", ", ".join(parts))
+        if stats.failures > stats.skipped_budget:
+            log.warning("farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
+                        "same command to ask them again: verdicts already given are cached", stats.failures - stats.skipped_budget)
         if stats.skipped_budget:
             log.warning("farm-annotate: %d pair(s) not asked to stay within --max-cost (written with preference null); "
                         "paid verdicts are cached: rerun with a higher budget to finish", stats.skipped_budget)
