@@ -60,13 +60,14 @@ def cli(policy, rm, prompts, output, ns, temperature, top_p, max_new_tokens, bat
         mean_rewards,
         sample_and_score,
     )
-    from farmkit.methods.reward import RewardScorer, model_name
+    from farmkit.methods.reward import RewardScorer
+    from farmkit.sampling import generator_name
 
     config = BestOfNConfig(ns=ns, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
                            score_batch_size=batch_size, template=template, seed=seed)
     scorer = RewardScorer(rm, device=device, batch_size=batch_size)
     scored = sample_and_score(policy, scorer, records, config, device=device)
-    name = generator or model_name(policy)
+    name = generator or generator_name(policy)
     info = provenance("farm-bon", seed, policy=str(policy), reward_model=scorer.path, n=list(config.ns), temperature=temperature,
                       top_p=top_p, max_new_tokens=max_new_tokens, template=template)
     if all_samples:

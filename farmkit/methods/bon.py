@@ -88,6 +88,7 @@ def sample_and_score(policy: str | os.PathLike, scorer: Any, prompts: Sequence[d
 def _output_record(prompt: ScoredPrompt, index: int, generator: str, config: BestOfNConfig, reward_model: str) -> dict[str, Any]:
     record = dict(prompt.record)
     record.update({
+        "input": record.get("input") or "",
         "output": prompt.samples[index].text,
         "generator": generator,
         "sample_index": index,

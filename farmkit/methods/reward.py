@@ -17,7 +17,6 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from farmkit.io import FarmError, atomic_path
@@ -101,8 +100,9 @@ class RewardScorer:
 
     def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 16):
         from farmkit.models import load_reward_model
+        from farmkit.sampling import generator_name
 
-        self.name = model_name(model)
+        self.name = generator_name(str(model))
         self.path = resolve(model)
         self.network, self.tokenizer = load_reward_model(self.path, device=device)
         self.network.eval()
@@ -128,12 +128,6 @@ class RewardScorer:
                 if progress is not None:
                     progress.update(len(indices))
         return rewards
-
-
-def model_name(model: str | os.PathLike) -> str:
-    """A short name for a model argument: a folder's name, or the argument itself."""
-    text = str(model).rstrip("/")
-    return Path(text).name if os.path.isdir(text) else text
 
 
 # ---------------------------------------------------------------------------------------------
