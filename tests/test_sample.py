@@ -202,3 +202,10 @@ def test_openai_backend_needs_a_key_or_an_endpoint(prompts):
     result = CliRunner().invoke(cli, ["gpt-x", str(prompts), "--backend", "openai", "-q"],
                                 env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
     assert result.exit_code == 1 and "needs OPENAI_API_KEY" in str(result.exception)
+
+
+@pytest.mark.skipif(sampling.vllm_usable(), reason="vLLM and a GPU are present")
+def test_vllm_backend_without_a_gpu_is_a_clear_error(tiny_model_path, prompts):
+    assert sampling.default_backend() == "hf"
+    result = sample(str(tiny_model_path), str(prompts), "--backend", "vllm", exit_code=1)
+    assert "needs vLLM installed" in str(result.exception)
