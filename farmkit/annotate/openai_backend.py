@@ -58,8 +58,8 @@ class OpenAIBackend:
         response = await self._create(model=model, messages=messages, temperature=judge.temperature,
                                       max_tokens=judge.max_tokens, seed=seed)
         elapsed = time.perf_counter() - started
-        choices = response.get("choices") or [{}]
-        text = (choices[0].get("message") or {}).get("content") or ""
+        replies = response.get("choices") or [{}]
+        text = (replies[0].get("message") or {}).get("content") or ""
         usage = response.get("usage") or {}
         prompt_tokens, completion_tokens = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
         price = self.prices.price(model, prompt_tokens, completion_tokens)
@@ -83,7 +83,9 @@ class OpenAIBackend:
             try:
                 # the client's generic post: the same HTTP, auth and error classes as chat.completions.create,
                 # without its per-request type-driven transformation, which cost ~8 ms of CPU per request
-                return await self.client.post("/chat/completions", body=request, cast_to=dict)
+                response = await self.client.post("/chat/completions", body=request, cast_to=dict)
+                self.stats["answered"] += 1
+                return response
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise FatalBackendError(
                     f"the endpoint {self.base_url} refused the request (HTTP {exc.status_code}): "
