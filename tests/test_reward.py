@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import run_tool
 from farmkit.tools.farm_rm_train import main as rm_train_main
+from farmkit.tools.farm_score import main as score_main
 
 from farmkit.models import file_sha256
 
@@ -89,17 +89,16 @@ def test_reward_model_learns_the_better_side(keyword_rm, tiny_model_path):
     assert meta["training"]["eval_accuracy"] == final["eval_accuracy"]
 
 
-def test_score_ranks_better_outputs_higher_in_input_order(keyword_rm):
+def test_score_ranks_better_outputs_higher_in_input_order(keyword_rm, tmp_path):
     fresh = keyword_prefs(30, seed=99, start=1000)  # prompts and texts the model never saw
     outputs = []
     for number, record in enumerate(fresh):
         for position in (1, 2):
             outputs.append({"instruction": record["instruction"], "output": record[f"output_{position}"], "generator": "g",
                             "id": f"{number}-{position}", "better": record["preference"] == position})
-    result = run_tool("farm-score", str(keyword_rm), "-", "--batch-size", "7", "-q",
-                      input=b"".join(orjson.dumps(o) + b"\n" for o in outputs))
-    assert result.returncode == 0, result.stderr.decode()
-    scored = [json.loads(line) for line in result.stdout.splitlines()]
+    source = write_jsonl(tmp_path / "outputs.jsonl", outputs)
+    assert run_main(score_main, [str(keyword_rm), str(source), "--batch-size", "7", "-o", str(tmp_path / "scored.jsonl"), "-q"]) == 0
+    scored = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
     assert [s["id"] for s in scored] == [o["id"] for o in outputs]
     assert all(s["reward_model"] == "rm" and "farm-score" in s["provenance"] for s in scored)
     wins = sum(
