@@ -3,6 +3,8 @@
 The judge reads a `choice` template, formatted as a user turn with the model's own prompt format,
 followed by the template's `[answer]` text (the start of its reply). The verdict comes from the
 log-probabilities of the next token being " A" or " B": no generation and no parsing.
+Answers longer than MAX_ANSWER_CHARS are cut (marked " [...]") so that two of them fit the small
+model's context.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from farmkit.annotate.backends import Verdict, decide
 from farmkit.annotate.pools import Judge
 from farmkit.annotate.prompts import Shown, load_template
 from farmkit.io import FarmError
+
+MAX_ANSWER_CHARS = 2500  # about 600 tokens: two answers and the question fit a 2,048-token context
 
 
 class LocalBackend:
@@ -59,6 +63,7 @@ class LocalBackend:
             raise FarmError(f"judge {judge.name}: the local backend needs a `choice` template, not {template.format}")
         texts = []
         for pair in pairs:
+            pair = Shown(pair.instruction, pair.input, _cut(pair.output_a), _cut(pair.output_b))
             question = template.messages([pair])[-1]["content"]
             texts.append(prompt_format.prompt(tokenizer, question, "") + template.answer_prefix)
         batch = tokenizer(texts, padding=True, add_special_tokens=False, return_tensors="pt").to(network.device)
@@ -79,3 +84,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         self._loaded.clear()
+
+
+def _cut(answer: str) -> str:
+    return answer if len(answer) <= MAX_ANSWER_CHARS else answer[:MAX_ANSWER_CHARS] + " [...]"
