@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 from typing import Any
 
@@ -129,4 +130,10 @@ def _retry_after(response: Any) -> float | None:
 
 
 def _short(text: str) -> str:
+    """An endpoint's error message for a record or a log: short, and with anything like a key blanked
+    (OpenAI's own messages quote part of a rejected key)."""
+    key = os.environ.get("OPENAI_API_KEY")
+    if key:
+        text = text.replace(key, "***")
+    text = re.sub(r"\bsk-[\w*-]+", "sk-***", text)
     return text if len(text) <= 200 else text[:197] + "..."
