@@ -3,7 +3,9 @@ one prompt at a time, on the same prompts with the embedded model, in one run (t
 
 Greedy decoding, so both ways produce (nearly) the same tokens; only completion tokens are counted,
 so batching gets no credit for the padding steps it spends on sequences that already ended.
-Also prints the embedded model's load time. `BENCH_SAMPLE_PROMPTS` and `BENCH_SAMPLE_TOKENS` scale it.
+Also prints the embedded model's load time. `BENCH_SAMPLE_PROMPTS` (32), `BENCH_SAMPLE_TOKENS` (48)
+and `BENCH_SAMPLE_THREADS` (1: on a shared machine, two threads per process spin against each other
+and slow both ways down several times) change the set-up.
 
 On a GPU machine with vLLM installed, compare the backends end to end on the same file instead:
     farm-sample embedded prompts.jsonl --backend hf   --batch-size 64 -o hf.jsonl
@@ -27,7 +29,8 @@ def main() -> None:
     from farmkit.generation import DecodingConfig, generate
     from farmkit.models import PromptFormat, load_causal_lm, resolve
 
-    count = int(os.environ.get("BENCH_SAMPLE_PROMPTS", "16"))
+    torch.set_num_threads(int(os.environ.get("BENCH_SAMPLE_THREADS", "1")))
+    count = int(os.environ.get("BENCH_SAMPLE_PROMPTS", "32"))
     new_tokens = int(os.environ.get("BENCH_SAMPLE_TOKENS", "48"))
     path = resolve("embedded")
     started = time.perf_counter()
