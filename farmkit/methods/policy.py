@@ -171,7 +171,7 @@ def policy_meta(tool: str, base_model: str, template: str, seed: int, config: di
     meta = {
         "tool": tool,
         "kind": "policy",
-        "base_model": base_model,
+        "base_model": str(Path(base_model).resolve()) if Path(base_model).is_dir() else base_model,
         "prompt_template": template,
         "seed": seed,
         "config": config,
