@@ -78,7 +78,9 @@ class SampleSettings:
 # Backends: each turns instruction records into samples and calls on_done as prompts finish
 
 
-def sample_hf(records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int]) -> None:
+def sample_hf(
+    records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int], on_ready: Callable[[], None]
+) -> None:
     from farmkit.generation import generate
     from farmkit.models import PromptFormat, load_causal_lm, resolve
 
@@ -86,10 +88,13 @@ def sample_hf(records: Sequence[dict], settings: SampleSettings, on_done: OnDone
     model, tokenizer = load_causal_lm(path, device=settings.device, dtype=settings.dtype)
     prompt_format = PromptFormat.for_model(path, settings.template)
     prompts = [prompt_format.prompt(tokenizer, r["instruction"], r.get("input") or "") for r in records]
+    on_ready()
     generate(model, tokenizer, prompts, settings.decoding, seed=settings.seed, on_batch=on_done, skip=skip)
 
 
-def sample_vllm(records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int]) -> None:
+def sample_vllm(
+    records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int], on_ready: Callable[[], None]
+) -> None:
     if not vllm_usable():
         raise FarmError("the vllm backend needs vLLM installed (pip install 'farmkit[gpu]') and a CUDA GPU")
     from vllm import LLM, SamplingParams
@@ -100,6 +105,7 @@ def sample_vllm(records: Sequence[dict], settings: SampleSettings, on_done: OnDo
     tokenizer = load_tokenizer(path)
     prompt_format = PromptFormat.for_model(path, settings.template)
     engine = LLM(model=path, tokenizer=path, dtype=settings.dtype, seed=settings.seed)
+    on_ready()
     decoding = settings.decoding
     todo = [index for index in range(len(records)) if index not in skip]
     # chunks keep the side file and the progress bar moving; vLLM schedules within a chunk
@@ -136,11 +142,14 @@ def openai_client_settings() -> tuple[str | None, str]:
     return base_url, api_key
 
 
-def sample_openai(records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int]) -> None:
+def sample_openai(
+    records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int], on_ready: Callable[[], None]
+) -> None:
     """Chat completions with the chat template's user turn (the server applies the model's template),
     or, with --template alpaca, text completions of farmkit's own Alpaca prompt. One request per
     sample, each with its own seed, at most `concurrency` in flight; the client retries rate limits
     and server errors with backoff (honouring Retry-After) and fails at once on the rest."""
+    on_ready()
     asyncio.run(_sample_openai(records, settings, on_done, skip))
 
 
@@ -324,9 +333,14 @@ def sample_to_output(
         bar.update(len(indices))
         bar.set_postfix_str(f"{tokens / elapsed:.1f} tok/s")
 
+    def on_ready() -> None:
+        # throughput counts generation only, not loading the model
+        nonlocal started
+        started = time.time()
+
     failed = True
     try:
-        RUNNERS[settings.backend](records, settings, on_done, skip=out.done)
+        RUNNERS[settings.backend](records, settings, on_done, skip=out.done, on_ready=on_ready)
         failed = False
     finally:
         bar.close()
