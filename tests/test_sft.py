@@ -110,6 +110,7 @@ def test_farm_sft_cli_writes_a_folder_that_farm_sample_reads(tiny_model_path, tm
     invoke(sft_cli, str(tiny_model_path), str(demos), "-o", str(out), "--max-steps", "2", "--batch-size", "2")
     meta = json.loads((out / "meta.json").read_text())
     assert meta["mode"] == "demonstrations" and list(meta["inputs"]) == [str(demos)]
+    assert meta["base_model"] == str(tiny_model_path.resolve())
     assert len(meta["inputs"][str(demos)]) == 64
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"instruction": "Say hi.", "input": ""}])
     sampled = invoke(sample_cli, str(out), str(prompts), "--max-new-tokens", "4")

@@ -310,7 +310,7 @@ def train_sft(
         meta = {
             "tool": "farm-sft",
             "kind": "policy",
-            "base_model": str(model),
+            "base_model": str(Path(model).resolve()) if Path(str(model)).is_dir() else str(model),
             "base_model_meta": read_meta(path) or None,
             "prompt_template": template,
             "seed": config.seed,
