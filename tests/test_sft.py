@@ -185,13 +185,15 @@ def test_reward_conditioning_adds_control_tokens_and_records_the_positive_one(ti
 
 def test_lora_is_merged_into_a_plain_folder(tiny_model_path, tmp_path):
     out = tmp_path / "lora"
-    summary = train_sft(str(tiny_model_path), DEMOS, out, quick(lora=True, lora_r=4, max_steps=2, learning_rate=1e-2))
+    conditioned = [{**DEMOS[0], "control": POSITIVE_TOKEN}, {**DEMOS[1], "control": NEGATIVE_TOKEN}]
+    summary = train_sft(str(tiny_model_path), DEMOS + conditioned, out, quick(lora=True, lora_r=4, max_steps=2, learning_rate=1e-2))
     assert summary["steps"] == 2
+    assert state(out)["model.embed_tokens.weight"].shape[0] == state(tiny_model_path)["model.embed_tokens.weight"].shape[0] + 2
     names = set(state(out))
     assert not any("lora" in name for name in names)
     assert not (out / "adapter_config.json").exists()
     base, tuned = state(tiny_model_path), state(out)
-    assert any(not (base[name] == tuned[name]).all() for name in base if name in tuned)
+    assert any(not (base[name] == tuned[name]).all() for name in base if "layers" in name)  # the merged adapters
 
 
 def test_checkpoints_resume_to_the_same_weights(tiny_model_path, tmp_path):

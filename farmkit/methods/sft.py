@@ -173,16 +173,15 @@ def checkpoint_dir(output_dir: str | os.PathLike) -> Path:
     return target.with_name(target.name + ".checkpoints")
 
 
-def _add_control_tokens(model: Any, tokenizer: Any, examples: Sequence[dict[str, Any]]) -> list[int]:
+def _add_control_tokens(model: Any, tokenizer: Any, examples: Sequence[dict[str, Any]]) -> None:
     """Register the examples' control tokens as special tokens (one id each, never split) and grow the
-    embeddings to match. Returns the ids of the tokens that were new."""
+    embeddings to match."""
     controls = sorted({example["control"] for example in examples if example.get("control")})
     vocabulary = tokenizer.get_vocab()
     new = [token for token in controls if token not in vocabulary]
     if new:
         tokenizer.add_special_tokens({"extra_special_tokens": new}, replace_extra_special_tokens=False)
         model.resize_token_embeddings(len(tokenizer))
-    return [tokenizer.convert_tokens_to_ids(token) for token in new]
 
 
 def train_sft(
@@ -201,7 +200,7 @@ def train_sft(
     """
     import torch
     from datasets import Dataset
-    from transformers import PrinterCallback
+    from transformers import PrinterCallback, set_seed
     from trl import SFTConfig as TRLConfig
     from trl import SFTTrainer
 
@@ -226,7 +225,8 @@ def train_sft(
     # a base model's own sampling control token must not leak into demonstrations that carry none
     prompt_format = replace(PromptFormat.for_model(path, config.template), control=None)
     template = prompt_format.resolved(tokenizer)
-    new_token_ids = _add_control_tokens(network, tokenizer, examples)
+    set_seed(config.seed)  # the rows of new control tokens are drawn at random: seed them too
+    _add_control_tokens(network, tokenizer, examples)
     rows = tokenize_examples(tokenizer, prompt_format, examples, config.max_length)
     if not rows:
         raise FarmError(f"every demonstration's prompt is longer than max_length={config.max_length}")
@@ -238,9 +238,10 @@ def train_sft(
         peft_config = LoraConfig(
             task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
             target_modules="all-linear",
-            # new control tokens start untrained: their embedding rows must learn even under LoRA
-            trainable_token_indices={"embed_tokens": new_token_ids} if new_token_ids else None,
         )
+        # New control tokens keep their initial embeddings under LoRA: TRL computes the loss from the
+        # output embedding matrix directly, which peft's trainable-token wrappers do not support. The
+        # initial rows are distinct random draws, so the adapters still learn to tell them apart.
 
     checkpoints = checkpoint_dir(output_dir)
     quiet = log.getEffectiveLevel() > logging.INFO
