@@ -19,7 +19,7 @@ def sweep(tmp_path_factory, tiny_model_path):
     folder = tmp_path_factory.mktemp("bon")
     train_keyword_rm(tiny_model_path, folder / "rm", pairs=96, epochs=2)
     prompts = write_jsonl(folder / "prompts.jsonl", PROMPTS)
-    code = run_main(bon_main, [str(tiny_model_path), str(folder / "rm"), str(prompts), "-n", "16,1,4", "--max-new-tokens", "8",
+    code = run_main(bon_main, [str(tiny_model_path), str(folder / "rm"), str(prompts), "-n", "16,1,4", "--max-new-tokens", "8", "--batch-size", "64",
                                "--all-samples", str(folder / "all.jsonl"), "-o", str(folder / "best.jsonl"), "--seed", "7", "-q"])
     assert code == 0
     best = [json.loads(line) for line in (folder / "best.jsonl").read_text().splitlines()]
