@@ -263,6 +263,8 @@ def train_reward_model(
     schedule = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
     network, optimizer, train_loader, eval_loader, schedule = accelerator.prepare(network, optimizer, train_loader, eval_loader, schedule)
 
+    if not accelerator.is_main_process:  # one process reports for all
+        log.setLevel(logging.WARNING)
     log.info("training a reward model on %d pairs (%d held out), %d steps", len(train_pairs), len(eval_pairs), total_steps)
     summary: dict[str, Any] = {"train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs), "steps": total_steps}
     with contextlib.ExitStack() as stack:
