@@ -10,10 +10,13 @@ Pairs whose dialogues differ before the last reply (5 in this file) are left out
 A seeded sample is split into disjoint training and held-out pairs; farm-rm-train trains on the
 first, farm-score scores both replies of the second, and the figure is the share of held-out pairs
 where the human-chosen reply gets the higher reward, against chance (0.5) and against a length
-heuristic measured on the same pairs. Defaults fit about 10 minutes on a 2-core CPU: the embedded
-backbone (SmolLM2-135M) with its top blocks and the head trained, texts cut to their last tokens.
+heuristic measured on the same pairs. Defaults fit about 10 CPU-minutes on a 2-core machine: the
+embedded backbone (SmolLM2-135M) frozen, only the scalar head trained (--train-layers 0), each text
+cut to its last 32 tokens (mostly the final reply). Measured with these defaults: 0.545 +- 0.035 on
+200 held-out pairs (chance 0.5; "the longer reply wins": 0.43), 8.5 CPU-minutes: not significant (1.3 standard errors). A fuller evaluation (not run here)
+would train every weight on most of the file, on a GPU: --train 2000 --eval 300 --train-layers -1 --max-length 512.
 
-    python bench/bench_rm_human.py [--train 320] [--eval 240] [--train-layers 2] [--max-length 64]
+    python bench/bench_rm_human.py [--train 300] [--eval 200] [--train-layers 0] [--max-length 32]
 """
 
 from __future__ import annotations
@@ -67,14 +70,14 @@ def tool(name: str, *args: str) -> subprocess.CompletedProcess:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train", type=int, default=320, help="training pairs")
-    parser.add_argument("--eval", type=int, default=240, help="held-out pairs")
+    parser.add_argument("--train", type=int, default=300, help="training pairs")
+    parser.add_argument("--eval", type=int, default=200, help="held-out pairs")
     parser.add_argument("--model", default="embedded")
-    parser.add_argument("--train-layers", type=int, default=2, help="-1 trains every weight")
-    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--train-layers", type=int, default=0, help="-1 trains every weight")
+    parser.add_argument("--max-length", type=int, default=32)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
     if not DATA.exists():
