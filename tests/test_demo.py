@@ -1,8 +1,8 @@
 """The laboratory end to end: examples/Makefile at SIZE=ci runs every step (split, SFT, pairs,
 noisy annotation, reward model, the seven methods, evaluation with the simulated pool and the gold
 annotator, leaderboards, correlation, plots) on the tiny model; a second make does nothing, and
-re-annotating the same outputs is served from the cache. The slow test runs the same at SIZE=ci on
-the embedded model, and the over-optimization study."""
+re-annotating the same outputs is served from the cache. (The tiny model exercises the recipe, not
+the methods: `make demo` itself is the run on the embedded model.)"""
 
 from __future__ import annotations
 
