@@ -49,7 +49,8 @@ def generator_name(model: str) -> str:
 
     path = Path(resolve(model)) if model == EMBEDDED else Path(model)
     if path.is_dir():
-        return read_meta(path).get("name") or path.resolve().name
+        # the name as the user typed it (a symlink keeps its own name); abspath only fills in "."
+        return read_meta(path).get("name") or Path(os.path.abspath(path)).name
     if path.suffix == ".gguf":
         return path.stem
     return model

@@ -26,7 +26,7 @@ def files(tiny_model_path, tmp_path_factory):
 
 
 def sample(policy, prompts) -> list[dict]:
-    result = run_tool("farm-sample", str(policy), str(prompts), "--max-new-tokens", "8", "--backend", "hf", "-q")
+    result = run_tool("farm-sample", str(policy), str(prompts), "-n", "1", "--max-new-tokens", "8", "--backend", "hf", "-q")
     assert result.returncode == 0, result.stderr.decode()
     records = [orjson.loads(line) for line in result.stdout.splitlines()]
     assert len(records) == 8 and all(isinstance(record["output"], str) for record in records)

@@ -136,7 +136,7 @@ def test_control_token_of_a_reward_conditioned_folder_is_applied(tiny_model_path
         return original_generate(model, tokenizer, prompts, config, seed=seed, on_batch=on_batch, skip=skip)
 
     monkeypatch.setattr(generation, "generate", spy)
-    records = records_of(sample(str(folder), str(prompts), "--max-new-tokens", "3").stdout)
+    records = records_of(sample(str(folder), str(prompts), "-n", "1", "--max-new-tokens", "3").stdout)
     assert len(seen) == len(PROMPTS) and len(records) == len(PROMPTS)
     assert all(p.endswith("<|im_start|>assistant\n<|preferred|>") for p in seen)
     assert "<|preferred|>" not in "".join(r["output"] for r in records)

@@ -113,7 +113,7 @@ def test_farm_sft_cli_writes_a_folder_that_farm_sample_reads(tiny_model_path, tm
     assert meta["base_model"] == str(tiny_model_path.resolve())
     assert len(meta["inputs"][str(demos)]) == 64
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"instruction": "Say hi.", "input": ""}])
-    sampled = invoke(sample_cli, str(out), str(prompts), "--max-new-tokens", "4")
+    sampled = invoke(sample_cli, str(out), str(prompts), "-n", "1", "--max-new-tokens", "4")
     [record] = [json.loads(line) for line in sampled.stdout.splitlines()]
     assert record["generator"] == "model" and record["instruction"] == "Say hi."
 

@@ -24,8 +24,9 @@ TOOL = "farm-sample"
 @click.command(name=TOOL)
 @click.argument("model")
 @input_argument("prompts")
-@click.option("-n", "--num-samples", "n", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Samples per prompt, written consecutively (AlpacaFarm: 2 per preference instruction).")
+@click.option("-n", "--num-samples", "n", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Samples per prompt, written consecutively. 2 by default, the pair farm-annotate judges "
+                   "(AlpacaFarm samples 2 per preference instruction); use -n 1 for evaluation.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.7, show_default=True,
               help="Sampling temperature; 0 decodes greedily (AlpacaFarm: 1.0 for pairs to annotate, 0.7 for evaluation).")
 @click.option("--top-p", type=click.FloatRange(min=0, min_open=True, max=1), default=1.0, show_default=True, help="Nucleus sampling mass.")
