@@ -147,6 +147,10 @@ def train_dpo(sft: str, pairs: list[dict[str, str]], output: str, config: DPOCon
         )
         trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tokenizer, peft_config=peft_config)
+        if cli.quiet():  # with tqdm off the Trainer prints every log dict instead; -q means silence
+            from transformers import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
         with contextlib.redirect_stdout(sys.stderr):  # the trainer prints its logs; stdout is for records only
             trainer.train()
         history = [entry for entry in trainer.state.log_history if "loss" in entry]
