@@ -131,3 +131,10 @@ def test_closed_pipe_is_quiet(script):
     assert first.startswith(b"{")
     assert b"Traceback" not in stderr and b"Error" not in stderr, stderr.decode()
     assert process.returncode in (0, -13), process.returncode
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_script_is_documented_in_the_readme(script):
+    readme = (ROOT / "README.md").read_text()
+    assert f"### {script}:" in readme, f"README.md has no section for {script}"
+    assert f"`{script}`" in readme.split("## The tools", 1)[1].split("## Record kinds", 1)[0]
