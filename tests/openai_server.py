@@ -152,6 +152,9 @@ class OpenAIServer:
 def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as real endpoints do
+        # headers and body go out in separate writes; without TCP_NODELAY, Nagle's algorithm and the
+        # client's delayed ACK hold the body back for tens of milliseconds per request
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
