@@ -6,7 +6,10 @@
     python overopt.py plot GOLD_LEADERBOARD OUTPUTS... -o overopt.png
         one point per system: its gold win rate (from farm-winrate over gold annotations) against
         the mean surrogate reward of its outputs (the `reward` field), in two panels (one per reward
-        model) plus gold win rate against n; prints the table as JSONL on stdout
+        model) plus gold win rate against n; prints the table as JSONL on stdout, each row with the
+        mean gold reward of the system's answers too. With --scored FILE... (one reward model's
+        scores of the whole sampling pass each), also one row per reward model saying how well it
+        agrees with the gold reward on those samples.
 
 Systems are recognised by name: `<rm>-best-of-<n>` and `ppo-<rm>-step-<k>`.
 """
@@ -20,6 +23,7 @@ from collections import defaultdict
 from statistics import fmean
 from typing import Any
 
+from farmkit.annotate.oracle import gold_reward
 from farmkit.generation import Sample
 from farmkit.io import RecordWriter, read_records
 from farmkit.methods.bon import ScoredPrompt
@@ -49,9 +53,11 @@ def rerank(scored_path: str, ns: list[int], generator: str) -> None:
 def curves(leaderboard_path: str, output_paths: list[str]) -> list[dict[str, Any]]:
     """One row per system: method, reward model, n or step, mean surrogate reward, gold win rate."""
     rewards: dict[str, list[float]] = defaultdict(list)
+    golds: dict[str, list[float]] = defaultdict(list)
     for path in output_paths:
         for record in read_records(path, "reward"):
             rewards[record["generator"]].append(record["reward"])
+            golds[record["generator"]].append(gold_reward(record["instruction"], record.get("input") or "", record["output"]))
     rows = []
     for board in read_records(leaderboard_path):
         match = NAME.match(board["generator"])
@@ -64,11 +70,39 @@ def curves(leaderboard_path: str, output_paths: list[str]) -> list[dict[str, Any
             "reward_model": match["rm"] if bon else match["ppo_rm"],
             "n" if bon else "step": int(match["n"] if bon else match["step"]),
             "surrogate_reward": fmean(rewards[board["generator"]]),
+            "gold_reward": fmean(golds[board["generator"]]),
             "gold_win_rate": board["win_rate"],
             "gold_standard_error": board.get("standard_error"),
         })
     rows.sort(key=lambda r: (r["reward_model"], r["method"], r.get("n", r.get("step"))))
     return rows
+
+
+def agreement(scored_path: str) -> dict[str, Any]:
+    """How well one reward model's scores of the sampling pass agree with the gold reward: within each
+    prompt, the share of sample pairs with different gold rewards that the reward model orders the
+    same way (0.5 is chance), and the Spearman correlation over all samples."""
+    from scipy.stats import spearmanr
+
+    prompts: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    model = None
+    for record in read_records(scored_path, "reward"):
+        model = model or record.get("reward_model")
+        gold = gold_reward(record["instruction"], record.get("input") or "", record["output"])
+        prompts[(record["instruction"], record.get("input") or "")].append((record["reward"], gold))
+    agree = pairs = 0
+    for scores in prompts.values():
+        for i, (reward_i, gold_i) in enumerate(scores):
+            for reward_j, gold_j in scores[i + 1:]:
+                if gold_i == gold_j:
+                    continue
+                pairs += 1
+                agree += (reward_i - reward_j) * (gold_i - gold_j) > 0
+    everything = [score for scores in prompts.values() for score in scores]
+    rho = spearmanr([s[0] for s in everything], [s[1] for s in everything]).statistic if len(everything) > 2 else None
+    return {"scored": scored_path, "reward_model": model, "samples": len(everything), "pairs": pairs,
+            "pairwise_agreement_with_gold": agree / pairs if pairs else None,
+            "spearman_with_gold": None if rho is None or rho != rho else float(rho)}
 
 
 def plot(rows: list[dict[str, Any]], path: str, labels: dict[str, str]) -> None:
@@ -120,6 +154,8 @@ def main(argv: list[str]) -> None:
     plot_parser.add_argument("leaderboard")
     plot_parser.add_argument("outputs", nargs="+")
     plot_parser.add_argument("-o", "--output", required=True, help="the PNG")
+    plot_parser.add_argument("--scored", nargs="+", default=[], metavar="FILE",
+                             help="each reward model's scores of the whole sampling pass (agreement with gold)")
     plot_parser.add_argument("--label", action="append", default=[], metavar="RM=TEXT", help="panel title of a reward model")
     args = parser.parse_args(argv)
     if args.command == "rerank":
@@ -131,6 +167,7 @@ def main(argv: list[str]) -> None:
     plot(rows, args.output, dict(label.split("=", 1) for label in args.label))
     with RecordWriter("-") as writer:
         writer.write_all(rows)
+        writer.write_all(agreement(path) for path in args.scored)
 
 
 if __name__ == "__main__":

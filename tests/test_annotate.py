@@ -60,6 +60,41 @@ def test_every_shipped_template_renders_batches_and_examples(name):
     assert set(shipped_templates()) >= {"plain", "json_rationale", "ranking", "local_choice"}
 
 
+def test_worked_examples_render_with_their_expected_verdicts_in_every_format():
+    from farmkit.annotate.prompts import parse_verdicts as parse
+    from farmkit.annotate.prompts import worked_examples
+
+    examples = worked_examples()
+    assert len(examples) == 5 and {e.better for e in examples} == {"A", "B"}
+    for name in ("plain", "json_rationale", "ranking"):
+        template = load_template(name)
+        user = template.messages([Shown("real task", "", "real a", "real b")], examples=5)[-1]["content"]
+        blocks = user.split("Expected reply:\n")[1:]
+        assert len(blocks) == 5
+        for example, block in zip(examples, blocks, strict=True):
+            assert example.a in user and example.b in user
+            # the demonstrated reply is one the parser reads back as the example's verdict
+            assert parse(template.format, block.split("\n\n")[0], 1)[0] == [example.better], (name, block[:200])
+        with pytest.raises(Exception, match="worked examples"):
+            template.messages([Shown("t", "", "a", "b")], examples=6)
+
+
+def test_worked_examples_are_part_of_the_cache_key_and_pools_cannot_ask_for_more_than_exist(tmp_path, monkeypatch):
+    from farmkit.annotate import prompts
+    from farmkit.annotate.backends import identity
+    from farmkit.annotate.pools import load_pool
+
+    judge = {"name": "j", "backend": "openai", "model": "m", "prompt": "plain"}
+    pool = load_pool(_write_pool(tmp_path / "p.yaml", [{**judge, "name": "k", "examples": 2}, judge]))
+    with_examples, bare = (identity(pool, j) for j in pool.judges)
+    monkeypatch.setattr(prompts, "examples_text", lambda: "- instruction: changed\n")
+    assert identity(pool, pool.judges[0]) != with_examples  # new examples, new verdicts
+    assert identity(pool, pool.judges[1]) == bare  # a judge without examples keeps its cache
+    monkeypatch.undo()
+    with pytest.raises(Exception, match="examples must be between 0 and 5"):
+        load_pool(_write_pool(tmp_path / "q.yaml", [{**judge, "examples": 6}]))
+
+
 def test_parsers_read_each_format_and_take_the_last_verdict_per_pair():
     assert parse_verdicts("plain", "Pair 1: B\nPair 2: a\n", 2) == (["B", "A"], None)
     assert parse_verdicts("plain", "**Pair 1:** Answer B", 1)[0] == ["B"]

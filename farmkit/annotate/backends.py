@@ -76,7 +76,12 @@ def identity(pool: Pool, judge: Judge) -> dict[str, Any]:
     from farmkit.annotate.prompts import load_template
 
     if judge.backend == "openai":
-        return {"model": pool.model_for(judge), "template": load_template(judge.prompt).text}
+        fields = {"model": pool.model_for(judge), "template": load_template(judge.prompt).text}
+        if judge.examples:
+            from farmkit.annotate.prompts import examples_text
+
+            fields["worked_examples"] = examples_text()
+        return fields
     if judge.backend == "local":
         from pathlib import Path
 

@@ -189,6 +189,11 @@ def _check_judge(judge: Judge, source: str) -> None:
         raise FarmError(f"{where}: weight must be > 0 and temperature >= 0")
     if not 1 <= judge.batch_size <= 16:
         raise FarmError(f"{where}: batch_size must be between 1 and 16")
+    if judge.examples:
+        from farmkit.annotate.prompts import worked_examples
+
+        if not 0 <= judge.examples <= len(worked_examples()):
+            raise FarmError(f"{where}: examples must be between 0 and {len(worked_examples())} (the worked examples shipped)")
     if judge.backend == "openai" and not (judge.tier or judge.model):
         raise FarmError(f"{where}: an openai judge needs a tier or a model")
     if judge.backend == "file" and not judge.path:

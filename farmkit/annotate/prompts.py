@@ -27,33 +27,41 @@ FORMATS = ("plain", "json", "ranking", "choice")
 SECTIONS = ("system", "user", "pair", "input", "answer")
 PLACEHOLDER = re.compile(r"\{(examples|count|pairs|index|instruction|input|output_a|output_b)\}")
 
-# Our own worked examples for in-context learning: (instruction, input, answer A, answer B, better, why).
-EXAMPLES = (
-    (
-        "Name the largest planet in the solar system.",
-        "",
-        "Jupiter is the largest planet in the solar system; its mass is more than twice that of all the other planets combined.",
-        "The largest planet is Saturn, known for its rings.",
-        "A",
-        "B names the wrong planet.",
-    ),
-    (
-        "Rewrite the sentence in the passive voice.",
-        "The committee approved the new budget.",
-        "The committee has approved a budget that is new.",
-        "The new budget was approved by the committee.",
-        "B",
-        "Only B is in the passive voice.",
-    ),
-    (
-        "Give two tips for sleeping better.",
-        "",
-        "Keep a regular schedule, going to bed and getting up at the same time every day. Avoid screens and caffeine in the hour before bed.",
-        "Sleep is important. Sleep is important for health. Sleep is important for health and mood. Sleep is important.",
-        "A",
-        "B repeats itself and gives no tips.",
-    ),
-)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One worked example (prompts/examples.yaml): a pair, the better answer (A or B) and why."""
+
+    instruction: str
+    input: str
+    a: str
+    b: str
+    better: str
+    why: str
+
+
+@functools.cache
+def examples_text() -> str:
+    """The worked examples file as shipped; part of the cache key of every judge that uses examples."""
+    return importlib.resources.files("farmkit.annotate").joinpath("prompts", "examples.yaml").read_text(encoding="utf-8")
+
+
+@functools.cache
+def worked_examples() -> tuple[Example, ...]:
+    import yaml
+
+    rows = yaml.safe_load(examples_text())
+    examples = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            example = Example(**{key: str(row.get(key) or "") for key in ("instruction", "input", "a", "b", "better", "why")})
+        except (AttributeError, TypeError) as error:  # pragma: no cover - the shipped file is tested
+            raise FarmError(f"prompts/examples.yaml: example {number}: {error}") from None
+        if example.better not in ("A", "B") or not (example.instruction and example.a and example.b):
+            raise FarmError(f"prompts/examples.yaml: example {number}: expected instruction, a, b and better: A or B")
+        examples.append(example)
+    return tuple(examples)
 
 
 @dataclass(frozen=True)
@@ -95,10 +103,14 @@ class Template:
     def _examples(self, count: int) -> str:
         if count <= 0:
             return ""
+        available = worked_examples()
+        if count > len(available):
+            raise FarmError(f"a judge asks for {count} worked examples; prompts/examples.yaml has {len(available)}")
         parts = ["Worked examples of the task and the expected reply:\n"]
-        for number, (instruction, input_text, a, b, better, why) in enumerate(EXAMPLES[:count], start=1):
-            block = self._pair_text(self.sections["pair"], 1, Shown(instruction, input_text, a, b))
-            parts.append(f"Example {number}:\n{block}Expected reply:\n{render_verdicts(self.format, [(better, why)])}\n")
+        for number, example in enumerate(available[:count], start=1):
+            block = self._pair_text(self.sections["pair"], 1, Shown(example.instruction, example.input, example.a, example.b))
+            verdict = render_verdicts(self.format, [(example.better, example.why)])
+            parts.append(f"Example {number}:\n{block}Expected reply:\n{verdict}\n")
         return "\n".join(parts) + "\nNow the real task.\n\n"
 
     @property
