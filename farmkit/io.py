@@ -8,6 +8,8 @@ import gzip
 import io
 import itertools
 import os
+import re
+import socket
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -162,6 +164,41 @@ def dumps(record: Any) -> bytes:
     return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
 
 
+_OWNER = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
+
+
+def _sweep_stale(target: Path, suffix: str) -> None:
+    """Remove the temporary files or folders that a killed writer of `target` left behind: those named
+    with this host and the id of a process that no longer exists (a live writer's are left alone, and
+    so are other hosts' on a shared file system)."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.{re.escape(_OWNER)}-(\d+)\.[^/]*{re.escape(suffix)}\.tmp$")
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if entry.is_dir():
+            import shutil
+
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
@@ -170,7 +207,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    _sweep_stale(target, suffix)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.{_OWNER}-{os.getpid()}.", suffix=suffix + ".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:

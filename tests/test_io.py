@@ -5,6 +5,7 @@ output files that appear whole or not at all."""
 from __future__ import annotations
 
 import gzip
+import os
 
 import pytest
 
@@ -111,3 +112,30 @@ def test_atomic_path_keeps_the_old_file_on_failure(tmp_path):
     with atomic_path(target) as tmp:
         tmp.write_text("new")
     assert target.read_text() == "new"
+
+
+def test_a_killed_writers_temporary_files_are_swept_and_a_live_writers_are_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from farmkit import io as farm_io
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    target = tmp_path / "out.jsonl"
+    owner = farm_io._OWNER
+    stale_file = tmp_path / f".out.jsonl.{owner}-{dead.pid}.abc123.tmp"
+    stale_folder = tmp_path / f".out.jsonl.{owner}-{dead.pid}.def456.tmp"
+    live = tmp_path / f".out.jsonl.{owner}-{os.getppid()}.ghi789.tmp"  # a writer still running
+    other_host = tmp_path / f".out.jsonl.elsewhere-{dead.pid}.jkl012.tmp"  # another machine's, on a shared disk
+    other_file = tmp_path / f".other.jsonl.{owner}-{dead.pid}.mno345.tmp"
+    stale_file.write_bytes(b"")
+    stale_folder.mkdir()
+    (stale_folder / "weights").write_bytes(b"x")
+    for path in (live, other_host, other_file):
+        path.write_bytes(b"")
+    with atomic_path(target) as tmp:
+        tmp.write_text("done\n")
+    assert target.read_text() == "done\n"
+    assert not stale_file.exists() and not stale_folder.exists()
+    assert live.exists() and other_host.exists() and other_file.exists()
