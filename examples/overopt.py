@@ -7,9 +7,11 @@
         one point per system: its gold win rate (from farm-winrate over gold annotations) against
         the mean surrogate reward of its outputs (the `reward` field), in two panels (one per reward
         model) plus gold win rate against n; prints the table as JSONL on stdout, each row with the
-        mean gold reward of the system's answers too. With --scored FILE... (one reward model's
-        scores of the whole sampling pass each), also one row per reward model saying how well it
-        agrees with the gold reward on those samples.
+        mean gold reward of the system's answers too; then rows comparing best-of-n systems prompt by
+        prompt on the gold reward (largest n against n = 1 and against the n before it, and the reward
+        models against each other at the largest n), each a mean difference with a 95% paired
+        bootstrap interval. With --scored FILE... (one reward model's scores of the whole sampling
+        pass each), also one row per reward model saying how well it agrees with the gold reward.
 
 Systems are recognised by name: `<rm>-best-of-<n>` and `ppo-<rm>-step-<k>`.
 """
@@ -75,6 +77,47 @@ def curves(leaderboard_path: str, output_paths: list[str]) -> list[dict[str, Any
             "gold_standard_error": board.get("standard_error"),
         })
     rows.sort(key=lambda r: (r["reward_model"], r["method"], r.get("n", r.get("step"))))
+    return rows
+
+
+def comparisons(output_paths: list[str], resamples: int = 5000) -> list[dict[str, Any]]:
+    """Paired differences in gold reward between best-of-n systems (see the module's docstring)."""
+    import random
+
+    golds: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)
+    for path in output_paths:
+        for record in read_records(path, "reward"):
+            key = (record["instruction"], record.get("input") or "")
+            golds[record["generator"]][key] = gold_reward(key[0], key[1], record["output"])
+    sweeps: dict[str, list[int]] = defaultdict(list)
+    for name in golds:
+        match = NAME.match(name)
+        if match and match["rm"]:
+            sweeps[match["rm"]].append(int(match["n"]))
+    wanted = []
+    for model, ns in sorted(sweeps.items()):
+        ns.sort()
+        if len(ns) > 1:
+            wanted.append((f"{model}-best-of-{ns[-1]}", f"{model}-best-of-{ns[0]}"))
+        if len(ns) > 2:
+            wanted.append((f"{model}-best-of-{ns[-1]}", f"{model}-best-of-{ns[-2]}"))
+    models = sorted(sweeps)
+    for i, first in enumerate(models):
+        for second in models[i + 1:]:
+            if max(sweeps[first]) == max(sweeps[second]):
+                top = max(sweeps[first])
+                wanted.append((f"{second}-best-of-{top}", f"{first}-best-of-{top}"))
+    rows = []
+    for system, baseline in wanted:
+        keys = sorted(set(golds[system]) & set(golds[baseline]))
+        differences = [golds[system][key] - golds[baseline][key] for key in keys]
+        if not differences:
+            continue
+        rng = random.Random(0)
+        means = sorted(fmean(rng.choices(differences, k=len(differences))) for _ in range(resamples))
+        rows.append({"comparison": f"{system} - {baseline}", "measure": "gold reward, paired by prompt", "prompts": len(keys),
+                     "mean_difference": fmean(differences),
+                     "ci95": [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]})
     return rows
 
 
@@ -167,6 +210,7 @@ def main(argv: list[str]) -> None:
     plot(rows, args.output, dict(label.split("=", 1) for label in args.label))
     with RecordWriter("-") as writer:
         writer.write_all(rows)
+        writer.write_all(comparisons(args.outputs))
         writer.write_all(agreement(path) for path in args.scored)
 
 

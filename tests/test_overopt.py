@@ -16,6 +16,7 @@ def test_overopt_recipe_sweeps_best_of_n_and_ppo_checkpoints_for_both_reward_mod
     rows = _records(study / "overopt.jsonl")
     systems = [row for row in rows if "system" in row]
     agreement = [row for row in rows if "pairwise_agreement_with_gold" in row]
+    compared = {row["comparison"]: row for row in rows if "comparison" in row}
     assert result.stdout.count('"system"') == len(systems)  # `make overopt` prints the table
     for model in ("pool", "single"):
         bon = sorted((row for row in systems if row["reward_model"] == model and row["method"] == "best-of-n"), key=lambda r: r["n"])
@@ -28,6 +29,11 @@ def test_overopt_recipe_sweeps_best_of_n_and_ppo_checkpoints_for_both_reward_mod
         for row in bon + ppo:
             assert 0 <= row["gold_win_rate"] <= 100 and 0 <= row["gold_reward"] <= 1
     assert len(agreement) == 2
+    assert sorted(compared) == sorted(["pool-best-of-4 - pool-best-of-1", "pool-best-of-4 - pool-best-of-2",
+                                       "single-best-of-4 - single-best-of-1", "single-best-of-4 - single-best-of-2",
+                                       "single-best-of-4 - pool-best-of-4"])
+    for row in compared.values():
+        assert row["prompts"] == N_VAL and row["ci95"][0] <= row["mean_difference"] <= row["ci95"][1]
     for row in agreement:
         assert row["samples"] == N_VAL * 4 and 0 <= row["pairwise_agreement_with_gold"] <= 1
     # both reward models were trained on the same pairs, labelled differently
@@ -40,4 +46,10 @@ def test_overopt_recipe_sweeps_best_of_n_and_ppo_checkpoints_for_both_reward_mod
     assert {row["system"] for row in systems} <= set(board)
     assert all(row["n_total"] + row.get("n_dropped", 0) == N_VAL for row in board.values())
     _assert_png(study / "overopt.png")
-    assert orjson.loads((study / "rm_pool" / "meta.json").read_bytes())["kind"] == "reward_model"
+    # the trained folders are kept whole (make must not delete them as intermediates) ...
+    for model in ("pool", "single"):
+        assert orjson.loads((study / f"rm_{model}" / "meta.json").read_bytes())["kind"] == "reward_model"
+        assert (study / f"ppo_{model}" / "meta.json").is_file()
+    # ... so a second make has nothing to redo
+    planned = _make("-n", "overopt-results", "SIZE=ci", f"MODEL={tiny_model_path}", f"OUT={out}").stdout
+    assert "farm-" not in planned, planned
