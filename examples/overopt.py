@@ -52,27 +52,35 @@ def rerank(scored_path: str, ns: list[int], generator: str) -> None:
                 writer.write(chosen)
 
 
-def curves(leaderboard_path: str, output_paths: list[str]) -> list[dict[str, Any]]:
-    """One row per system: method, reward model, n or step, mean surrogate reward, gold win rate."""
-    rewards: dict[str, list[float]] = defaultdict(list)
-    golds: dict[str, list[float]] = defaultdict(list)
+Outputs = dict[str, dict[tuple[str, str], tuple[float, float]]]
+
+
+def load_outputs(output_paths: list[str]) -> Outputs:
+    """Every system's answers, read once: generator -> (instruction, input) -> (surrogate reward, gold reward)."""
+    outputs: Outputs = defaultdict(dict)
     for path in output_paths:
         for record in read_records(path, "reward"):
-            rewards[record["generator"]].append(record["reward"])
-            golds[record["generator"]].append(gold_reward(record["instruction"], record.get("input") or "", record["output"]))
+            key = (record["instruction"], record.get("input") or "")
+            outputs[record["generator"]][key] = (record["reward"], gold_reward(key[0], key[1], record["output"]))
+    return outputs
+
+
+def curves(leaderboard_path: str, outputs: Outputs) -> list[dict[str, Any]]:
+    """One row per system: method, reward model, n or step, mean surrogate and gold reward, gold win rate."""
     rows = []
     for board in read_records(leaderboard_path):
         match = NAME.match(board["generator"])
-        if match is None or board["generator"] not in rewards:
+        if match is None or board["generator"] not in outputs:
             continue
+        scores = outputs[board["generator"]].values()
         bon = match["rm"] is not None
         rows.append({
             "system": board["generator"],
             "method": "best-of-n" if bon else "ppo",
             "reward_model": match["rm"] if bon else match["ppo_rm"],
             "n" if bon else "step": int(match["n"] if bon else match["step"]),
-            "surrogate_reward": fmean(rewards[board["generator"]]),
-            "gold_reward": fmean(golds[board["generator"]]),
+            "surrogate_reward": fmean(reward for reward, _ in scores),
+            "gold_reward": fmean(gold for _, gold in scores),
             "gold_win_rate": board["win_rate"],
             "gold_standard_error": board.get("standard_error"),
         })
@@ -80,15 +88,11 @@ def curves(leaderboard_path: str, output_paths: list[str]) -> list[dict[str, Any
     return rows
 
 
-def comparisons(output_paths: list[str], resamples: int = 5000) -> list[dict[str, Any]]:
+def comparisons(outputs: Outputs, resamples: int = 5000) -> list[dict[str, Any]]:
     """Paired differences in gold reward between best-of-n systems (see the module's docstring)."""
     import random
 
-    golds: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)
-    for path in output_paths:
-        for record in read_records(path, "reward"):
-            key = (record["instruction"], record.get("input") or "")
-            golds[record["generator"]][key] = gold_reward(key[0], key[1], record["output"])
+    golds = {name: {key: gold for key, (_, gold) in answers.items()} for name, answers in outputs.items()}
     sweeps: dict[str, list[int]] = defaultdict(list)
     for name in golds:
         match = NAME.match(name)
@@ -204,13 +208,14 @@ def main(argv: list[str]) -> None:
     if args.command == "rerank":
         rerank(args.scored, sorted({int(n) for n in args.n.split(",")}), args.generator)
         return
-    rows = curves(args.leaderboard, args.outputs)
+    outputs = load_outputs(args.outputs)
+    rows = curves(args.leaderboard, outputs)
     if not rows:
         raise SystemExit(f"{args.leaderboard}: no best-of-n or PPO systems with outputs in {', '.join(args.outputs)}")
     plot(rows, args.output, dict(label.split("=", 1) for label in args.label))
     with RecordWriter("-") as writer:
         writer.write_all(rows)
-        writer.write_all(comparisons(args.outputs))
+        writer.write_all(comparisons(outputs))
         writer.write_all(agreement(path) for path in args.scored)
 
 

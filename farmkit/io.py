@@ -9,6 +9,7 @@ import io
 import itertools
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -181,8 +182,6 @@ def _sweep_stale(target: Path, suffix: str) -> None:
         if match is None or _alive(int(match.group(1))):
             continue
         if entry.is_dir():
-            import shutil
-
             shutil.rmtree(entry, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
@@ -194,8 +193,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, as another user's
+        pass
     return True
 
 
@@ -214,14 +213,10 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     try:
         yield tmp
         if tmp.is_dir() and target.is_dir():
-            import shutil
-
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
         if tmp.is_dir():
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)

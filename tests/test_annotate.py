@@ -3,6 +3,7 @@ noise and order statistics, the input forms, both orders, file labels and the of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import orjson
@@ -87,7 +88,12 @@ def test_worked_examples_are_part_of_the_cache_key_and_pools_cannot_ask_for_more
     judge = {"name": "j", "backend": "openai", "model": "m", "prompt": "plain"}
     pool = load_pool(_write_pool(tmp_path / "p.yaml", [{**judge, "name": "k", "examples": 2}, judge]))
     with_examples, bare = (identity(pool, j) for j in pool.judges)
-    monkeypatch.setattr(prompts, "examples_text", lambda: "- instruction: changed\n")
+    shipped = prompts.worked_examples()
+    edited_third = (*shipped[:2], dataclasses.replace(shipped[2], why="changed"), *shipped[3:])
+    monkeypatch.setattr(prompts, "worked_examples", lambda: edited_third)
+    assert identity(pool, pool.judges[0]) == with_examples  # it is shown the first two only
+    edited_first = (dataclasses.replace(shipped[0], a="changed"), *shipped[1:])
+    monkeypatch.setattr(prompts, "worked_examples", lambda: edited_first)
     assert identity(pool, pool.judges[0]) != with_examples  # new examples, new verdicts
     assert identity(pool, pool.judges[1]) == bare  # a judge without examples keeps its cache
     monkeypatch.undo()

@@ -77,10 +77,12 @@ def identity(pool: Pool, judge: Judge) -> dict[str, Any]:
 
     if judge.backend == "openai":
         fields = {"model": pool.model_for(judge), "template": load_template(judge.prompt).text}
-        if judge.examples:
-            from farmkit.annotate.prompts import examples_text
+        if judge.examples:  # the examples it is shown, so editing one re-asks only the judges that see it
+            import dataclasses
 
-            fields["worked_examples"] = examples_text()
+            from farmkit.annotate.prompts import worked_examples
+
+            fields["worked_examples"] = [dataclasses.asdict(e) for e in worked_examples()[: judge.examples]]
         return fields
     if judge.backend == "local":
         from pathlib import Path

@@ -42,16 +42,12 @@ class Example:
 
 
 @functools.cache
-def examples_text() -> str:
-    """The worked examples file as shipped; part of the cache key of every judge that uses examples."""
-    return importlib.resources.files("farmkit.annotate").joinpath("prompts", "examples.yaml").read_text(encoding="utf-8")
-
-
-@functools.cache
 def worked_examples() -> tuple[Example, ...]:
+    """The shipped worked examples, in order; those a judge is shown are part of its cache key."""
     import yaml
 
-    rows = yaml.safe_load(examples_text())
+    text = importlib.resources.files("farmkit.annotate").joinpath("prompts", "examples.yaml").read_text(encoding="utf-8")
+    rows = yaml.safe_load(text)
     examples = []
     for number, row in enumerate(rows, start=1):
         try:
