@@ -33,7 +33,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data")) / "human_prefs" / "hh_rlhf_harmless_base_test.jsonl.gz"
+DATA = (
+    Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    / "human_prefs"
+    / "hh_rlhf_harmless_base_test.jsonl.gz"
+)
 LAST_TURN = "\n\nAssistant:"
 
 
@@ -43,12 +47,28 @@ def to_preference(row: dict, rng: random.Random) -> dict | None:
     cut_chosen, cut_rejected = chosen.rfind(LAST_TURN), rejected.rfind(LAST_TURN)
     if cut_chosen < 0 or chosen[:cut_chosen] != rejected[:cut_rejected]:
         return None
-    dialogue = chosen[:cut_chosen].strip().replace("\n\nHuman:", "\nHuman:").replace("\n\nAssistant:", "\nAssistant:")
-    replies = chosen[cut_chosen + len(LAST_TURN):].strip(), rejected[cut_rejected + len(LAST_TURN):].strip()
+    dialogue = (
+        chosen[:cut_chosen]
+        .strip()
+        .replace("\n\nHuman:", "\nHuman:")
+        .replace("\n\nAssistant:", "\nAssistant:")
+    )
+    replies = (
+        chosen[cut_chosen + len(LAST_TURN) :].strip(),
+        rejected[cut_rejected + len(LAST_TURN) :].strip(),
+    )
     chosen_first = rng.random() < 0.5
     output_1, output_2 = replies if chosen_first else replies[::-1]
-    return {"instruction": dialogue, "input": "", "output_1": output_1, "output_2": output_2, "preference": 1 if chosen_first else 2,
-            "generator_1": "hh-rlhf", "generator_2": "hh-rlhf", "annotator": "human (hh-rlhf)"}
+    return {
+        "instruction": dialogue,
+        "input": "",
+        "output_1": output_1,
+        "output_2": output_2,
+        "preference": 1 if chosen_first else 2,
+        "generator_1": "hh-rlhf",
+        "generator_2": "hh-rlhf",
+        "annotator": "human (hh-rlhf)",
+    }
 
 
 def read_pairs(seed: int) -> list[dict]:
@@ -93,36 +113,109 @@ def main() -> None:
         outputs = []
         for number, record in enumerate(held_out):
             for position in (1, 2):
-                outputs.append({"instruction": record["instruction"], "output": record[f"output_{position}"], "generator": "hh-rlhf",
-                                "pair": number, "position": position})
+                outputs.append(
+                    {
+                        "instruction": record["instruction"],
+                        "output": record[f"output_{position}"],
+                        "generator": "hh-rlhf",
+                        "pair": number,
+                        "position": position,
+                    }
+                )
         (work / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in outputs))
         started = time.time()
-        tool("farm-rm-train", options.model, str(work / "train.jsonl"), "-o", str(work / "rm"), "--eval-fraction", "0",
-             "--train-layers", str(options.train_layers), "--max-length", str(options.max_length), "--epochs", str(options.epochs),
-             "--batch-size", str(options.batch_size), "--learning-rate", str(options.learning_rate), "--seed", str(options.seed))
+        tool(
+            "farm-rm-train",
+            options.model,
+            str(work / "train.jsonl"),
+            "-o",
+            str(work / "rm"),
+            "--eval-fraction",
+            "0",
+            "--train-layers",
+            str(options.train_layers),
+            "--max-length",
+            str(options.max_length),
+            "--epochs",
+            str(options.epochs),
+            "--batch-size",
+            str(options.batch_size),
+            "--learning-rate",
+            str(options.learning_rate),
+            "--seed",
+            str(options.seed),
+        )
         train_seconds = time.time() - started
         started = time.time()
-        scored = [json.loads(line) for line in tool("farm-score", str(work / "rm"), str(work / "held_out.jsonl"),
-                                                     "--batch-size", "16").stdout.splitlines()]
+        scored = [
+            json.loads(line)
+            for line in tool(
+                "farm-score", str(work / "rm"), str(work / "held_out.jsonl"), "--batch-size", "16"
+            ).stdout.splitlines()
+        ]
         score_seconds = time.time() - started
-        losses = [json.loads(line)["loss"] for line in (work / "rm" / "metrics.jsonl").read_text().splitlines()]
+        losses = [
+            json.loads(line)["loss"]
+            for line in (work / "rm" / "metrics.jsonl").read_text().splitlines()
+        ]
 
     rewards = {(r["pair"], r["position"]): r["reward"] for r in scored}
-    agree = [(rewards[(i, r["preference"])] > rewards[(i, 3 - r["preference"])]) for i, r in enumerate(held_out)]
-    longer = [len(r[f"output_{r['preference']}"]) > len(r[f"output_{3 - r['preference']}"]) for r in held_out]
+    agree = [
+        (rewards[(i, r["preference"])] > rewards[(i, 3 - r["preference"])])
+        for i, r in enumerate(held_out)
+    ]
+    longer = [
+        len(r[f"output_{r['preference']}"]) > len(r[f"output_{3 - r['preference']}"])
+        for r in held_out
+    ]
     accuracy = sum(agree) / len(agree)
     standard_error = math.sqrt(accuracy * (1 - accuracy) / len(agree))
     longer_accuracy = sum(longer) / len(longer)
-    settings = {"model": options.model, "train_pairs": len(train), "held_out_pairs": len(held_out), "train_layers": options.train_layers,
-                "max_length": options.max_length, "epochs": options.epochs, "learning_rate": options.learning_rate,
-                "first_loss": losses[0], "last_loss_mean10": sum(losses[-10:]) / len(losses[-10:]),
-                "train_seconds": round(train_seconds), "score_seconds": round(score_seconds)}
-    print(json.dumps({"benchmark": "rm_human", "figure": "held-out agreement with human choices (HH harmless-base)", "value": accuracy,
-                      "unit": "accuracy", "peer": "chance", "peer_value": 0.5, "ratio": accuracy / 0.5, "target": "> 1 (above chance)",
-                      "met": accuracy - 2 * standard_error > 0.5, "standard_error": standard_error, **settings}))
-    print(json.dumps({"benchmark": "rm_human", "figure": "agreement of 'the longer reply wins' on the same pairs", "value": longer_accuracy,
-                      "unit": "accuracy", "peer": "reward model", "peer_value": accuracy, "ratio": accuracy / longer_accuracy,
-                      "target": "reward model above the heuristic", "met": accuracy > longer_accuracy}))
+    settings = {
+        "model": options.model,
+        "train_pairs": len(train),
+        "held_out_pairs": len(held_out),
+        "train_layers": options.train_layers,
+        "max_length": options.max_length,
+        "epochs": options.epochs,
+        "learning_rate": options.learning_rate,
+        "first_loss": losses[0],
+        "last_loss_mean10": sum(losses[-10:]) / len(losses[-10:]),
+        "train_seconds": round(train_seconds),
+        "score_seconds": round(score_seconds),
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "rm_human",
+                "figure": "held-out agreement with human choices (HH harmless-base)",
+                "value": accuracy,
+                "unit": "accuracy",
+                "peer": "chance",
+                "peer_value": 0.5,
+                "ratio": accuracy / 0.5,
+                "target": "> 1 (above chance)",
+                "met": accuracy - 2 * standard_error > 0.5,
+                "standard_error": standard_error,
+                **settings,
+            }
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "rm_human",
+                "figure": "agreement of 'the longer reply wins' on the same pairs",
+                "value": longer_accuracy,
+                "unit": "accuracy",
+                "peer": "reward model",
+                "peer_value": accuracy,
+                "ratio": accuracy / longer_accuracy,
+                "target": "reward model above the heuristic",
+                "met": accuracy > longer_accuracy,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

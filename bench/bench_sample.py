@@ -19,8 +19,24 @@ import json
 import os
 import time
 
-TOPICS = ["the moon", "bread", "rivers", "chess", "volcanoes", "bees", "trains", "the ocean",
-          "libraries", "tea", "glaciers", "bicycles", "owls", "clocks", "deserts", "music"]
+TOPICS = [
+    "the moon",
+    "bread",
+    "rivers",
+    "chess",
+    "volcanoes",
+    "bees",
+    "trains",
+    "the ocean",
+    "libraries",
+    "tea",
+    "glaciers",
+    "bicycles",
+    "owls",
+    "clocks",
+    "deserts",
+    "music",
+]
 
 
 def main() -> None:
@@ -48,15 +64,37 @@ def main() -> None:
         return sum(group[0].completion_tokens for group in samples) / seconds
 
     torch.manual_seed(0)
-    generate(model, tokenizer, prompts[:2], DecodingConfig(temperature=0, max_new_tokens=4, batch_size=2))  # warm-up
+    generate(
+        model, tokenizer, prompts[:2], DecodingConfig(temperature=0, max_new_tokens=4, batch_size=2)
+    )  # warm-up
     batched = throughput(count)
     single = throughput(1)
     ratio = batched / single
-    print(json.dumps({"benchmark": "sample", "figure": f"hf batched ({count} prompts) vs one at a time, embedded",
-                      "value": round(batched, 2), "unit": "tokens/s", "peer": "one prompt at a time",
-                      "peer_value": round(single, 2), "ratio": round(ratio, 2), "target": ">= 5", "met": ratio >= 5}))
-    print(json.dumps({"benchmark": "sample", "figure": "embedded model load time (cached folder)",
-                      "value": round(load_seconds, 2), "unit": "s"}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "sample",
+                "figure": f"hf batched ({count} prompts) vs one at a time, embedded",
+                "value": round(batched, 2),
+                "unit": "tokens/s",
+                "peer": "one prompt at a time",
+                "peer_value": round(single, 2),
+                "ratio": round(ratio, 2),
+                "target": ">= 5",
+                "met": ratio >= 5,
+            }
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "sample",
+                "figure": "embedded model load time (cached folder)",
+                "value": round(load_seconds, 2),
+                "unit": "s",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

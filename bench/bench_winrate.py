@@ -90,16 +90,23 @@ def make_records(path: Path, n: int, models: int, seed: int = 0) -> None:
             else:
                 preference = 2 if rng.random() < strength[model] else 1
             record = {
-                "instruction_index": i // models % 805, "dataset": "synthetic", "generator_1": "reference",
-                "generator_2": f"model-{model:03d}", "len_1": rng.randint(100, 1500),
-                "len_2": rng.randint(100, 1500) + 20 * model, "annotator": "bench", "preference": preference,
+                "instruction_index": i // models % 805,
+                "dataset": "synthetic",
+                "generator_1": "reference",
+                "generator_2": f"model-{model:03d}",
+                "len_1": rng.randint(100, 1500),
+                "len_2": rng.randint(100, 1500) + 20 * model,
+                "annotator": "bench",
+                "preference": preference,
             }
             stream.write(orjson.dumps(record) + b"\n")
 
 
 def run(code: str, *args: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env
+    )
     if result.returncode != 0:
         raise SystemExit(result.stderr)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -120,10 +127,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--models", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each implementation; the best time counts")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each implementation; the best time counts"
+    )
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        data, ours, theirs, ours_lc = (Path(folder) / name for name in ("prefs.jsonl", "ours.jsonl", "pandas.jsonl", "ours_lc.jsonl"))
+        data, ours, theirs, ours_lc = (
+            Path(folder) / name
+            for name in ("prefs.jsonl", "ours.jsonl", "pandas.jsonl", "ours_lc.jsonl")
+        )
         make_records(data, options.records, options.models)
         baseline = run(BASELINE)["maxrss_kb"]
         runs: dict[str, list[dict]] = {"farm": [], "peer": [], "farm_lc": []}
@@ -133,27 +145,86 @@ def main() -> None:
             runs["farm_lc"].append(run(FARMKIT, str(data), str(ours_lc)))
         same_board(ours, theirs)
     # best time of the repetitions (the least disturbed), highest peak memory
-    farm, peer, farm_lc = ({"seconds": min(r["seconds"] for r in rs), "cpu_seconds": min(r["cpu_seconds"] for r in rs),
-                            "maxrss_kb": max(r["maxrss_kb"] for r in rs)} for rs in runs.values())
+    farm, peer, farm_lc = (
+        {
+            "seconds": min(r["seconds"] for r in rs),
+            "cpu_seconds": min(r["cpu_seconds"] for r in rs),
+            "maxrss_kb": max(r["maxrss_kb"] for r in rs),
+        }
+        for rs in runs.values()
+    )
     n = options.records
     # The machine is shared: CPU seconds are the figure that other processes disturb least; both
     # implementations are single-threaded here (OMP_NUM_THREADS=1, pandas' default JSON engine).
     figures = [
-        ("throughput (CPU time)", n / farm["cpu_seconds"], "records/s", n / peer["cpu_seconds"], ">= 2", lambda r: r >= 2),
-        ("throughput (wall clock)", n / farm["seconds"], "records/s", n / peer["seconds"], "", None),
-        ("peak memory (RSS)", farm["maxrss_kb"] / 1024, "MiB", peer["maxrss_kb"] / 1024, "<= 0.2", lambda r: r <= 0.2),
-        ("throughput (CPU time), with length control", n / farm_lc["cpu_seconds"], "records/s", n / peer["cpu_seconds"], "", None),
-        ("peak memory (RSS), with length control", farm_lc["maxrss_kb"] / 1024, "MiB", peer["maxrss_kb"] / 1024, "", None),
+        (
+            "throughput (CPU time)",
+            n / farm["cpu_seconds"],
+            "records/s",
+            n / peer["cpu_seconds"],
+            ">= 2",
+            lambda r: r >= 2,
+        ),
+        (
+            "throughput (wall clock)",
+            n / farm["seconds"],
+            "records/s",
+            n / peer["seconds"],
+            "",
+            None,
+        ),
+        (
+            "peak memory (RSS)",
+            farm["maxrss_kb"] / 1024,
+            "MiB",
+            peer["maxrss_kb"] / 1024,
+            "<= 0.2",
+            lambda r: r <= 0.2,
+        ),
+        (
+            "throughput (CPU time), with length control",
+            n / farm_lc["cpu_seconds"],
+            "records/s",
+            n / peer["cpu_seconds"],
+            "",
+            None,
+        ),
+        (
+            "peak memory (RSS), with length control",
+            farm_lc["maxrss_kb"] / 1024,
+            "MiB",
+            peer["maxrss_kb"] / 1024,
+            "",
+            None,
+        ),
     ]
     for figure, value, unit, peer_value, target, check in figures:
         ratio = value / peer_value
-        print(json.dumps({
-            "benchmark": "winrate", "figure": f"{figure}, {n} records, best of {options.repeat}", "value": value, "unit": unit,
-            "peer": "pandas", "peer_value": peer_value, "ratio": ratio, "target": target,
-            "met": check(ratio) if check else None,
-        }))
-    print(json.dumps({"benchmark": "winrate", "figure": "bare interpreter RSS (in both figures)",
-                      "value": baseline / 1024, "unit": "MiB"}))
+        print(
+            json.dumps(
+                {
+                    "benchmark": "winrate",
+                    "figure": f"{figure}, {n} records, best of {options.repeat}",
+                    "value": value,
+                    "unit": unit,
+                    "peer": "pandas",
+                    "peer_value": peer_value,
+                    "ratio": ratio,
+                    "target": target,
+                    "met": check(ratio) if check else None,
+                }
+            )
+        )
+    print(
+        json.dumps(
+            {
+                "benchmark": "winrate",
+                "figure": "bare interpreter RSS (in both figures)",
+                "value": baseline / 1024,
+                "unit": "MiB",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,11 +41,17 @@ def main(names: list[str]) -> int:
         peer = row.get("peer", "")
         if row.get("peer_value") is not None:
             peer = f"{peer} {row['peer_value']:.4g}"
-        table.append((
-            row["benchmark"], row["figure"], f"{row['value']:.4g} {row.get('unit', '')}".strip(), peer,
-            f"{row['ratio']:.3g}" if row.get("ratio") is not None else "", row.get("target", ""),
-            {True: "yes", False: "NO", None: ""}[row.get("met")],
-        ))
+        table.append(
+            (
+                row["benchmark"],
+                row["figure"],
+                f"{row['value']:.4g} {row.get('unit', '')}".strip(),
+                peer,
+                f"{row['ratio']:.3g}" if row.get("ratio") is not None else "",
+                row.get("target", ""),
+                {True: "yes", False: "NO", None: ""}[row.get("met")],
+            )
+        )
     widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
     for r in table:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -1,12 +1,26 @@
 """Print the demo's result: the simulated and the gold leaderboard side by side (best simulated win
-rate first), then how well the simulated leaderboard predicts the gold one.
+rate first), each system's answers as the surrogate reward model scores them, and what its training
+did; then how well the simulated leaderboard predicts the gold one.
 
-    python report.py leaderboard_sim.jsonl leaderboard_gold.jsonl correlation.jsonl
+    python report.py [--reward-model DIR] leaderboard_sim.jsonl leaderboard_gold.jsonl \
+        correlation.jsonl [scores/SYSTEM.jsonl ...]
+
+A scores file holds one system's val answers scored by the demo's reward model (farm-score); its
+system's training figures, when the method logs them, are in ../models/SYSTEM/metrics.jsonl beside
+the scores folder. Columns: `RM score` is the mean surrogate reward of the val answers; `train
+reward` the mean reward of the method's rollouts in its first and last round or step (what it
+optimized, sampled at its rollout temperature); `KL/token` its last KL(policy || SFT) in nats per
+response token (PPO, RLOO and GRPO log their estimate summed over a response: it is divided by
+their mean response length in tokens; Quark logs the exact per-token KL over the vocabulary on the
+responses it trained on); `length` the mean answer length in characters. With --reward-model, the
+reward model's held-out pairwise accuracy (farm-rm-train's, from its meta.json) follows the table.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from farmkit.io import read_records
@@ -18,31 +32,127 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{row['win_rate']:5.1f} ± {row.get('standard_error') or 0:4.1f}"
 
 
-def main(sim_path: str, gold_path: str, correlation_path: str) -> None:
+def _figures(scores_path: str) -> tuple[str, dict[str, str]]:
+    """The system a scores file is of, and its RM score, training reward, KL and answer length."""
+    records = list(read_records(scores_path))
+    if not records:
+        raise SystemExit(f"{scores_path}: no scored answers")
+    rewards = [float(record["reward"]) for record in records]
+    figures = {
+        "rm": f"{sum(rewards) / len(rewards):+.3f}",
+        "length": str(sum(len(record["output"]) for record in records) // len(records)),
+    }
+    metrics_path = (
+        Path(scores_path).parent.parent / "models" / Path(scores_path).stem / "metrics.jsonl"
+    )
+    history = (
+        [entry for entry in read_records(metrics_path) if "reward" in entry]
+        if metrics_path.exists()
+        else []
+    )
+    if history:
+        figures["train"] = f"{history[0]['reward']:+.3f} → {history[-1]['reward']:+.3f}"
+        kl = kl_per_token(history[-1])
+        if kl is not None:
+            figures["kl"] = f"{kl:.4f}"
+    return str(records[0]["generator"]), figures
+
+
+# trainers whose metrics.jsonl `kl` is summed over a response's tokens (the others log it per token)
+KL_PER_RESPONSE = ("ppo", "rloo", "grpo")
+
+
+def kl_per_token(entry: dict[str, Any]) -> float | None:
+    """A metrics row's KL in nats per response token, whichever way its trainer logged it."""
+    kl = entry.get("kl")
+    if kl is None:
+        return None
+    if entry.get("method") in KL_PER_RESPONSE:
+        tokens = entry.get("response_length")
+        return float(kl) / float(tokens) if tokens else None
+    return float(kl)
+
+
+def reward_model_line(folder: str) -> str:
+    """What farm-rm-train measured on the pairs it held out, from the folder's meta.json."""
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    training = meta.get("training") or {}
+    trained_on = training.get("train_pairs")
+    accuracy, pairs = training.get("eval_accuracy"), training.get("eval_pairs")
+    if accuracy is None or not pairs:
+        return f"Reward model: trained on {trained_on} pairs, none held out (no held-out accuracy)."
+    return (
+        f"Reward model: held-out pairwise accuracy {accuracy:.3f} on {pairs} pairs "
+        f"(eval loss {training.get('eval_loss', float('nan')):.3f}; trained on {trained_on} pairs, "
+        "chance is 0.5)."
+    )
+
+
+def main(
+    sim_path: str,
+    gold_path: str,
+    correlation_path: str,
+    *scores_paths: str,
+    reward_model: str | None = None,
+) -> None:
     sim = {row["generator"]: row for row in read_records(sim_path)}
     gold = {row["generator"]: row for row in read_records(gold_path)}
+    figures = dict(_figures(path) for path in scores_paths)
     references = sorted({str(row.get("reference", "")) for row in sim.values()} - {""})
     systems = sorted(sim, key=lambda name: -(sim[name].get("win_rate") or 0.0))
     systems += sorted(set(gold) - set(sim))
-    header = ("system", "sim win rate", "gold win rate", "n", "avg length")
+    header = (
+        "system",
+        "sim win rate",
+        "gold win rate",
+        "n",
+        "RM score",
+        "train reward",
+        "KL/token",
+        "length",
+    )
     lines = [header]
     for name in systems:
         row = sim.get(name) or gold.get(name) or {}
-        lines.append((name, _cell(sim.get(name)), _cell(gold.get(name)), str(row.get("n_total", "")),
-                      str(row.get("avg_length", ""))))
+        own = figures.get(name, {})
+        length = own.get("length", str(row.get("avg_length", "")))
+        lines.append(
+            (
+                name,
+                _cell(sim.get(name)),
+                _cell(gold.get(name)),
+                str(row.get("n_total", "")),
+                own.get("rm", "-"),
+                own.get("train", "-"),
+                own.get("kl", "-"),
+                length,
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     against = f" against {', '.join(references)}" if references else ""
-    print(f"Win rates (%, ± standard error){against}:")
+    print(
+        f"Win rates (%, ± standard error){against}; the surrogate reward model's view and the training figures:"
+    )
     for line in lines:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
     for record in read_records(correlation_path):
-        figures = ", ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
-                            for key, value in record.items()
-                            if key in ("n", "spearman", "kendall", "pearson", "r2"))
-        print(f"Simulated vs gold leaderboard: {figures}")
+        values = ", ".join(
+            f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in record.items()
+            if key in ("n", "spearman", "kendall", "pearson", "r2")
+        )
+        print(f"Simulated vs gold leaderboard: {values}")
+    if reward_model is not None:
+        print(reward_model_line(reward_model))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    arguments = sys.argv[1:]
+    folder = None
+    if arguments[:1] == ["--reward-model"] and len(arguments) > 1:
+        folder, arguments = arguments[1], arguments[2:]
+    if len(arguments) < 3:
         sys.exit(__doc__)
-    main(*sys.argv[1:])
+    main(*arguments, reward_model=folder)

@@ -6,28 +6,42 @@ A tool module looks like:
     @click.command()
     @input_argument("prompts")
     @output_option
+    @model_options
+    @decoding_options(temperature=0.7)
     @seed_option
     @common_options
-    def cli(prompts, output, seed, **_): ...
+    def cli(prompts, output, template, device, temperature, ..., seed): ...
 
     main = entry_point(cli)
+
+The CLI dialect: an option that several tools have is declared once, in SHARED below (name, type,
+help; its default too, unless the default is the method's own, as --epochs), and every tool builds
+it from there, by hand (`shared_option`, the bundles) or from a method config
+(`config_options`). Renamed options keep their old name for one release as a hidden alias that
+warns on stderr. tests/test_cli_dialect.py checks every tool against SHARED.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-import hashlib
+import io
 import logging
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
-import orjson
 
 from farmkit import __version__
-from farmkit.io import FarmError
+from farmkit.io import FarmError, set_records_stdout
+from farmkit.methods import config as method_config
+from farmkit.methods.config import REPORT_TO, SHARED_HELP
+from farmkit.models import TEMPLATES
+from farmkit.seeds import stable_hash
 
 log = logging.getLogger("farmkit")
 
@@ -47,16 +61,373 @@ output_option = click.option(
     help="Write records to this file (atomically: whole or not at all; .gz compresses). Default: stdout.",
 )
 
-seed_option = click.option(
-    "--seed", default=0, show_default=True, type=int, help="Seed for every random choice: same input and seed, same output."
+# ---------------------------------------------------------------------------------------------
+# The shared options: one name, type and help per concept (the help texts live beside the method
+# configs, in farmkit.methods.config.SHARED_HELP, since the configs' fields carry them too).
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """An option several tools share. `own_default`: each tool (method) sets its own default."""
+
+    flags: tuple[str, ...]
+    type: Any
+    default: Any = None
+    own_default: bool = False
+    aliases: tuple[str, ...] = ()  # old names, in every tool that has the option
+    # tools may follow the shared help with a sentence of their own (what they do with the value)
+    own_help: bool = False
+    other_types: tuple[Any, ...] = ()  # the one other type a tool may take (a sweep of values)
+    metavar: str | None = None
+
+
+class SampleCounts(click.ParamType):
+    """A number of samples per prompt, or a sweep: `16` or `1,4,16,64` (a tuple of ints >= 1)."""
+
+    name = "n[,n...]"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            counts = tuple(int(part) for part in str(value).split(",") if part.strip())
+        except ValueError:
+            self.fail(
+                f"{value!r}: expected a number or a comma-separated list such as 1,4,16,64",
+                param,
+                ctx,
+            )
+        if not counts or min(counts) < 1:
+            self.fail(f"{value!r}: every n must be at least 1", param, ctx)
+        return counts
+
+    def to_info_dict(self) -> dict[str, Any]:
+        return {**super().to_info_dict(), "sweep": True}
+
+
+SAMPLE_COUNTS = SampleCounts()
+
+
+SHARED: dict[str, Shared] = {
+    # model
+    "template": Shared(("--template",), click.Choice(TEMPLATES), "auto"),
+    "device": Shared(("--device",), click.STRING, "auto"),
+    "seed": Shared(("--seed",), click.INT, 0),
+    # sampling: farm-sample writes them all, farm-bon and farm-expiter keep the best
+    "num_samples": Shared(
+        ("-n", "--num-samples"),
+        click.IntRange(min=1),
+        own_default=True,
+        own_help=True,
+        other_types=(SAMPLE_COUNTS,),
+    ),
+    # decoding
+    "temperature": Shared(("--temperature",), click.FloatRange(min=0), 1.0, own_default=True),
+    "top_p": Shared(("--top-p",), click.FloatRange(0, 1, min_open=True), 1.0),
+    "max_new_tokens": Shared(
+        ("--max-new-tokens",), click.IntRange(min=1), 300, aliases=("--max-response-tokens",)
+    ),
+    "generation_batch_size": Shared(
+        ("--generation-batch-size",), click.IntRange(min=1), 16, own_default=True
+    ),
+    "reward_batch_size": Shared(("--reward-batch-size",), click.IntRange(min=1), 16),
+    # training
+    "epochs": Shared(("--epochs",), click.FLOAT, own_default=True),
+    "max_steps": Shared(("--max-steps",), click.INT, -1),
+    "learning_rate": Shared(("--learning-rate",), click.FLOAT, own_default=True),
+    "gradient_accumulation_steps": Shared(
+        ("--gradient-accumulation-steps",), click.IntRange(min=1), 1
+    ),
+    "warmup_ratio": Shared(
+        ("--warmup-ratio",), click.FloatRange(0, 1, max_open=True), own_default=True
+    ),
+    "weight_decay": Shared(("--weight-decay",), click.FloatRange(min=0), 0.0),
+    "lora": Shared(("--lora/--no-lora",), click.BOOL, False),
+    "lora_rank": Shared(("--lora-rank",), click.IntRange(min=1), 16, aliases=("--lora-r",)),
+    "lora_alpha": Shared(("--lora-alpha",), click.IntRange(min=1), 32),
+    "report_to": Shared(("--report-to",), click.Choice(REPORT_TO), "none"),
+    # the gold judge of every policy method (farmkit.methods.gold)
+    "gold": Shared(("--gold",), click.STRING, metavar="POOL_OR_RM"),
+    "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),
+    "gold_size": Shared(("--gold-size",), click.IntRange(min=1), 32),
+}
+
+
+class AliasedOption(click.Option):
+    """An option that also answers to old names, for one release: they are left out of --help,
+    and using one prints a warning on stderr that names the new option."""
+
+    def __init__(self, *args: Any, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases = tuple(aliases)
+
+    def _alias_dest(self, alias: str) -> str:
+        return f"{self.name}\0{alias}"
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        super().add_to_parser(parser, ctx)
+        for alias in self.aliases:
+            parser.add_option(
+                obj=self,
+                opts=[alias],
+                dest=self._alias_dest(alias),
+                action="store",
+                nargs=self.nargs,
+            )
+
+    def consume_value(self, ctx: click.Context, opts: Any) -> Any:
+        for alias in self.aliases:
+            dest = self._alias_dest(alias)
+            if dest in opts:
+                deprecated(ctx, alias, self.opts[-1])
+                if self.name not in opts:  # the new name wins when both are given
+                    opts = {**opts, self.name: opts[dest]}
+        return super().consume_value(ctx, opts)
+
+
+def deprecated(ctx: click.Context | None, old: str, new: str) -> None:
+    name = ctx.command_path if ctx is not None else "farmkit"
+    click.echo(
+        f"{name}: warning: {old} is deprecated and will be removed in the next release; use {new}",
+        err=True,
+    )
+
+
+def shared_option(
+    name: str,
+    default: Any = None,
+    aliases: tuple[str, ...] = (),
+    dest: str | None = None,
+    more_help: str = "",
+    param_type: Any = None,
+) -> Callable:
+    """The click option of a shared concept, as SHARED declares it. `default`: the tool's own, for
+    the options whose default is the method's (and only those); `aliases`: the tool's old names
+    besides the ones SHARED lists; `more_help`: what the tool does with the value, after the shared
+    help (where SHARED allows it); `param_type`: one of the other types SHARED allows."""
+    spec = SHARED[name]
+    if more_help and not spec.own_help:
+        raise ValueError(f"--{name.replace('_', '-')} has one help text in every tool")
+    if param_type is not None and param_type not in spec.other_types:
+        raise ValueError(f"--{name.replace('_', '-')} has one type in every tool")
+    if default is not None and not spec.own_default:
+        raise ValueError(f"--{name.replace('_', '-')} has one default in every tool")
+    if default is None:
+        default = spec.default
+    if spec.own_default and default is None:
+        raise ValueError(f"--{name.replace('_', '-')}: give the tool's default")
+    decls = [*spec.flags, dest or name]
+    help_text = f"{SHARED_HELP[name]} {more_help}" if more_help else SHARED_HELP[name]
+    kwargs: dict[str, Any] = {"default": default, "show_default": True, "help": help_text}
+    if spec.type is not click.BOOL:
+        kwargs["type"] = param_type or spec.type
+    if spec.metavar:
+        kwargs["metavar"] = spec.metavar
+    return click.option(*decls, cls=AliasedOption, aliases=spec.aliases + tuple(aliases), **kwargs)
+
+
+seed_option = shared_option("seed")
+"""--seed, default 0."""
+
+
+def model_options(function: Callable) -> Callable:
+    """--template and --device, for the tools that load a model by hand."""
+    return shared_option("template")(shared_option("device")(function))
+
+
+def decoding_options(
+    temperature: float = 1.0,
+    generation_batch_size: int = 16,
+    batch_aliases: tuple[str, ...] = (),
+    batch_dest: str | None = None,
+) -> Callable[[Callable], Callable]:
+    """--temperature, --top-p, --max-new-tokens and --generation-batch-size (with the tool's own
+    defaults for the temperature and the batch; `batch_aliases`: the tool's old names of the batch
+    option; `batch_dest`: the name of its parameter, when not generation_batch_size)."""
+
+    def decorate(function: Callable) -> Callable:
+        for option in reversed(
+            [
+                shared_option("temperature", temperature),
+                shared_option("top_p"),
+                shared_option("max_new_tokens"),
+                shared_option(
+                    "generation_batch_size", generation_batch_size, batch_aliases, batch_dest
+                ),
+            ]
+        ):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def model_dir_option(dest: str = "output") -> Callable:
+    """-o/--output of the tools that write a model folder (the trainers)."""
+    return click.option(
+        "-o",
+        "--output",
+        dest,
+        cls=AliasedOption,
+        aliases=("--output-dir",),
+        required=True,
+        type=click.Path(file_okay=False),
+        help=MODEL_DIR_HELP,
+    )
+
+
+MODEL_DIR_HELP = (
+    "Model folder to write (weights, tokenizer, meta.json), whole or not at all (a temporary "
+    "folder renamed at the end)."
 )
+output_dir_option = model_dir_option("output")
+
+
+# ---------------------------------------------------------------------------------------------
+# Method configs (farmkit.methods.config) as options: defaults < --config FILE.yaml < flags.
+
+_SCALARS = {int: click.INT, float: click.FLOAT, str: click.STRING}
+
+
+def _config_option(field: dataclasses.Field) -> Callable:
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if field.name in SHARED:
+        spec = SHARED[field.name]
+        if not spec.own_default and default != spec.default:
+            raise ValueError(
+                f"{field.name}: a shared option keeps its one default ({spec.default})"
+            )
+        return shared_option(field.name, default if spec.own_default else None)
+    kind = method_config._scalar_type(field.type)
+    help_text = field.metadata.get("help", "")
+    name = field.name.replace("_", "-")
+    if kind is bool:
+        return click.option(
+            f"--{name}/--no-{name}", field.name, default=default, show_default=True, help=help_text
+        )
+    choices = field.metadata.get("choices")
+    return click.option(
+        method_config.option_name(field.name),
+        field.name,
+        type=click.Choice(choices) if choices else _SCALARS[kind],
+        default=default,
+        show_default=True,
+        help=help_text,
+    )
+
+
+def config_options(config_class: type) -> Callable[[Callable], Callable]:
+    """Decorate a click command with one option per config field plus `--config FILE.yaml`.
+
+    The options that several tools share (SHARED) come from there, so they read the same in every
+    tool. `resolve_config` tells a flag given on the command line from a default by its source.
+    """
+
+    groups = [
+        set(method_config.field_values(method_config.RolloutConfig))
+        if issubclass(config_class, method_config.RolloutConfig)
+        else set(),
+        set(method_config.field_values(method_config.ModelArgs)),
+        set(method_config.field_values(method_config.TrackingArgs)),
+        set(method_config.field_values(method_config.GoldArgs)),
+    ]
+
+    def group(field: dataclasses.Field) -> int:
+        return max(
+            (number for number, names in enumerate(groups, 1) if field.name in names), default=0
+        )
+
+    # the method's own options first, then the rollout options it shares with the other methods,
+    # then the model's (--template, --seed), the tracker and the gold judge
+    fields = sorted(dataclasses.fields(config_class), key=group)
+
+    def decorate(function: Callable) -> Callable:
+        for field in reversed(fields):
+            function = _config_option(field)(function)
+        return click.option(
+            "--config",
+            "config_file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="YAML file of defaults for the options below (keys as option names, - or _); "
+            "flags given here win.",
+        )(function)
+
+    return decorate
+
+
+def load_yaml(path: str, config_class: type) -> dict[str, Any]:
+    """A --config file's values by field name, converted as the options convert them."""
+    try:
+        raw, renamed = method_config.read_yaml(path, config_class)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
+    context = click.get_current_context(silent=True)
+    for key in renamed:
+        new = method_config.RENAMED_FIELDS[key.replace("-", "_")].replace("_", "-")
+        deprecated(context, f"{key} (in {path})", new)
+    params = {param.name: param for param in context.command.params} if context else {}
+    fields = method_config.field_values(config_class)
+    values = {}
+    for name, value in raw.items():
+        kind = method_config._scalar_type(fields[name].type)
+        if value is not None and kind is bool and not isinstance(value, bool):
+            raise click.BadParameter(
+                f"{path}: {name} must be true or false, not {value!r}", param_hint="--config"
+            )
+        if value is not None and kind is not bool:
+            param = params.get(name)
+            if param is not None:
+                param_type = param.type
+            else:
+                choices = fields[name].metadata.get("choices")
+                param_type = click.Choice(choices) if choices else _SCALARS[kind]
+            try:
+                value = param_type.convert(value, None, None)
+            except click.BadParameter as exc:
+                raise click.BadParameter(
+                    f"{path}: {name}: {exc.message}", param_hint="--config"
+                ) from None
+        values[name] = value
+    return values
+
+
+_GIVEN = (
+    click.core.ParameterSource.COMMANDLINE,
+    click.core.ParameterSource.ENVIRONMENT,
+    click.core.ParameterSource.PROMPT,
+)
+
+
+def resolve_config(config_class: type, config_file: str | None, flags: dict[str, Any]) -> Any:
+    """Build the config: dataclass defaults, then the YAML file, then the flags that were given.
+
+    A combination that the dataclass rejects (ValueError in __post_init__) is a usage error (exit 2).
+    """
+    values = load_yaml(config_file, config_class) if config_file else {}
+    names = set(method_config.field_values(config_class))
+    context = click.get_current_context(silent=True)
+
+    def given(name: str, value: Any) -> bool:
+        if context is None or context.get_parameter_source(name) is None:
+            return value is not None
+        return context.get_parameter_source(name) in _GIVEN
+
+    values.update(
+        {name: value for name, value in flags.items() if name in names and given(name, value)}
+    )
+    try:
+        return method_config.build_config(config_class, values)
+    except (ValueError, TypeError) as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def common_options(function: Callable) -> Callable:
     """-q/--quiet and -v/--verbose; they set the farmkit logger (stderr) and the tqdm switch."""
 
     @click.option("-q", "--quiet", is_flag=True, help="Print nothing on stderr but errors.")
-    @click.option("-v", "--verbose", is_flag=True, help="More detail on stderr, and tracebacks on errors.")
+    @click.option(
+        "-v", "--verbose", is_flag=True, help="More detail on stderr, and tracebacks on errors."
+    )
     @functools.wraps(function)
     def wrapper(*args: Any, quiet: bool = False, verbose: bool = False, **kwargs: Any) -> Any:
         setup_logging(quiet=quiet, verbose=verbose)
@@ -71,6 +442,8 @@ class _State:
 
 
 def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
+    # under a launcher only the main process (RANK 0) reports; the others print errors only
+    quiet = quiet or int(os.environ.get("RANK", "0")) > 0
     _State.quiet, _State.verbose = quiet, verbose
     level = logging.ERROR if quiet else (logging.DEBUG if verbose else logging.INFO)
     handler = logging.StreamHandler(sys.stderr)
@@ -79,6 +452,8 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
     log.setLevel(level)
     log.propagate = False
     if quiet:
+        # Python warnings from libraries (a transformers FutureWarning) are not the user's to act on
+        warnings.simplefilter("ignore")
         # libraries that print progress on their own (transformers, datasets) follow -q too
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
@@ -121,23 +496,32 @@ def stamp(record: dict[str, Any], tool: str, info: dict[str, Any]) -> dict[str, 
 
 def config_hash(options: dict[str, Any]) -> str:
     """A short stable hash of a configuration, for provenance and cache keys."""
-    return hashlib.sha256(orjson.dumps(options, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
+    return stable_hash(options)[:12]
 
 
 def entry_point(command: click.Command) -> Callable[[], None]:
     """Wrap a click command as a console script with the shared error contract.
 
+    Every command also takes -h (as --help) and --version.
     Exit 0 success, 1 data/runtime error (FarmError, OSError: one line, no traceback unless -v),
     2 usage error (click), 130 interrupted. A closed stdout (`| head`) ends quietly.
     """
+
+    command.context_settings.setdefault("help_option_names", ["-h", "--help"])
+    click.version_option(
+        __version__, "--version", prog_name=command.name, message="%(prog)s %(version)s"
+    )(command)
 
     def main(argv: list[str] | None = None) -> None:
         code = 0
         try:
             # make_context/invoke rather than command.main: click's main turns a closed pipe (EPIPE)
             # into sys.exit(1) before the BrokenPipeError below can end the command quietly
-            with command.make_context(command.name, sys.argv[1:] if argv is None else list(argv)) as context:
-                command.invoke(context)
+            with command.make_context(
+                command.name, sys.argv[1:] if argv is None else list(argv)
+            ) as context:
+                with records_only_stdout():
+                    command.invoke(context)
         except click.exceptions.Exit as exc:
             code = exc.exit_code
         except click.ClickException as exc:
@@ -169,6 +553,45 @@ def entry_point(command: click.Command) -> Callable[[], None]:
         sys.exit(code)
 
     return main
+
+
+@contextlib.contextmanager
+def records_only_stdout() -> Iterator[None]:
+    """Run a command with stdout reserved for its records.
+
+    Libraries print on stdout (DeepSpeed's accelerator notice, a logging handler bound to sys.stdout
+    when it was imported, C code writing to fd 1), and one such line ahead of the records breaks the
+    next tool in a pipe. For the command's duration, file descriptor 1 and sys.stdout point at stderr,
+    and records go through farmkit.io.records_stdout() to a duplicate of the real stdout.
+    """
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        fd = None  # not a real file (a test runner's capture): reroute Python-level output only
+    original = sys.stdout
+    saved = None
+    if fd is not None:
+        saved = os.dup(fd)
+        records = os.fdopen(os.dup(saved), "wb")
+        os.dup2(sys.stderr.fileno(), fd)
+    else:
+        records = sys.stdout.buffer
+    set_records_stdout(records)
+    sys.stdout = sys.stderr
+    try:
+        yield
+        records.flush()
+    finally:
+        sys.stdout = original
+        set_records_stdout(None)
+        if saved is not None:
+            os.dup2(saved, fd)
+            os.close(saved)
+            try:
+                records.close()
+            except BrokenPipeError:
+                pass  # reported by the flush above or by the command itself
 
 
 def _closed_pipe() -> int:

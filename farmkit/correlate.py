@@ -5,10 +5,22 @@ Annotation mode, definitions (all as fractions in [0, 1]; labels are 1, 2 or 1.5
 legacy 0 is a tie, other values in (1, 2) round to the nearer side):
 - Where a set of labels has several most frequent values (a tied mode), a label's agreement with
   "the mode" is its expected agreement with one of them drawn at random.
-- human_agreement of the judge: mean over pairs, held-out humans and judge runs of the agreement of
-  the run's label with the mode of the other humans (leave-one-out, as AlpacaFarm measures it; a pair
-  with a single human label is compared with it). For the humans: each human against the mode of
-  the others.
+- Judges are told apart by their records' `annotator` (else the file's name): one row per judge,
+  its files and repeated labels being its runs.
+- human_agreement of a judge (AlpacaFarm's): mean over pairs, held-out humans and judge runs of the
+  agreement of the run's label with the mode of the other humans (leave-one-out; a pair with a single
+  human label is compared with it); a tie is a label like the others. For the humans: each human
+  against the mode of the others.
+- human_agreement_alpacaeval (AlpacaEval's): mean over pairs and runs of the agreement of the run's
+  label with the mode of all the humans, where a tie on one side only scores 1/2.
+- flip_rate: over the pairs a judge labelled in both orders (the same instruction and outputs, with
+  output_1 and output_2 swapped), the share of (one order, other order) label combinations that
+  disagree once the swapped label is mirrored; null when no pair comes in both orders. Pairs are
+  otherwise keyed in the order given, so a swapped copy counts as a pair of its own elsewhere.
+- price_per_1000 / seconds_per_1000: 1,000 times the mean price (USD) / seconds of the judge's
+  verdicts that record one (farm-annotate's provenance `price` and `time`, a cached verdict keeping
+  what it cost when asked; else AlpacaEval's `price_per_example` / `time_per_example`); null when
+  none does. AlpacaEval's evaluators' leaderboard reports the same two figures.
 - bias: 1 - agreement of the mode of the judge's runs with the mode of all humans.
 - variance: mean over runs of 1 - agreement of the run with the mode of the other runs (needs two
   runs or more: several files, or several labels per pair in one file).
@@ -23,6 +35,7 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import io
@@ -51,28 +64,72 @@ class Board:
 
     label: str
     scores: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # model -> (low, high), where given
+    axis_label: str = ""  # file stem: score, and the judge when the board names one
+
+
+# the standard error that goes with a score column (AlpacaEval's CSV names and farm-winrate's)
+_STANDARD_ERRORS = {
+    "win_rate": "standard_error",
+    "length_controlled_winrate": "lc_standard_error",
+    "length_controlled_win_rate": "lc_standard_error",
+}
+
+
+def _interval_reader(columns: Sequence[str], score: str):
+    """A function from a row (name -> raw value) to the score's (low, high) interval or None: the
+    bootstrap bounds ci_low / ci_high of a win rate, else +-1.96 standard errors."""
+    if score == "win_rate" and "ci_low" in columns and "ci_high" in columns:
+        bounds = ("ci_low", "ci_high")
+    else:
+        error = next(
+            (c for c in (_STANDARD_ERRORS.get(score), f"{score}_standard_error") if c in columns),
+            None,
+        )
+        if error is None:
+            return lambda row: None
+        bounds = None
+
+    def interval(row: dict[str, Any]) -> tuple[float, float] | None:
+        try:
+            if bounds is not None:
+                return float(row[bounds[0]]), float(row[bounds[1]])
+            center, spread = float(row[score]), 1.96 * float(row[error])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return center - spread, center + spread
+
+    return interval
 
 
 def _norm(text: str) -> str:
     return " ".join(text.split()).lower()
 
 
-def pick_column(columns: Sequence[str], wanted: str | None, defaults: Sequence[str], source: str, what: str) -> str:
+def pick_column(
+    columns: Sequence[str], wanted: str | None, defaults: Sequence[str], source: str, what: str
+) -> str:
     """The column named `wanted` (exactly, or the only one it is a whitespace-insensitive prefix of),
     or the first of `defaults` present."""
     if wanted is None:
         for name in defaults:
             if name in columns:
                 return name
-        raise FarmError(f"{source}: no {what} column among {', '.join(map(repr, columns))}; expected one of "
-                        f"{', '.join(map(repr, defaults))} or name it with --{what}")
+        raise FarmError(
+            f"{source}: no {what} column among {', '.join(map(repr, columns))}; expected one of "
+            f"{', '.join(map(repr, defaults))} or name it with --{what}"
+        )
     if wanted in columns:
         return wanted
     matches = [c for c in columns if _norm(c).startswith(_norm(wanted))]
     if len(matches) == 1:
         return matches[0]
     found = "several" if matches else "no"
-    raise FarmError(f"{source}: {found} columns match {wanted!r} for --{what}; expected one of {', '.join(map(repr, columns))}")
+    raise FarmError(
+        f"{source}: {found} columns match {wanted!r} for --{what}; expected one of {', '.join(map(repr, columns))}"
+    )
 
 
 def read_board(path: str, name: str | None = None, score: str | None = None) -> Board:
@@ -83,7 +140,7 @@ def read_board(path: str, name: str | None = None, score: str | None = None) -> 
     """
     source = display_name(path)
     stream = open_binary(path)
-    head = stream.peek(64).lstrip()[:1]
+    head = stream.peek(64).removeprefix(codecs.BOM_UTF8).lstrip()[:1]
     if path != "-" and (str(path).endswith((".csv", ".csv.gz")) or head not in (b"{", b"[", b"")):
         text = stream.read().decode("utf-8-sig")
         stream.close()
@@ -91,11 +148,18 @@ def read_board(path: str, name: str | None = None, score: str | None = None) -> 
         if not rows:
             return Board(source, {})
         header, body = rows[0], rows[1:]
-        name_column = pick_column(header, name, ["generator", "Model", "model", "name", ""], source, "name")
+        name_column = pick_column(
+            header, name, ["generator", "Model", "model", "name", ""], source, "name"
+        )
         score_column = pick_column(header, score, ["win_rate"], source, "score")
         i, j = header.index(name_column), header.index(score_column)
-        items = ((number, row[i], row[j]) for number, row in enumerate(body, start=2) if len(row) > max(i, j))
-        label = score_column
+        interval = _interval_reader(header, score_column)
+        items = (
+            (number, row[i], row[j], interval(dict(zip(header, row, strict=False))))
+            for number, row in enumerate(body, start=2)
+            if len(row) > max(i, j)
+        )
+        label, judges = score_column, set()
     else:
         if path != "-":
             stream.close()
@@ -110,20 +174,48 @@ def read_board(path: str, name: str | None = None, score: str | None = None) -> 
         keys = list(dict.fromkeys(k for _, r in records for k in r))
         name_column = pick_column(keys, name, ["generator"], source, "name")
         score_column = pick_column(keys, score, ["win_rate"], source, "score")
-        items = ((number, r.get(name_column), r.get(score_column)) for number, r in records)
-        label = score_column
+        interval = _interval_reader(keys, score_column)
+        items = (
+            (number, r.get(name_column), r.get(score_column), interval(r)) for number, r in records
+        )
+        label, judges = (
+            score_column,
+            {r["annotator"] for _, r in records if isinstance(r.get("annotator"), str)},
+        )
     scores: dict[str, float] = {}
-    for number, model, value in items:
+    intervals: dict[str, tuple[float, float]] = {}
+    for number, model, value, bounds in items:
         if value in (None, ""):
             continue
         try:
             number_value = float(value)
         except (TypeError, ValueError):
-            raise RecordError(source, number, f"score {value!r} of {model!r} is not a number; expected a number or nothing") from None
+            raise RecordError(
+                source,
+                number,
+                f"score {value!r} of {model!r} is not a number; expected a number or nothing",
+            ) from None
         if model in scores:
-            raise RecordError(source, number, f"model {model!r} appears twice; expected one row per model")
+            raise RecordError(
+                source, number, f"model {model!r} appears twice; expected one row per model"
+            )
         scores[str(model)] = number_value
-    return Board(f"{Path(source).name}:{' '.join(label.split())}", scores)
+        if bounds is not None:
+            intervals[str(model)] = bounds
+    score_name = " ".join(label.split())
+    axis_label = f"{board_stem(source)}: {score_name}" + (
+        f" ({', '.join(sorted(judges))})" if judges else ""
+    )
+    return Board(f"{Path(source).name}:{score_name}", scores, intervals, axis_label)
+
+
+def board_stem(source: str) -> str:
+    """What names a board on an axis: its file name without .gz and its extension, and without
+    AlpacaEval's `_leaderboard` suffix."""
+    name = Path(source).name.removesuffix(".gz")
+    for extension in (".csv", ".jsonl", ".json"):
+        name = name.removesuffix(extension)
+    return name.removesuffix("_leaderboard") or name
 
 
 def correlate_boards(x: Board, y: Board) -> dict[str, Any]:
@@ -136,7 +228,11 @@ def correlate_boards(x: Board, y: Board) -> dict[str, Any]:
     a = [x.scores[m] for m in common]
     b = [y.scores[m] for m in common]
     enough = len(common) >= 3 and len(set(a)) > 1 and len(set(b)) > 1
-    for name, function in (("spearman", stats.spearmanr), ("kendall", stats.kendalltau), ("pearson", stats.pearsonr)):
+    for name, function in (
+        ("spearman", stats.spearmanr),
+        ("kendall", stats.kendalltau),
+        ("pearson", stats.pearsonr),
+    ):
         if enough:
             outcome = function(a, b)
             result[name], result[f"{name}_p"] = float(outcome.statistic), float(outcome.pvalue)
@@ -156,7 +252,7 @@ class Pair:
     """The labels given to one pair of outputs, with what is known of the outputs."""
 
     humans: list[tuple[str, float]] = field(default_factory=list)  # (annotator, label)
-    judge: list[tuple[int, float]] = field(default_factory=list)  # (run, label)
+    judge: list[tuple[str, int, float]] = field(default_factory=list)  # (judge, run, label)
     length_1: int | None = None
     length_2: int | None = None
     list_1: bool | None = None
@@ -178,7 +274,9 @@ def label_value(value: Any) -> float | None:
         try:
             value = float(value)
         except ValueError:
-            raise UnparsedLabel(f"label {value!r} is not a number; expected 1, 2, 1.5, 0 or 'tie'") from None
+            raise UnparsedLabel(
+                f"label {value!r} is not a number; expected 1, 2, 1.5, 0 or 'tie'"
+            ) from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"label {value!r} is not a number; expected 1, 2, 1.5 or 0 (tie)")
     if value == 0 or value == TIE:
@@ -196,9 +294,16 @@ def pair_key(record: dict[str, Any], key_field: str | None, outputs: tuple[str, 
         return record[key_field]
     if "pair_id" in record:
         return record["pair_id"]
-    texts = [record.get("instruction"), record.get("input") or "", record.get(outputs[0]), record.get(outputs[1])]
+    texts = [
+        record.get("instruction"),
+        record.get("input") or "",
+        record.get(outputs[0]),
+        record.get(outputs[1]),
+    ]
     if texts[2] is None or texts[3] is None:
-        raise ValueError(f"no pair_id and no {outputs[0]}/{outputs[1]}; expected a pair key (--key FIELD) or both outputs")
+        raise ValueError(
+            f"no pair_id and no {outputs[0]}/{outputs[1]}; expected a pair key (--key FIELD) or both outputs"
+        )
     return hashlib.sha256("\x00".join(map(str, texts)).encode()).hexdigest()
 
 
@@ -207,12 +312,28 @@ class Annotations:
     further runs) and human files (long: one label per record with `annotator`; wide: one field per
     annotator)."""
 
-    def __init__(self, key_field: str | None = None, outputs: tuple[str, str] = ("output_1", "output_2")):
+    def __init__(
+        self, key_field: str | None = None, outputs: tuple[str, str] = ("output_1", "output_2")
+    ):
         self.key_field, self.outputs = key_field, outputs
         self.pairs: dict[Any, Pair] = defaultdict(Pair)
-        self.judge_runs = 0
-        self.judge_names: Counter = Counter()
+        self.judge_runs = 0  # files and repeats read so far: the next file's first run
+        self.runs_of: dict[str, set[int]] = {}  # judge -> its runs, judges in the order first seen
+        self.orders: dict[
+            tuple[str, str], tuple[list[float], list[float]]
+        ] = {}  # (judge, pair) -> labels as given, mirrored
         self.unparsed, self.first_unparsed = 0, ""
+        self.costs: dict[str, list[list[float]]] = {}  # judge -> [prices], [seconds] per verdict
+        self.missing: dict[
+            str, list[Any]
+        ] = {}  # label field -> [records without it, the first FILE:LINE]
+
+    def _note_missing(
+        self, record: dict[str, Any], label_fields: Sequence[str], source: str, number: int
+    ) -> None:
+        for name in label_fields:
+            if name not in record:
+                self.missing.setdefault(name, [0, f"{source}:{number}"])[0] += 1
 
     def _note_outputs(self, pair: Pair, record: dict[str, Any]) -> None:
         for position, name in enumerate(self.outputs, start=1):
@@ -236,7 +357,11 @@ class Annotations:
         source = display_name(path)
         for number, record in iter_json(path):
             if not isinstance(record, dict):
-                raise RecordError(source, number, f"a {type(record).__name__} is not a record; expected a JSON object")
+                raise RecordError(
+                    source,
+                    number,
+                    f"a {type(record).__name__} is not a record; expected a JSON object",
+                )
             yield source, number, record
 
     def add_judge(self, path: str, label_field: str = "preference") -> None:
@@ -248,27 +373,68 @@ class Annotations:
                 label = self._label(record.get(label_field), source, number)
             except ValueError as exc:
                 raise RecordError(source, number, str(exc)) from None
+            self._note_missing(record, (label_field,), source, number)
             pair = self.pairs[key]
             self._note_outputs(pair, record)
-            self.judge_names[record.get("annotator", Path(source).stem)] += 1
+            name = str(record.get("annotator", Path(source).stem))
             run = first_run + seen[key]
             seen[key] += 1
+            self.runs_of.setdefault(name, set()).add(run)
             if label is not None:
-                pair.judge.append((run, label))
+                pair.judge.append((name, run, label))
+                self._note_order(name, record, label)
+            self._note_cost(name, record)
         self.judge_runs = first_run + max(seen.values(), default=0)
+
+    def _note_cost(self, judge: str, record: dict[str, Any]) -> None:
+        """A verdict's price and seconds: farm-annotate's provenance, else AlpacaEval's fields."""
+        given = (record.get("provenance") or {}).get("farm-annotate") or {}
+        prices, seconds = self.costs.setdefault(judge, [[], []])
+        for found, values in (
+            (given.get("price", record.get("price_per_example")), prices),
+            (given.get("time", record.get("time_per_example")), seconds),
+        ):
+            if isinstance(found, (int, float)) and not isinstance(found, bool):
+                values.append(float(found))
+
+    def _note_order(self, judge: str, record: dict[str, Any], label: float) -> None:
+        """File the label under the pair whatever its order, for the flip rate."""
+        first, second = (record.get(name) for name in self.outputs)
+        if not isinstance(first, str) or not isinstance(second, str) or first == second:
+            return
+        swapped = first > second
+        texts = [record.get("instruction"), record.get("input") or "", *sorted((first, second))]
+        key = hashlib.sha256("\x00".join(map(str, texts)).encode()).hexdigest()
+        self.orders.setdefault((judge, key), ([], []))[swapped].append(
+            _mirror(label) if swapped else label
+        )
 
     def add_humans(self, path: str, label_fields: Sequence[str] = ("preference",)) -> None:
         wide = len(label_fields) > 1
         for source, number, record in self._records(path):
             try:
                 key = pair_key(record, self.key_field, self.outputs)
-                labels = [(name if wide else str(record.get("annotator", f"{source}:{number}")),
-                           self._label(record.get(name), source, number)) for name in label_fields]
+                labels = [
+                    (
+                        name if wide else str(record.get("annotator", f"{source}:{number}")),
+                        self._label(record.get(name), source, number),
+                    )
+                    for name in label_fields
+                ]
             except ValueError as exc:
                 raise RecordError(source, number, str(exc)) from None
+            self._note_missing(record, label_fields, source, number)
             pair = self.pairs[key]
             self._note_outputs(pair, record)
             pair.humans.extend((name, label) for name, label in labels if label is not None)
+
+
+def _per_1000(values: list[float]) -> float | None:
+    return 1000 * sum(values) / len(values) if values else None
+
+
+def _mirror(label: float) -> float:
+    return 3.0 - label
 
 
 def modes(labels: Sequence[float]) -> list[float]:
@@ -283,6 +449,15 @@ def agreement(label: float, others: Sequence[float]) -> float:
     return (label in top) / len(top)
 
 
+def half_tie_agreement(label: float, humans: Sequence[float]) -> float:
+    """AlpacaEval's agreement of `label` with the mode of `humans` (a tied mode drawn at random): 1 if
+    equal, 1/2 if one of the two is a tie, else 0."""
+    top = modes(humans)
+    return math.fsum(
+        1.0 if label == mode else 0.5 if TIE in (label, mode) else 0.0 for mode in top
+    ) / len(top)
+
+
 def _mode_agreement(a: Sequence[float], b: Sequence[float]) -> float:
     top_a, top_b = modes(a), modes(b)
     return len(set(top_a) & set(top_b)) / (len(top_a) * len(top_b))
@@ -292,19 +467,28 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-def _preferences(pairs: Iterable[Pair], labels_of, min_length_difference: int) -> dict[str, float | None]:
+def _preferences(
+    pairs: Iterable[Pair], labels_of, min_length_difference: int
+) -> dict[str, float | None]:
     longer, lists, first = [], [], []
     for pair in pairs:
         for label in labels_of(pair):
             if label == TIE:
                 continue
             first.append(float(label == 1.0))
-            if (pair.length_1 is not None and pair.length_2 is not None
-                    and abs(pair.length_1 - pair.length_2) > min_length_difference):
+            if (
+                pair.length_1 is not None
+                and pair.length_2 is not None
+                and abs(pair.length_1 - pair.length_2) > min_length_difference
+            ):
                 longer.append(float((label == 2.0) == (pair.length_2 > pair.length_1)))
             if pair.list_1 is not None and pair.list_2 is not None and pair.list_1 != pair.list_2:
                 lists.append(float((label == 2.0) == pair.list_2))
-    return {"p_prefers_longer": _mean(longer), "p_prefers_lists": _mean(lists), "p_prefers_first": _mean(first)}
+    return {
+        "p_prefers_longer": _mean(longer),
+        "p_prefers_lists": _mean(lists),
+        "p_prefers_first": _mean(first),
+    }
 
 
 def kappa(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -322,12 +506,18 @@ def _label_name(label: float) -> str:
     return {1.0: "1", 2.0: "2", TIE: "tie"}[label]
 
 
-def human_summary(annotations: Annotations, min_length_difference: int = 30) -> dict[str, Any] | None:
+def human_summary(
+    annotations: Annotations, min_length_difference: int = 30
+) -> dict[str, Any] | None:
     pairs = [p for p in annotations.pairs.values() if p.humans]
     if not pairs:
         return None
-    loo = [agreement(label, [x for j, (_, x) in enumerate(p.humans) if j != i])
-           for p in pairs if len(p.humans) > 1 for i, (_, label) in enumerate(p.humans)]
+    loo = [
+        agreement(label, [x for j, (_, x) in enumerate(p.humans) if j != i])
+        for p in pairs
+        if len(p.humans) > 1
+        for i, (_, label) in enumerate(p.humans)
+    ]
     majority: Counter = Counter()
     for p in pairs:
         top = modes([label for _, label in p.humans])
@@ -340,48 +530,84 @@ def human_summary(annotations: Annotations, min_length_difference: int = 30) -> 
     if len(by_annotator) <= 20:  # wide human files: a handful of named annotators
         for first, second in itertools.combinations(sorted(by_annotator), 2):
             shared = sorted(set(by_annotator[first]) & set(by_annotator[second]), key=repr)
-            kappas[f"{first}|{second}"] = kappa([by_annotator[first][k] for k in shared], [by_annotator[second][k] for k in shared])
+            kappas[f"{first}|{second}"] = kappa(
+                [by_annotator[first][k] for k in shared], [by_annotator[second][k] for k in shared]
+            )
     return {
         "annotator": "humans",
         "n_pairs": len(pairs),
         "n_labels": sum(len(p.humans) for p in pairs),
         "human_agreement": _mean(loo),
+        "human_agreement_alpacaeval": None,
+        "flip_rate": None,
+        "price_per_1000": None,
+        "seconds_per_1000": None,
         **_preferences(pairs, lambda p: [label for _, label in p.humans], min_length_difference),
         "majority_labels": dict(sorted(majority.items())),
         "cohen_kappa": kappas,
     }
 
 
-def judge_summary(annotations: Annotations, min_length_difference: int = 30) -> dict[str, Any] | None:
-    pairs = [p for p in annotations.pairs.values() if p.judge]
+def judge_summaries(
+    annotations: Annotations, min_length_difference: int = 30
+) -> list[dict[str, Any]]:
+    """One row per judge, in the order the judges were first read."""
+    rows = [judge_summary(annotations, name, min_length_difference) for name in annotations.runs_of]
+    return [row for row in rows if row is not None]
+
+
+def judge_summary(
+    annotations: Annotations, name: str, min_length_difference: int = 30
+) -> dict[str, Any] | None:
+    labelled = {
+        key: [(run, label) for judge, run, label in p.judge if judge == name]
+        for key, p in annotations.pairs.items()
+    }
+    pairs = [(annotations.pairs[key], labels) for key, labels in labelled.items() if labels]
     if not pairs:
         return None
-    against_humans, bias = [], []
-    for p in pairs:
-        runs = [label for _, label in p.judge]
+    against_humans, half_ties, bias = [], [], []
+    for p, labels in pairs:
+        runs = [label for _, label in labels]
         humans = [label for _, label in p.humans]
         if len(humans) == 1:
             against_humans.extend(agreement(run, humans) for run in runs)
         elif len(humans) > 1:
             for i in range(len(humans)):
-                others = humans[:i] + humans[i + 1:]
+                others = humans[:i] + humans[i + 1 :]
                 against_humans.extend(agreement(run, others) for run in runs)
         if humans:
+            half_ties.extend(half_tie_agreement(run, humans) for run in runs)
             bias.append(1 - _mode_agreement(runs, humans))
     # variance is a mean over runs: average each run's disagreements over its pairs first
     per_run: dict[int, list[float]] = defaultdict(list)
-    for p in pairs:
-        runs = p.judge
-        if len(runs) > 1:
-            for i, (run, label) in enumerate(runs):
-                per_run[run].append(1 - agreement(label, [x for j, (_, x) in enumerate(runs) if j != i]))
-    name = annotations.judge_names.most_common(1)[0][0] if annotations.judge_names else "judge"
+    for _, labels in pairs:
+        if len(labels) > 1:
+            for i, (run, label) in enumerate(labels):
+                per_run[run].append(
+                    1 - agreement(label, [x for j, (_, x) in enumerate(labels) if j != i])
+                )
+    flips = [
+        float(a != b)
+        for (judge, _), (given, mirrored) in annotations.orders.items()
+        if judge == name
+        for a in given
+        for b in mirrored
+    ]
     return {
         "annotator": name,
         "n_pairs": len(pairs),
-        "n_runs": annotations.judge_runs,
+        "n_runs": len(annotations.runs_of[name]),
         "human_agreement": _mean(against_humans),
+        "human_agreement_alpacaeval": _mean(half_ties),
+        "flip_rate": _mean(flips),
+        "price_per_1000": _per_1000(annotations.costs.get(name, [[], []])[0]),
+        "seconds_per_1000": _per_1000(annotations.costs.get(name, [[], []])[1]),
         "bias": _mean(bias),
         "variance": _mean([_mean(v) for v in per_run.values()]) if per_run else None,
-        **_preferences(pairs, lambda p: [label for _, label in p.judge], min_length_difference),
+        **_preferences(
+            [p for p, _ in pairs],
+            lambda p: [label for judge, _, label in p.judge if judge == name],
+            min_length_difference,
+        ),
     }

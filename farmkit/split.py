@@ -15,11 +15,12 @@ records can move the records near a cut into the next split.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from farmkit.seeds import unit_interval
 
 DEFAULT_SIZES = {"sft": 10_000, "pref": 10_000, "unlabeled": 20_000, "val": 2_000}
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -64,13 +65,19 @@ def parse_sizes(text: str) -> Sizes:
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
         if not sep or not _NAME.match(name.strip()):
-            raise ValueError(f"{part.strip()!r} is not NAME=SIZE; expected e.g. sft=10000,pref=10000 or train=0.9,val=0.1")
+            raise ValueError(
+                f"{part.strip()!r} is not NAME=SIZE; expected e.g. sft=10000,pref=10000 or train=0.9,val=0.1"
+            )
         try:
             number = float(value)
         except ValueError:
-            raise ValueError(f"size of {name.strip()!r} is {value!r}; expected a count or a fraction") from None
+            raise ValueError(
+                f"size of {name.strip()!r} is {value!r}; expected a count or a fraction"
+            ) from None
         if number <= 0:
-            raise ValueError(f"size of {name.strip()!r} is {value!r}; expected a positive count or fraction")
+            raise ValueError(
+                f"size of {name.strip()!r} is {value!r}; expected a positive count or fraction"
+            )
         names.append(name.strip())
         values.append(number)
     if len(set(names)) != len(names):
@@ -80,7 +87,9 @@ def parse_sizes(text: str) -> Sizes:
         if sum(values) > 1 + 1e-9:
             raise ValueError(f"fractions add up to {sum(values):g}; expected at most 1")
     elif any(v != int(v) for v in values):
-        raise ValueError("sizes mix counts and fractions; expected all counts (sft=10000) or all fractions (sft=0.25)")
+        raise ValueError(
+            "sizes mix counts and fractions; expected all counts (sft=10000) or all fractions (sft=0.25)"
+        )
     return Sizes(tuple(names), tuple(values), fractions)
 
 
@@ -93,18 +102,21 @@ def content_key(record: dict[str, Any]) -> str:
 
 def position(key: str, seed: int) -> float:
     """A record's place in [0, 1): a seeded hash of its content, independent of every other record."""
-    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+    return unit_interval(seed, key, sep="\x00")
 
 
 @dataclass
 class SplitResult:
     assignment: list[str | None]  # the split of each record, in input order (None: left out)
-    duplicates: list[tuple[int, int]]  # (index of a duplicate record, index of its first occurrence)
+    duplicates: list[
+        tuple[int, int]
+    ]  # (index of a duplicate record, index of its first occurrence)
     counts: dict[str, int]
 
 
-def assign(records: Sequence[dict[str, Any]], sizes: Sizes, seed: int = 0, exact: bool = False) -> SplitResult:
+def assign(
+    records: Sequence[dict[str, Any]], sizes: Sizes, seed: int = 0, exact: bool = False
+) -> SplitResult:
     """Assign each record to a split (or to none), duplicates always together."""
     first_of: dict[str, int] = {}
     group_of: list[int] = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-KINDS = ("instruction", "output", "pair", "preference", "reward", "leaderboard")
+KINDS = ("instruction", "output", "pair", "preference", "reward", "leaderboard", "metrics")
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -94,9 +94,19 @@ def _compiled(kind: str) -> tuple[tuple[str, ...], dict[str, frozenset], dict[st
             types = field_spec.get("type")
             types = [types] if isinstance(types, str) else types or []
             allowed = frozenset(t for name in types for t in _PYTHON_TYPES[name])
-            if "enum" in field_spec or "minimum" in field_spec or "maximum" in field_spec or not types:
+            if (
+                "enum" in field_spec
+                or "minimum" in field_spec
+                or "maximum" in field_spec
+                or not types
+            ):
                 enum = tuple(field_spec["enum"]) if "enum" in field_spec else None
-                special[field] = (allowed or None, field_spec.get("minimum"), field_spec.get("maximum"), enum)
+                special[field] = (
+                    allowed or None,
+                    field_spec.get("minimum"),
+                    field_spec.get("maximum"),
+                    enum,
+                )
             else:
                 typed[field] = allowed
         compiled = _COMPILED[kind] = (tuple(spec["required"]), typed, special)
@@ -128,7 +138,9 @@ def _plainly_valid(record: Any, kind: str) -> bool:
         if enum is not None and value not in enum:
             return False
         if kind_of_value is int or kind_of_value is float:
-            if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            if (minimum is not None and value < minimum) or (
+                maximum is not None and value > maximum
+            ):
                 return False
     return True
 
@@ -153,14 +165,19 @@ def first_invalid(records: list[Any], kind: str) -> int | None:
     return None
 
 
-def _fields_valid(records: list[dict], required: tuple[str, ...], typed: dict, special: dict) -> bool:
+def _fields_valid(
+    records: list[dict], required: tuple[str, ...], typed: dict, special: dict
+) -> bool:
     for field in required:
         if not all(field in record for record in records):
             return False
     present = set().union(*records)
     absent = _Absent()
     for field in present.intersection(typed):
-        if not set(map(type, [record.get(field, absent) for record in records])) - {_Absent} <= typed[field]:
+        if (
+            not set(map(type, [record.get(field, absent) for record in records])) - {_Absent}
+            <= typed[field]
+        ):
             return False
     for field in present.intersection(special):
         allowed, minimum, maximum, enum = special[field]
@@ -170,7 +187,10 @@ def _fields_valid(records: list[dict], required: tuple[str, ...], typed: dict, s
         if enum is not None and not all(value in enum for value in values):
             return False
         numbers = [value for value in values if type(value) is int or type(value) is float]
-        if numbers and ((minimum is not None and min(numbers) < minimum) or (maximum is not None and max(numbers) > maximum)):
+        if numbers and (
+            (minimum is not None and min(numbers) < minimum)
+            or (maximum is not None and max(numbers) > maximum)
+        ):
             return False
     return True
 
@@ -181,7 +201,9 @@ def problems(record: Any, kind: str) -> str | None:
         return None
     spec = schema(kind)
     if not isinstance(record, dict):
-        return f"a {type(record).__name__} is not a record; expected a JSON object ({spec['title']})"
+        return (
+            f"a {type(record).__name__} is not a record; expected a JSON object ({spec['title']})"
+        )
     for field in spec["required"]:
         if field not in record:
             article = "an" if spec["title"][0] in "aeiou" else "a"

@@ -8,24 +8,20 @@ AlpacaEval's leaderboard figures (reproduced exactly from its published annotati
     discrete_win_rate = 100 * (n_wins + n_draws / 2) / n_total
     avg_length = floor of the mean length (characters) of the model's outputs, null verdicts included
 
-Records are read, checked and folded CHUNK at a time (the sums taken with numpy), so memory grows
-with the number of models, never with the number of records: each (reference, model) keeps running sums, plus two bounded histograms when asked for (bootstrap values on a 1e-4 grid,
-log length ratios on a 0.02 grid for the length-controlled win rate). Only `--compare` keeps one
-value per item, and only for the two models compared.
+Records are read, checked and folded CHUNK at a time (the sums taken with numpy): each (reference,
+model) keeps running sums, plus a bounded histogram of bootstrap values (1e-4 grid) when asked for.
+Length control keeps five numbers per verdict (the regression needs them all); the detection of
+repeated verdicts keeps a byte per (model, instruction); `--compare` keeps one value per item for the
+two models compared. Without length control, memory grows with the models and instructions, not
+with the records.
 
-Length-controlled win rate (ours; AlpacaEval's needs per-instruction difficulties from a hub):
-a logistic regression fitted per model on its own records,
-    P(model preferred) = sigmoid(alpha + beta * z),  z = log((len_model + 1) / (len_reference + 1)),
-with soft targets x and a weak ridge penalty (1e-3) that keeps it finite when one side always wins.
-length_controlled_win_rate = 100 * sigmoid(alpha): the predicted win rate when both outputs have the
-same length; length_coefficient = beta (log-odds per e-fold length ratio); lc_standard_error by the
-delta method from the inverse Hessian. z is binned at 0.02 (2% length ratio), each bin using the
-mean z of its records, so the fit is that of the per-record regression up to that resolution.
+The length-controlled win rate (AlpacaEval 2's GLM) is defined in farmkit/length_control.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +29,10 @@ from typing import Any
 import numpy as np
 
 from farmkit.io import RecordError, display_name, iter_json_chunks
+from farmkit.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
 from farmkit.validate import first_invalid, problems
 
-LENGTH_BIN = 50.0  # bins per unit of log length ratio (0.02 wide)
-LENGTH_BINS = 801  # z from -8 to 8 (a 3000-fold length ratio); further out shares the end bins
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
-RIDGE = 1e-3
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
 
 
@@ -55,16 +49,18 @@ class Tally:
     dropped: int = 0
     length_sum: int = 0
     length_n: int = 0
-    length_bins: np.ndarray | None = None  # (LENGTH_BINS, 3): count, sum of x, sum of z
     values: np.ndarray | None = None  # (VALUE_GRID + 1, 2): count, sum of x
 
 
 def item_key(record: dict[str, Any]) -> Any:
-    """What identifies the instruction a verdict is about: id, instruction_index, or the texts."""
+    """What identifies the instruction a verdict is about: id, instruction_index, or the texts; None
+    when the record has none of them."""
     for name in ("id", "instruction_index"):
         if record.get(name) is not None:
             return record[name]
-    return (record.get("instruction"), record.get("input") or "")
+    if record.get("instruction") is None:
+        return None
+    return (record["instruction"], record.get("input") or "")
 
 
 def _lengths(record: dict[str, Any]) -> tuple[float, float]:
@@ -83,11 +79,11 @@ def _lengths(record: dict[str, Any]) -> tuple[float, float]:
 
 
 class InvalidRecord(ValueError):
-    """A record that the schema accepts but farm-winrate cannot count; index is its place in the chunk."""
+    """A record that the schema accepts but farm-winrate cannot count; line is its line in its file."""
 
-    def __init__(self, index: int, message: str):
+    def __init__(self, line: int, message: str):
         super().__init__(message)
-        self.index, self.message = index, message
+        self.line, self.message = line, message
 
 
 class WinrateTable:
@@ -96,7 +92,10 @@ class WinrateTable:
     reference: orient every record so that this system is the reference (records that do not
     involve it are skipped and counted); swap: treat position 1 as the model for every record;
     otherwise position 2 is the model and position 1 its reference. compare: pairs of models whose
-    per-item verdicts are kept for a paired comparison.
+    per-item verdicts are kept for a paired comparison. dedupe: count only the first verdict on each
+    instruction per (reference, model); the repeats are counted in `duplicates` either way.
+    difficulty: instruction difficulties by item key (see `read_instruction_difficulty`), instead of
+    estimating them from the input.
     """
 
     def __init__(
@@ -106,30 +105,61 @@ class WinrateTable:
         bootstrap: bool = False,
         length_control: bool = True,
         compare: Sequence[tuple[str, str]] = (),
+        dedupe: bool = False,
+        difficulty: tuple[str, dict[Any, float]] | None = None,
     ):
         self.reference, self.swap = reference, swap
-        self.bootstrap, self.length_control = bootstrap, length_control
+        self.bootstrap, self.length_control, self.dedupe = bootstrap, length_control, dedupe
+        self.difficulty = difficulty
         self.tallies: dict[tuple[str, str], Tally] = {}
         self.skipped = 0
+        self.duplicates: dict[
+            tuple[Any, Any], list[Any]
+        ] = {}  # (reference, model) -> [count, first FILE:LINE]
+        self.lc_notes: list[str] = []  # how each reference's instruction difficulties were obtained
         self._slots: dict[tuple[Any, Any], int] = {}  # (reference, model) -> index of its sums
         self._by_model: dict[Any, dict[Any, int]] = {}  # the same, by reference then model
-        self.items: dict[str, dict[Any, list[float]]] = {name: {} for pair in compare for name in pair}
+        self._items: dict[Any, int] = {}  # item key -> index
+        self._seen = np.zeros((0, 0), dtype=bool)  # [slot, item]: a verdict was counted
+        self._verdicts: list[
+            np.ndarray
+        ] = []  # per chunk: slot, item, model length, reference length, x
+        self.items: dict[str, dict[Any, list[float]]] = {
+            name: {} for pair in compare for name in pair
+        }
+        self._annotators: dict[int, set[str]] = {}  # slot -> the records' `annotator` names
+        # (results_dir, model) -> [count, first FILE:LINE]: AlpacaEval rows whose results folder is
+        # another system's (an upstream copy, or a folder holding a renamed generator)
+        self.misfiled: dict[tuple[str, Any], list[Any]] = {}
 
-    def add_records(self, records: list[dict[str, Any]]) -> None:
+    def add_records(
+        self,
+        records: list[dict[str, Any]],
+        source: str = "records",
+        numbers: Sequence[int] | None = None,
+    ) -> None:
         """Count a list of (schema-checked) preference records; InvalidRecord names the first bad one.
+        source, numbers: the file and each record's line, for the report of repeated verdicts.
 
         Per record, only the fields used are gathered into lists; the sums are taken with numpy."""
+        numbers = list(numbers) if numbers is not None else list(range(1, len(records) + 1))
         first = [record.get("generator_1") for record in records]
         second = [record.get("generator_2") for record in records]
         if self.reference is not None:
-            involved = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if self.reference in (a, b)]
+            involved = [
+                i
+                for i, (a, b) in enumerate(zip(first, second, strict=True))
+                if self.reference in (a, b)
+            ]
             self.skipped += len(records) - len(involved)
             if len(involved) < len(records):
-                records = [records[i] for i in involved]
+                records, numbers = [records[i] for i in involved], [numbers[i] for i in involved]
                 first, second = [first[i] for i in involved], [second[i] for i in involved]
             flips = np.array([a != self.reference for a in first], dtype=bool)
             references = [self.reference] * len(records)
-            models = [a if flip else b for a, b, flip in zip(first, second, flips.tolist(), strict=True)]
+            models = [
+                a if flip else b for a, b, flip in zip(first, second, flips.tolist(), strict=True)
+            ]
         else:
             flips = np.full(len(records), self.swap)
             references, models = (second, first) if self.swap else (first, second)
@@ -141,33 +171,128 @@ class WinrateTable:
         if None in slots:
             for i, slot in enumerate(slots):
                 if models[i] is None:
-                    raise InvalidRecord(i, "no generator_2 to rank; expected generator_1 (the reference) and generator_2 (the model)")
+                    raise InvalidRecord(
+                        numbers[i],
+                        "no generator_2 to rank; expected generator_1 (the reference) and generator_2 (the model)",
+                    )
                 if slot is None:
                     slots[i] = self._slot(references[i], models[i])
-        slots_array = np.array(slots, dtype=np.int64)
+        self._note_misfiled(records, models, source, numbers)
+        slots_array, items = np.array(slots, dtype=np.int64), self._item_indices(records)
+        kept = self._note_repeats(slots_array, items, source, numbers)
+        if kept is not None:
+            records, models, numbers = (
+                [values[i] for i in kept] for values in (records, models, numbers)
+            )
+            slots_array, items, flips = slots_array[kept], items[kept], flips[kept]
         preference = np.array([record.get("preference") for record in records], dtype=np.float64)
-        out_of_range = ~np.isnan(preference) & (preference != 0) & ((preference < 1) | (preference > 2))
+        out_of_range = (
+            ~np.isnan(preference) & (preference != 0) & ((preference < 1) | (preference > 2))
+        )
         if out_of_range.any():
             i = int(np.argmax(out_of_range))
-            raise InvalidRecord(i, f"preference {records[i]['preference']!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), "
-                                "a value in between, 0 (AlpacaEval's legacy tie) or null")
+            raise InvalidRecord(
+                numbers[i],
+                f"preference {records[i]['preference']!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), "
+                "a value in between, 0 (AlpacaEval's legacy tie) or null",
+            )
         x = np.where(preference == 0, 0.5, preference - 1.0)
         if self.swap or self.reference is not None:
             x = np.where(flips, 1.0 - x, x)
         lengths_1 = [record.get("len_1") for record in records]
         lengths_2 = [record.get("len_2") for record in records]
         if set(map(type, lengths_1)) | set(map(type, lengths_2)) <= {int}:
-            lengths = np.array([lengths_1, lengths_2], dtype=np.float64).T
+            lengths = np.array([lengths_1, lengths_2], dtype=np.float64).T.reshape(len(records), 2)
         else:
-            lengths = np.array([_lengths(record) for record in records], dtype=np.float64).reshape(len(records), 2)
+            lengths = np.array([_lengths(record) for record in records], dtype=np.float64).reshape(
+                len(records), 2
+            )
         if self.swap or self.reference is not None:
             lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
-        self._fold(slots_array, x, lengths[:, 1], lengths[:, 0])
+        self._fold(slots_array, x, lengths[:, 1])
+        self._note_annotators(records, slots_array)
+        if self.length_control:
+            usable = ~np.isnan(x) & ~np.isnan(lengths).any(axis=1)
+            columns = [slots_array, items, lengths[:, 1], lengths[:, 0], x]
+            self._verdicts.append(
+                np.stack([np.asarray(c, dtype=np.float64)[usable] for c in columns])
+            )
         for i, model in enumerate(models if self.items else ()):
             if model in self.items and x[i] == x[i]:
                 cell = self.items[model].setdefault(item_key(records[i]), [0.0, 0.0])
                 cell[0] += 1
                 cell[1] += float(x[i])
+
+    def _note_misfiled(
+        self, records: list[dict[str, Any]], models: list[Any], source: str, numbers: list[int]
+    ) -> None:
+        """Count the records whose AlpacaEval `results_dir` names another system than the model."""
+        folders = [record.get("results_dir") for record in records]
+        if not any(folders):
+            return
+        for folder, model, number in zip(folders, models, numbers, strict=True):
+            if folder is not None and folder != model:
+                self.misfiled.setdefault((str(folder), model), [0, f"{source}:{number}"])[0] += 1
+
+    def _note_annotators(self, records: list[dict[str, Any]], slots: np.ndarray) -> None:
+        names = [
+            record.get("annotator") for record in records
+        ]  # the schema has them strings or absent
+        if len(set(names)) == 1:  # the usual case: one judge for the whole chunk
+            pairs = {(slot, names[0]) for slot in np.unique(slots).tolist()}
+        else:
+            pairs = set(zip(slots.tolist(), names, strict=True))
+        for slot, name in pairs:
+            if name is not None:
+                self._annotators.setdefault(slot, set()).add(name)
+
+    def annotator(self, reference: str, model: str) -> str | None:
+        """The judges of a (reference, model)'s verdicts, from the records' `annotator` field."""
+        names = self._annotators.get(self._slots.get((reference, model), -1))
+        return ", ".join(sorted(names)) if names else None
+
+    def _item_indices(self, records: list[dict[str, Any]]) -> np.ndarray:
+        """The index of each record's instruction (see `item_key`), -1 for a record without one."""
+        keys = [record.get("instruction_index") for record in records]
+        if None in keys or any("id" in record for record in records):
+            keys = [item_key(record) for record in records]
+        for key in dict.fromkeys(keys):
+            if key is not None and key not in self._items:
+                self._items[key] = len(self._items)
+        return np.array([-1 if key is None else self._items[key] for key in keys], dtype=np.int64)
+
+    def _note_repeats(
+        self, slots: np.ndarray, items: np.ndarray, source: str, numbers: list[int]
+    ) -> np.ndarray | None:
+        """Count the verdicts on an instruction a (reference, model) already had; with dedupe, the
+        indices of the records to keep (None: keep all)."""
+        identified = np.flatnonzero(items >= 0)
+        if not len(identified):
+            return None
+        slot, item = slots[identified], items[identified]
+        rows, columns = self._seen.shape
+        if slot.max() >= rows or item.max() >= columns:  # grow by doubling: amortized copies
+            grown = np.zeros(
+                (max(2 * rows, slot.max() + 1), max(2 * columns, item.max() + 1)), dtype=bool
+            )
+            grown[:rows, :columns] = self._seen
+            self._seen = grown
+        repeated = self._seen[slot, item]
+        codes = (slot << 32) | item
+        order = np.argsort(codes, kind="stable")
+        repeated[order[1:][codes[order][1:] == codes[order][:-1]]] = True  # again within this chunk
+        self._seen[slot, item] = True
+        if not repeated.any():
+            return None
+        positions = identified[repeated]
+        names = list(self._slots)
+        counts = np.bincount(slots[positions])
+        for slot, at in zip(*np.unique(slots[positions], return_index=True), strict=True):
+            entry = self.duplicates.setdefault(
+                names[slot], [0, f"{source}:{numbers[positions[at]]}"]
+            )
+            entry[0] += int(counts[slot])
+        return np.setdiff1d(np.arange(len(items)), positions) if self.dedupe else None
 
     def _slot(self, reference: Any, model: Any) -> int:
         slot = self._slots.get((reference, model))
@@ -176,8 +301,8 @@ class WinrateTable:
             self._by_model.setdefault(reference, {})[model] = slot
         return slot
 
-    def _fold(self, slots: np.ndarray, x: np.ndarray, lengths: np.ndarray, reference_lengths: np.ndarray) -> None:
-        """Add one chunk (slot, verdict x or NaN, lengths or NaN per record) to the running sums."""
+    def _fold(self, slots: np.ndarray, x: np.ndarray, lengths: np.ndarray) -> None:
+        """Add one chunk (slot, verdict x or NaN, model length or NaN per record) to the running sums."""
         size = len(self._slots)
         keys = list(self._slots)
         while len(self.tallies) < size:
@@ -195,20 +320,21 @@ class WinrateTable:
             "losses": np.bincount(kept[values < 0.5], minlength=size),
             "draws": np.bincount(kept[values == 0.5], minlength=size),
             "dropped": np.bincount(slots[~valid], minlength=size),
-            "length_sum": np.bincount(slots[has_length], weights=lengths[has_length], minlength=size),
+            "length_sum": np.bincount(
+                slots[has_length], weights=lengths[has_length], minlength=size
+            ),
             "length_n": np.bincount(slots[has_length], minlength=size),
         }
         for name, column in columns.items():
             for index in np.flatnonzero(column):
                 tally = tallies[index]
                 value = column[index]
-                setattr(tally, name, getattr(tally, name) + (float(value) if name.startswith("total") else int(round(value))))
-        if self.length_control:
-            usable = valid & has_length & ~np.isnan(reference_lengths)
-            z = np.log1p(lengths[usable]) - np.log1p(reference_lengths[usable])
-            half = LENGTH_BINS // 2
-            bins = np.clip(np.rint(z * LENGTH_BIN), -half, half).astype(np.int64) + half
-            _histogram(tallies, "length_bins", slots[usable] * LENGTH_BINS + bins, LENGTH_BINS, [x[usable], z])
+                setattr(
+                    tally,
+                    name,
+                    getattr(tally, name)
+                    + (float(value) if name.startswith("total") else int(round(value))),
+                )
         if self.bootstrap:
             bins = np.rint(values * VALUE_GRID).astype(np.int64)
             _histogram(tallies, "values", kept * (VALUE_GRID + 1) + bins, VALUE_GRID + 1, [values])
@@ -221,36 +347,87 @@ class WinrateTable:
             if bad is not None:
                 raise RecordError(name, numbers[bad], problems(records[bad], "preference") or "")
             try:
-                self.add_records(records)
+                self.add_records(records, name, numbers)
             except InvalidRecord as exc:
-                # the index is into the records that involve the reference, when one is given
-                involved = [n for n, r in zip(numbers, records, strict=True)
-                            if self.reference is None or self.reference in (r.get("generator_1"), r.get("generator_2"))]
-                raise RecordError(name, involved[exc.index], exc.message) from None
+                raise RecordError(name, exc.line, exc.message) from None
 
-    def rows(self, seed: int = 0, resamples: int = 1000, confidence: float = 0.95) -> list[dict[str, Any]]:
-        """One leaderboard row per (reference, model), best win rate first."""
+    def self_judged(self) -> list[tuple[str, Tally]]:
+        """(model, tally) of each model judged against itself: no ranking, only position bias."""
+        return [
+            (model, tally)
+            for (reference, model), tally in self.tallies.items()
+            if reference == model
+        ]
+
+    def rows(
+        self, seed: int = 0, resamples: int = 1000, confidence: float = 0.95
+    ) -> list[dict[str, Any]]:
+        """One leaderboard row per (reference, model), models judged against themselves left out. Rows
+        are grouped by reference (the reference with the most models first), best win rate first
+        within each group."""
         rng = np.random.default_rng(seed)
+        controlled = self._length_controlled() if self.length_control else {}
         rows = []
         for (reference, model), tally in sorted(self.tallies.items()):
-            row = leaderboard_row(model, reference, tally)
+            if reference == model:
+                continue
+            row = leaderboard_row(model, reference, tally, self.annotator(reference, model))
             if self.length_control:
-                row.update(length_controlled(tally))
+                row.update(controlled.get((reference, model), NO_LENGTH_CONTROL))
+                rate = row["length_controlled_win_rate"]
+                row["lc_extreme_change"] = (
+                    None if rate is None else is_extreme_change(row["win_rate"], rate)
+                )
             if self.bootstrap:
                 row.update(bootstrap_interval(tally, rng, resamples, confidence))
             rows.append(row)
-        rows.sort(key=lambda row: -math.inf if row["win_rate"] is None else -row["win_rate"])
+        sizes = Counter(row["reference"] for row in rows)
+        order = {
+            reference: i for i, (reference, _) in enumerate(reversed(self.tallies))
+        }  # first seen: largest i
+        rows.sort(
+            key=lambda row: (
+                -sizes[row["reference"]],
+                -order[row["reference"]],
+                -math.inf if row["win_rate"] is None else -row["win_rate"],
+            )
+        )
         return rows
+
+    def _length_controlled(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The GLM's figures for every (reference, model) with verdicts and lengths."""
+        if not self._verdicts:
+            return {}
+        slots, items, lengths, reference_lengths, x = np.concatenate(self._verdicts, axis=1)
+        slots, items = slots.astype(np.int64), items.astype(np.int64)
+        names = [(reference or "", model) for reference, model in self._slots]
+        by_reference: dict[str, list[int]] = {}
+        for slot in np.unique(slots).tolist():
+            reference, model = names[slot]
+            if reference != model:
+                by_reference.setdefault(reference, []).append(slot)
+        results = {}
+        for reference, group in by_reference.items():
+            masks = [slots == slot for slot in group]
+            verdicts = [(items[m], lengths[m] - reference_lengths[m], x[m]) for m in masks]
+            figures, note = length_controlled(reference, verdicts, self._items, self.difficulty)
+            self.lc_notes.append(note)
+            results.update({names[slot]: row for slot, row in zip(group, figures, strict=True)})
+        return results
 
     def comparison(self, model_a: str, model_b: str) -> dict[str, Any]:
         """Paired comparison of two models on the items both were judged on (see `paired`)."""
         return paired(model_a, model_b, self.items.get(model_a, {}), self.items.get(model_b, {}))
 
 
-def _histogram(tallies: list[Tally], name: str, cells: np.ndarray, width: int, sums: list[np.ndarray]) -> None:
+def _histogram(
+    tallies: list[Tally], name: str, cells: np.ndarray, width: int, sums: list[np.ndarray]
+) -> None:
     """Add counts and sums per cell (slot * width + bin) to each tally's dense histogram `name`."""
     size = len(tallies) * width
-    columns = [np.bincount(cells, minlength=size)] + [np.bincount(cells, weights=v, minlength=size) for v in sums]
+    columns = [np.bincount(cells, minlength=size)] + [
+        np.bincount(cells, weights=v, minlength=size) for v in sums
+    ]
     table = np.stack(columns, axis=-1).astype(np.float64).reshape(len(tallies), width, len(columns))
     for index in np.flatnonzero(table[:, :, 0].sum(axis=1)):
         tally = tallies[index]
@@ -258,7 +435,9 @@ def _histogram(tallies: list[Tally], name: str, cells: np.ndarray, width: int, s
         setattr(tally, name, table[index] if current is None else current + table[index])
 
 
-def leaderboard_row(model: str, reference: str, tally: Tally) -> dict[str, Any]:
+def leaderboard_row(
+    model: str, reference: str, tally: Tally, annotator: str | None = None
+) -> dict[str, Any]:
     n = tally.n
     mean = tally.total / n if n else None
     if n > 1:
@@ -269,6 +448,7 @@ def leaderboard_row(model: str, reference: str, tally: Tally) -> dict[str, Any]:
     return {
         "generator": model,
         "reference": reference,
+        "annotator": annotator,
         "win_rate": 100 * mean if n else None,
         "standard_error": standard_error,
         "n_wins": tally.wins,
@@ -281,41 +461,9 @@ def leaderboard_row(model: str, reference: str, tally: Tally) -> dict[str, Any]:
     }
 
 
-def fit_length_model(counts: np.ndarray, targets: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ridge-penalized logistic regression of soft targets on z (binned: counts per bin, sums of
-    targets per bin): returns (alpha, beta) and their covariance (the inverse Hessian)."""
-    design = np.column_stack([np.ones_like(z), z])
-    params = np.zeros(2)
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-(design @ params)))
-        gradient = design.T @ (targets - counts * p) - RIDGE * params
-        hessian = (design * (counts * p * (1 - p))[:, None]).T @ design + RIDGE * np.eye(2)
-        step = np.linalg.solve(hessian, gradient)
-        params = params + step
-        if np.max(np.abs(step)) < 1e-10:
-            break
-    p = 1.0 / (1.0 + np.exp(-(design @ params)))
-    hessian = (design * (counts * p * (1 - p))[:, None]).T @ design + RIDGE * np.eye(2)
-    return params, np.linalg.inv(hessian)
-
-
-def length_controlled(tally: Tally) -> dict[str, Any]:
-    empty = {"length_controlled_win_rate": None, "lc_standard_error": None, "length_coefficient": None}
-    if tally.length_bins is None:
-        return empty
-    cells = tally.length_bins[tally.length_bins[:, 0] > 0]
-    counts, targets = cells[:, 0], cells[:, 1]
-    z = cells[:, 2] / counts
-    (alpha, beta), covariance = fit_length_model(counts, targets, z)
-    rate = 1.0 / (1.0 + math.exp(-alpha))
-    return {
-        "length_controlled_win_rate": 100 * rate,
-        "lc_standard_error": 100 * rate * (1 - rate) * math.sqrt(covariance[0, 0]),
-        "length_coefficient": float(beta),
-    }
-
-
-def bootstrap_interval(tally: Tally, rng: np.random.Generator, resamples: int, confidence: float) -> dict[str, Any]:
+def bootstrap_interval(
+    tally: Tally, rng: np.random.Generator, resamples: int, confidence: float
+) -> dict[str, Any]:
     """Percentile bootstrap of the win rate over items, drawn from the histogram of verdicts (exact
     for 1 / 1.5 / 2 verdicts; fractional ones are grouped on a 1e-4 grid at their group's mean)."""
     if tally.n == 0:
@@ -364,8 +512,19 @@ def paired(model_a: str, model_b: str, items_a: dict, items_b: dict) -> dict[str
 
 # Columns shown by the human-readable formats (jsonl and csv carry every field).
 TABLE_COLUMNS = (
-    "generator", "reference", "win_rate", "standard_error", "ci_low", "ci_high", "length_controlled_win_rate",
-    "n_wins", "n_losses", "n_draws", "n_total", "n_dropped", "avg_length",
+    "generator",
+    "reference",
+    "win_rate",
+    "standard_error",
+    "ci_low",
+    "ci_high",
+    "length_controlled_win_rate",
+    "n_wins",
+    "n_losses",
+    "n_draws",
+    "n_total",
+    "n_dropped",
+    "avg_length",
 )
 
 
@@ -382,7 +541,9 @@ def render(rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str] | No
     columns = [c for c in columns if any(c in row for row in rows)]
     if fmt == "csv":
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(
+            buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n"
+        )
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _csv_value(row.get(k)) for k in columns})
@@ -395,11 +556,17 @@ def render(rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str] | No
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    numeric = [all(isinstance(row.get(c), (int, float, type(None))) for row in rows) for c in columns]
+    numeric = [
+        all(isinstance(row.get(c), (int, float, type(None))) for row in rows) for c in columns
+    ]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     for r in cells:
-        lines.append("  ".join(v.rjust(w) if right else v.ljust(w)
-                               for v, w, right in zip(r, widths, numeric, strict=True)).rstrip())
+        lines.append(
+            "  ".join(
+                v.rjust(w) if right else v.ljust(w)
+                for v, w, right in zip(r, widths, numeric, strict=True)
+            ).rstrip()
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -22,13 +22,43 @@ def shared_data(relative: str) -> Path:
     return path
 
 
-def run_tool(*args: str, input: bytes | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_tool(
+    *args: str, input: bytes | None = None, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run a farm-* console script in a real subprocess (bytes in, bytes out)."""
     tool, *rest = args
     executable = Path(sys.executable).parent / tool
     return subprocess.run(
-        [str(executable), *rest], input=input, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}
+        [str(executable), *rest],
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
+
+
+DEEPSPEED_NOTICE = b"Setting accelerator to CPU"
+
+
+def assert_no_stdout_from_the_tool(
+    done: subprocess.CompletedProcess, deepspeed_launcher: bool
+) -> None:
+    """A tool that writes to -o prints nothing on stdout. Under `accelerate launch --use_deepspeed`
+    the launcher itself (not the tool) imports DeepSpeed and prints its one-line `[WARNING]
+    [real_accelerator.py...] Setting accelerator to CPU` notice on its own stdout before it starts the
+    tool: that line alone is allowed, and the tool's own copy of the notice must be on stderr."""
+    if not deepspeed_launcher:
+        assert done.stdout == b"", done.stdout[:2000]
+        return
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and DEEPSPEED_NOTICE in lines[0], done.stdout[:2000]
+    assert DEEPSPEED_NOTICE in done.stderr  # the tool's own notice, routed away from its stdout
+
+
+@pytest.fixture(name="run_farm")
+def run_farm_fixture():
+    """`run_tool`, for tests that take it as a fixture."""
+    return run_tool
 
 
 @pytest.fixture(scope="session")
@@ -59,9 +89,38 @@ def tiny_model_path(tmp_path_factory, embedded_path) -> Path:
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+MODEL_FIXTURES = {"embedded_path", "tiny_model_path"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark tests that load a model (through a model fixture) as `model`, so `make test-fast` (unit and
+    contract tests, the edit loop) can leave them out."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
+@pytest.fixture(name="figures")
+def figures_fixture(monkeypatch):
+    """The figures the code saves, kept for inspection (each is still written to its file)."""
+    drawn = []
+    from farmkit import plots
+
+    save = plots._save
+
+    def keep(figure, path, *args, **kwargs):
+        drawn.append(figure)
+        return save(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return drawn

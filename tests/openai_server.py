@@ -6,7 +6,9 @@ to a socket on 127.0.0.1.
     with OpenAIServer(respond=judge_longer, latency=0.05, faults={"429": 0.1, "drop": 0.05}) as server:
         env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "test-key"}
         ...
+        server.connections  # TCP connections accepted
         server.outcomes   # Counter of what each request got: ok, 429, 500, timeout, garbage, drop, 401, 404
+                          # (and "proxied" for each request sent to it as to a proxy)
         server.bodies     # the JSON body of every request that got a real reply (not a fault)
 
 API:
@@ -15,12 +17,26 @@ API:
 - `latency`: seconds each request takes before it is answered (all faults included).
 - `faults`: {kind: probability}, drawn per request from a seeded generator. Kinds:
   "429" (rate limited, with Retry-After and retry-after-ms headers set to `retry_after`),
-  "500" (server error), "timeout" (answers only after `hang` seconds), "garbage" (a 200 whose text
-  is not a verdict), "drop" (closes the connection without answering).
+  "500" (server error), "400" (a rejected request whose message quotes the start of the key, as
+  some endpoints do), "timeout" (answers only after `hang` seconds), "garbage" (a 200 whose text
+  is not a verdict), "drop" (closes the connection without answering), and malformed 200 replies:
+  "plain" (a text/plain body), "bytes" (a body that is not UTF-8), "null_choice" (`{"choices": [null]}`),
+  "list_content" (the message content a list), "string_usage" (token counts as strings); real
+  replies with odd usage: "null_usage" (token counts null), "float_usage" (counts with a fraction,
+  the billed count + 0.4); and, with `tls`, "tls_garbage" (bytes written beneath the TLS layer in
+  place of a reply: the client's TLS layer fails, as on a corrupted connection).
 - `script`: fault kinds (or None for a normal reply) for the first requests, in order, before the
   random draws start: a way to be sure each fault is met.
 - `models`: the model names it serves (None: any); others get a 404 `model_not_found`.
 - `api_key`: the key it accepts (None: any); others get a 401.
+- `chunked`: bodies go out with chunked transfer encoding instead of a Content-Length.
+- `tls`: (certificate file, key file): serve HTTPS (`url` starts with https).
+- `billing(text) -> int`: the token count each reply's usage reports for a text (`count_tokens` by
+  default; `len` bills a token per character, far more than a client's estimate); completion tokens
+  are capped at the request's max_tokens, as a real endpoint stops there. `billed` lists the
+  (prompt, completion) tokens of every reply that reported usage, malformed ones included.
+- A request in absolute form (`POST http://host/v1/chat/completions`, as clients send to a proxy) is
+  answered too, so the server can stand in for a proxy.
 - `python tests/openai_server.py --latency 0.2 [--judge longer|echo] [--reply TEXT] [--port P]` runs it
   alone and prints its URL on stdout (for benchmarks that need the server in another process);
   `--reply` answers prompts that are not farm-annotate's (another annotator's, for comparisons).
@@ -30,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import socket
@@ -41,6 +58,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+MALFORMED = ("plain", "bytes", "null_choice", "list_content", "string_usage")
+# well-formed replies whose usage is odd: counts that are null, or fractional
+ODD_USAGE = ("null_usage", "float_usage")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
@@ -50,21 +70,30 @@ def count_tokens(text: str) -> int:
 
 
 def echo(body: dict[str, Any]) -> str:
-    """Reply with the start of the last user message: a stand-in for a generating model."""
-    last = body["messages"][-1]["content"]
+    """Reply with the start of the last user message (or of a text completion's prompt): a stand-in for
+    a generating model."""
+    last = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
     return f"Reply to: {last[:60]}"
 
 
 _BLOCKS = {
-    "plain": re.compile(r"<answer A>\n(.*?)\n</answer A>\n\n<answer B>\n(.*?)\n</answer B>", re.DOTALL),
+    "plain": re.compile(
+        r"<answer A>\n(.*?)\n</answer A>\n\n<answer B>\n(.*?)\n</answer B>", re.DOTALL
+    ),
     "json": re.compile(r'Response A:\n"""\n(.*?)\n"""\nResponse B:\n"""\n(.*?)\n"""', re.DOTALL),
-    "ranking": re.compile(r"\[Reply A\]\n(.*?)\n\[End of reply A\]\n\[Reply B\]\n(.*?)\n\[End of reply B\]", re.DOTALL),
+    "ranking": re.compile(
+        r"\[Reply A\]\n(.*?)\n\[End of reply A\]\n\[Reply B\]\n(.*?)\n\[End of reply B\]", re.DOTALL
+    ),
 }
 
 
 def prompt_format(text: str) -> str:
     """Which of farm-annotate's formats a prompt asks for, told by how its pairs are marked up."""
-    marks = {"plain": text.find("<answer A>\n"), "json": text.find('Response A:\n"""'), "ranking": text.find("[Reply A]\n")}
+    marks = {
+        "plain": text.find("<answer A>\n"),
+        "json": text.find('Response A:\n"""'),
+        "ranking": text.find("[Reply A]\n"),
+    }
     found = {name: at for name, at in marks.items() if at >= 0}
     return min(found, key=found.get) if found else "plain"
 
@@ -80,10 +109,18 @@ def shown_pairs(body: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
 def verdict_text(format: str, winners: list[str]) -> str:
     """A reply in the prompt's format naming `winners` ("A" or "B") for pairs 1, 2, ..."""
     if format == "json":
-        return json.dumps({"verdicts": [{"pair": i, "rationale": "It is more complete.", "better": w}
-                                        for i, w in enumerate(winners, start=1)]})
+        return json.dumps(
+            {
+                "verdicts": [
+                    {"pair": i, "rationale": "It is more complete.", "better": w}
+                    for i, w in enumerate(winners, start=1)
+                ]
+            }
+        )
     if format == "ranking":
-        return "\n".join(f"Pair {i}: {w} > {'B' if w == 'A' else 'A'}" for i, w in enumerate(winners, start=1))
+        return "\n".join(
+            f"Pair {i}: {w} > {'B' if w == 'A' else 'A'}" for i, w in enumerate(winners, start=1)
+        )
     return "\n".join(f"Pair {i}: {w}" for i, w in enumerate(winners, start=1))
 
 
@@ -94,30 +131,65 @@ def judge_longer(body: dict[str, Any]) -> str:
 
 
 class OpenAIServer:
-    def __init__(self, respond: Callable[[dict[str, Any]], str] = echo, latency: float = 0.0,
-                 faults: dict[str, float] | None = None, models: set[str] | None = None, api_key: str | None = None,
-                 retry_after: float = 0.05, hang: float = 5.0, seed: int = 0, port: int = 0,
-                 script: list[str | None] | None = None):
+    def __init__(
+        self,
+        respond: Callable[[dict[str, Any]], str] = echo,
+        latency: float = 0.0,
+        faults: dict[str, float] | None = None,
+        models: set[str] | None = None,
+        api_key: str | None = None,
+        retry_after: float = 0.05,
+        hang: float = 5.0,
+        seed: int = 0,
+        port: int = 0,
+        script: list[str | None] | None = None,
+        chunked: bool = False,
+        billing: Callable[[str], int] | None = None,
+        tls: tuple[str, str] | None = None,
+    ):
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
-        self.script = list(script or [])
+        self.script, self.chunked = list(script or []), chunked
+        self.billing, self.dense = billing or count_tokens, billing is not None
+        self.billed: list[tuple[int, int]] = []
         self.models, self.api_key, self.retry_after, self.hang = models, api_key, retry_after, hang
-        unknown = (set(self.faults) | set(self.script)) - {"429", "500", "timeout", "garbage", "drop", None}
+        unknown = (set(self.faults) | set(self.script)) - {
+            "400",
+            "429",
+            "500",
+            "timeout",
+            "garbage",
+            "drop",
+            "tls_garbage",
+            None,
+            *MALFORMED,
+            *ODD_USAGE,
+        }
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}")
         self.outcomes: Counter = Counter()
+        self.connections = 0
         self.bodies: list[dict[str, Any]] = []
         self._random = random.Random(seed)
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _Server(("127.0.0.1", port), _handler(self))
+        self.tls = tls is not None
+        if tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
     def start(self) -> OpenAIServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -142,11 +214,31 @@ class OpenAIServer:
             point -= probability
         return None
 
+    def usage(self, body: dict[str, Any], text: str) -> tuple[int, int]:
+        """(prompt, completion) tokens billed for replying `text` to `body`, recorded in `billed`."""
+        if "prompt" in body:
+            prompt = self.billing(body["prompt"])
+        else:
+            prompt = sum(self.billing(m.get("content") or "") for m in body.get("messages", []))
+        completion = self.billing(text)
+        if isinstance(body.get("max_tokens"), int):
+            completion = min(completion, body["max_tokens"])
+        with self._lock:
+            self.billed.append((prompt, completion))
+        return prompt, completion
+
     def record(self, outcome: str, body: dict[str, Any] | None = None) -> None:
         with self._lock:
             self.outcomes[outcome] += 1
             if body is not None:
                 self.bodies.append(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # a real endpoint's listen backlog: socketserver's 5 drops the connections of a burst of clients,
+    # whose retransmitted SYN then waits a second
+    request_queue_size = 128
 
 
 def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
@@ -159,12 +251,31 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode()
+        def setup(self) -> None:
+            with server._lock:
+                server.connections += 1
+            super().setup()
+
+        def _send(
+            self,
+            status: int,
+            payload: dict[str, Any] | bytes,
+            headers: dict[str, str] | None = None,
+            content_type: str = "application/json",
+        ) -> None:
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            if server.chunked:  # in two chunks, as servers that stream their bodies send them
+                half = len(data) // 2
+                data = b"".join(
+                    b"%x\r\n%s\r\n" % (len(part), part) for part in (data[:half], data[half:], b"")
+                )
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Type", content_type)
+                if server.chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", str(len(data)))
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.end_headers()
@@ -172,30 +283,62 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): nothing to deliver
 
-        def _error(self, status: int, message: str, kind: str, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> None:
+        def _error(
+            self,
+            status: int,
+            message: str,
+            kind: str,
+            code: str | None = None,
+            headers: dict[str, str] | None = None,
+        ) -> None:
             self._send(status, {"error": {"message": message, "type": kind, "code": code}}, headers)
+
+        def _key_quoted(self) -> str:
+            """The start of the key the client sent, as OpenAI's own messages quote it."""
+            presented = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            return presented[:19] + "***"
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
                 names = sorted(server.models or {"any"})
-                self._send(200, {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "test"} for n in names]})
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [{"id": n, "object": "model", "owned_by": "test"} for n in names],
+                    },
+                )
             else:
                 self._error(404, f"no route {self.path}", "invalid_request_error")
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            if not self.path.rstrip("/").endswith("/chat/completions"):
+            if self.path.startswith("http"):
+                server.record("proxied")  # absolute form: sent as to a proxy
+            if not self.path.rstrip("/").endswith("/completions"):  # chat, or text with "prompt"
                 self._error(404, f"no route {self.path}", "invalid_request_error")
                 return
-            if server.api_key is not None and self.headers.get("Authorization") != f"Bearer {server.api_key}":
+            if (
+                server.api_key is not None
+                and self.headers.get("Authorization") != f"Bearer {server.api_key}"
+            ):
                 server.record("401")
-                self._error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+                self._error(
+                    401,
+                    f"Incorrect API key provided: {self._key_quoted()}.",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                )
                 return
             if server.models is not None and body.get("model") not in server.models:
                 server.record("404")
-                self._error(404, f"The model {body.get('model')!r} does not exist.", "invalid_request_error", "model_not_found")
+                self._error(
+                    404,
+                    f"The model {body.get('model')!r} does not exist.",
+                    "invalid_request_error",
+                    "model_not_found",
+                )
                 return
             fault = server.draw_fault()
             time.sleep(server.latency)
@@ -207,46 +350,152 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             if fault == "429":
                 server.record("429")
                 wait = server.retry_after
-                self._error(429, "Rate limit reached.", "rate_limit_error", "rate_limit_exceeded",
-                            {"Retry-After": str(max(1, round(wait))), "retry-after-ms": str(int(wait * 1000))})
+                self._error(
+                    429,
+                    "Rate limit reached.",
+                    "rate_limit_error",
+                    "rate_limit_exceeded",
+                    {
+                        "Retry-After": str(max(1, round(wait))),
+                        "retry-after-ms": str(int(wait * 1000)),
+                    },
+                )
+                return
+            if fault == "400":
+                server.record("400")
+                self._error(
+                    400, f"Request rejected for key {self._key_quoted()}.", "invalid_request_error"
+                )
                 return
             if fault == "500":
                 server.record("500")
-                self._error(500, "The server had an error while processing your request.", "server_error")
+                self._error(
+                    500, "The server had an error while processing your request.", "server_error"
+                )
+                return
+            if fault in MALFORMED:
+                server.record(fault)
+                # malformed replies that report usage bill 10 + 4 tokens, or, with `billing` given, the
+                # request's own count (a retried malformed reply then costs as much as a real one)
+                usage = (10, 4)
+                if fault in ("null_choice", "list_content", "string_usage"):
+                    if server.dense:
+                        usage = server.usage(body, "Pair 1: A")
+                    else:
+                        with server._lock:
+                            server.billed.append(usage)
+                self._send(200, *_malformed(fault, body, usage))
+                return
+            if fault == "tls_garbage":
+                server.record("tls_garbage")
+                # a TLS application-data record the client cannot decrypt, under the TLS layer
+                with socket.socket(fileno=os.dup(self.connection.fileno())) as raw:
+                    raw.sendall(b"\x17\x03\x03\x00\x20" + bytes(range(32)))
+                self.close_connection = True
                 return
             if fault == "timeout":
                 server.record("timeout")
                 time.sleep(server.hang)
-            text = "I am not able to compare these two answers." if fault == "garbage" else server.respond(body)
+            text = (
+                "I am not able to compare these two answers."
+                if fault == "garbage"
+                else server.respond(body)
+            )
             if fault == "garbage":
                 server.record("garbage")
+            elif fault in ODD_USAGE:
+                server.record(fault, body)
             elif fault != "timeout":
                 server.record("ok", body)
-            prompt_tokens = sum(count_tokens(m.get("content") or "") for m in body.get("messages", []))
-            self._send(200, {
-                "id": f"chatcmpl-{sum(server.outcomes.values())}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": count_tokens(text),
-                          "total_tokens": prompt_tokens + count_tokens(text)},
-            })
+            prompt_tokens, completion_tokens = server.usage(body, text)
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+            if "prompt" in body:
+                choice = {"index": 0, "text": text, "finish_reason": "stop"}
+            self._send(
+                200,
+                {
+                    "id": f"chatcmpl-{sum(server.outcomes.values())}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model"),
+                    "choices": [choice],
+                    "usage": _usage(fault, prompt_tokens, completion_tokens),
+                },
+            )
 
     return Handler
 
 
+def _usage(fault: str | None, prompt: int, completion: int) -> dict[str, Any]:
+    if fault == "null_usage":
+        return {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
+    if fault == "float_usage":
+        return {
+            "prompt_tokens": prompt + 0.4,
+            "completion_tokens": completion + 0.4,
+            "total_tokens": prompt + completion + 0.8,
+        }
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _malformed(
+    kind: str, body: dict[str, Any], billed: tuple[int, int] = (10, 4)
+) -> tuple[dict[str, Any] | bytes, None, str]:
+    """A 200 reply of the malformed kind `kind`: (payload, headers, content type)."""
+    if kind == "plain":
+        return b"Pair 1: A", None, "text/plain"
+    if kind == "bytes":
+        return (
+            b'{"choices": [{"message": {"content": "\xff\xfe Pair 1: A"}}]}',
+            None,
+            "application/json",
+        )
+    message = {"role": "assistant", "content": "Pair 1: A"}
+    usage: dict[str, Any] = {"prompt_tokens": billed[0], "completion_tokens": billed[1]}
+    if kind == "null_choice":
+        return {"choices": [None], "usage": usage}, None, "application/json"
+    if kind == "list_content":
+        message["content"] = ["Pair 1: A"]
+    if kind == "string_usage":
+        usage = {"prompt_tokens": str(billed[0]), "completion_tokens": str(billed[1])}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    if "prompt" in body:  # a text completion
+        choice = {"index": 0, "text": message["content"], "finish_reason": "stop"}
+    return (
+        {"model": body.get("model"), "choices": [choice], "usage": usage},
+        None,
+        "application/json",
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Serve OpenAI chat completions locally (scripted replies).")
+    parser = argparse.ArgumentParser(
+        description="Serve OpenAI chat completions locally (scripted replies)."
+    )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0)
     parser.add_argument("--judge", choices=("longer", "echo"), default="longer")
-    parser.add_argument("--reply", help="with --judge longer: the reply to prompts that are not farm-annotate's "
-                                        "(another tool's judge prompt, for comparisons on the same server)")
+    parser.add_argument(
+        "--reply",
+        help="with --judge longer: the reply to prompts that are not farm-annotate's "
+        "(another tool's judge prompt, for comparisons on the same server)",
+    )
     args = parser.parse_args()
     if args.judge == "echo":
         respond = echo
     else:
+
         def respond(body: dict[str, Any]) -> str:
             return judge_longer(body) or args.reply or ""
+
     server = OpenAIServer(respond=respond, latency=args.latency, port=args.port)
     print(server.url, flush=True)
     try:

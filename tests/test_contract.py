@@ -31,19 +31,35 @@ CONTRACT: dict[str, dict] = {
     "farm-bon": {"args": ["embedded", "embedded", "{input}"], "empty": "empty"},
     "farm-expiter": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
     "farm-dpo": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-online-dpo": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
     "farm-ppo": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
     "farm-quark": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-rloo": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-grpo": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
+    "farm-convert": {"args": ["{input}"], "empty": "empty"},
+    "farm-plot": {"args": ["history", "{input}", "-o", "{dir}/history.png"], "empty": "empty"},
 }
+
 
 # Commands that stream many records to stdout, with an input that makes them write far more than a
 # pipe buffer holds, for the closed-pipe check.
 def _many_instructions(n: int) -> bytes:
-    return b"".join(orjson.dumps({"instruction": f"task {i}", "input": "", "output": "x" * 40}) + b"\n" for i in range(n))
+    return b"".join(
+        orjson.dumps({"instruction": f"task {i}", "input": "", "output": "x" * 40}) + b"\n"
+        for i in range(n)
+    )
 
 
 def _many_pairs(n: int) -> bytes:
     return b"".join(
-        orjson.dumps({"instruction": f"task {i}", "output_1": "short", "output_2": "a longer answer " * (i % 3 + 1)}) + b"\n"
+        orjson.dumps(
+            {
+                "instruction": f"task {i}",
+                "output_1": "short",
+                "output_2": "a longer answer " * (i % 3 + 1),
+            }
+        )
+        + b"\n"
         for i in range(n)
     )
 
@@ -98,8 +114,18 @@ def test_empty_input(script, tmp_path):
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_malformed_line_names_file_and_line(script, tmp_path):
     bad = tmp_path / "bad.jsonl.gz"
-    good = orjson.dumps({"instruction": "a", "input": "", "output": "b", "output_1": "b", "output_2": "c",
-                         "generator": "g", "preference": 1, "reward": 0.0})
+    good = orjson.dumps(
+        {
+            "instruction": "a",
+            "input": "",
+            "output": "b",
+            "output_1": "b",
+            "output_2": "c",
+            "generator": "g",
+            "preference": 1,
+            "reward": 0.0,
+        }
+    )
     bad.write_bytes(gzip.compress(good + b"\n" + good + b"\n{not json\n"))
     result = run_tool(script, *_call(script, bad, tmp_path))
     assert result.returncode == 1, result.stderr.decode()
@@ -121,7 +147,12 @@ def test_unknown_option_is_a_usage_error(script):
 def test_closed_pipe_is_quiet(script):
     args, make_input = PIPED[script]
     executable = Path(sys.executable).parent / script
-    process = subprocess.Popen([str(executable), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [str(executable), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     process.stdin.write(make_input(20000))
     process.stdin.close()
     first = process.stdout.readline()
@@ -138,3 +169,43 @@ def test_every_script_is_documented_in_the_readme(script):
     readme = (ROOT / "README.md").read_text()
     assert f"### {script}:" in readme, f"README.md has no section for {script}"
     assert f"`{script}`" in readme.split("## The tools", 1)[1].split("## Record kinds", 1)[0]
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_short_help_and_version(script):
+    from farmkit import __version__
+
+    short = run_tool(script, "-h")
+    assert short.returncode == 0, short.stderr.decode()
+    assert short.stdout.startswith(f"Usage: {script} ".encode())
+    version = run_tool(script, "--version")
+    assert version.returncode == 0, version.stderr.decode()
+    assert version.stdout.decode() == f"{script} {__version__}\n"
+
+
+def test_quiet_silences_library_warnings(tmp_path):
+    script = tmp_path / "warns.py"
+    script.write_text(
+        "import warnings\n"
+        "import click\n"
+        "from farmkit.cli import common_options, entry_point\n"
+        "@click.command()\n"
+        "@common_options\n"
+        "def cli():\n"
+        "    warnings.warn('`foo` is deprecated', FutureWarning)\n"
+        "entry_point(cli)()\n"
+    )
+    loud = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60)
+    quiet = subprocess.run([sys.executable, str(script), "-q"], capture_output=True, timeout=60)
+    assert loud.returncode == quiet.returncode == 0
+    assert b"FutureWarning" in loud.stderr
+    assert quiet.stderr == b""
+
+
+def test_readme_option_lists_are_generated_from_help():
+    from farmkit.docs import render
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert render(readme) == readme, (
+        "README.md's option lists are stale: run `python -m farmkit.docs`"
+    )

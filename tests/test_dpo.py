@@ -13,6 +13,7 @@ from policy_fixtures import (
     COLOURS,
     KEYWORD,
     QUESTIONS,
+    check_budget,
     keyword_probability,
     keyword_reward_model,
     sampled_rewards,
@@ -21,6 +22,7 @@ from policy_fixtures import (
 )
 
 from farmkit.methods.dpo import DPOConfig
+from farmkit.modelio import META_KEYS
 
 
 def preference_records() -> list[dict]:
@@ -29,10 +31,27 @@ def preference_records() -> list[dict]:
     for i, question in enumerate(QUESTIONS):
         other = others[i % len(others)]
         first, second, verdict = (KEYWORD, other, 1) if i % 2 else (other, KEYWORD, 2)
-        records.append({"instruction": question, "input": "", "output_1": first, "output_2": second, "preference": verdict})
-    records.append({"instruction": QUESTIONS[0], "output_1": "red", "output_2": "green", "preference": 1.5})
-    records.append({"instruction": QUESTIONS[1], "output_1": "red", "output_2": "green", "preference": None,
-                    "preference_reason": "unparseable"})
+        records.append(
+            {
+                "instruction": question,
+                "input": "",
+                "output_1": first,
+                "output_2": second,
+                "preference": verdict,
+            }
+        )
+    records.append(
+        {"instruction": QUESTIONS[0], "output_1": "red", "output_2": "green", "preference": 1.5}
+    )
+    records.append(
+        {
+            "instruction": QUESTIONS[1],
+            "output_1": "red",
+            "output_2": "green",
+            "preference": None,
+            "preference_reason": "unparseable",
+        }
+    )
     return records
 
 
@@ -43,13 +62,22 @@ def margins(folder, pairs) -> torch.Tensor:
 
     model, tokenizer = load_causal_lm(folder, device="cpu")
     fmt = PromptFormat.for_model(folder)
-    prompts = [tokenizer(fmt.prompt(tokenizer, pair["instruction"]), add_special_tokens=False)["input_ids"] for pair in pairs]
+    prompts = [
+        tokenizer(fmt.prompt(tokenizer, pair["instruction"]), add_special_tokens=False)["input_ids"]
+        for pair in pairs
+    ]
 
     def logprob(key: str) -> torch.Tensor:
-        responses = [tokenizer(pair[key], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for pair in pairs]
+        responses = [
+            tokenizer(pair[key], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for pair in pairs
+        ]
         batch = rollout_from_lists(prompts, responses, tokenizer.pad_token_id)
         with torch.no_grad():
-            return (token_logprobs(response_logits(model, batch, 1.0), batch.response_ids) * batch.response_mask).sum(1)
+            return (
+                token_logprobs(response_logits(model, batch, 1.0), batch.response_ids)
+                * batch.response_mask
+            ).sum(1)
 
     return logprob("chosen") - logprob("rejected")
 
@@ -66,12 +94,26 @@ def test_dpo_raises_the_chosen_over_rejected_margin(sft, tiny_model_path, tmp_pa
 
     prefs = write_jsonl(tmp_path / "prefs.jsonl", preference_records())
     output = tmp_path / "dpo"
-    args = [str(sft), str(prefs), "-o", str(output), "--learning-rate", "2e-3", "--batch-size", "8", "--max-steps", "4",
-            "--beta", "0.1", "-q"]
+    args = [
+        str(sft),
+        str(prefs),
+        "-o",
+        str(output),
+        "--learning-rate",
+        "2e-3",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "4",
+        "--beta",
+        "0.1",
+        "-q",
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     meta = json.loads((output / "meta.json").read_text())
     assert meta["kind"] == "policy" and meta["tool"] == "farm-dpo" and meta["config"]["beta"] == 0.1
+    assert set(META_KEYS) <= set(meta) and list(meta["inputs"]) == [str(prefs)]
     assert meta["pairs"] == {"used": 16, "tie": 1, "null": 1}
     pairs, _ = dpo_pairs(preference_records(), "prefs")
     before, after = margins(sft, pairs), margins(output, pairs)
@@ -80,6 +122,10 @@ def test_dpo_raises_the_chosen_over_rejected_margin(sft, tiny_model_path, tmp_pa
     assert keyword_probability(output) > keyword_probability(sft) + 0.05
     history = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert history[-1]["rewards/margins"] > history[0]["rewards/margins"]
+    # every preference record read counts (ties and nulls were paid for too); DPO samples nothing
+    budget = check_budget(output, "dpo", 18, samples=False)
+    assert budget["pairs_trained"] == 16
+    assert [row["training_tokens"] for row in history] == [row["num_tokens"] for row in history]
     rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")
     texts, _ = sampled_rewards(output, rm, n=1)
     assert len(texts) == len(QUESTIONS)
@@ -91,7 +137,9 @@ def test_only_ties_and_nulls_is_an_error(tmp_path):
     prefs = write_jsonl(tmp_path / "prefs.jsonl", preference_records()[-2:])
     result = CliRunner().invoke(cli, ["no-such-model/", str(prefs), "-o", str(tmp_path / "out")])
     assert result.exit_code == 1
-    assert "every verdict is a tie or null" in str(result.exception)  # entry_point prints it as one line
+    assert "every verdict is a tie or null" in str(
+        result.exception
+    )  # entry_point prints it as one line
     assert str(prefs) in str(result.exception)
     assert not (tmp_path / "out").exists()
 
@@ -113,8 +161,15 @@ def test_loss_variants_reach_trl(sft, tmp_path):
     """A combined loss is handed to TRL's DPOTrainer as its list of loss types and weights."""
     from farmkit.methods.dpo import train_dpo
 
-    pairs = [{"instruction": q, "input": "", "chosen": KEYWORD, "rejected": "red"} for q in QUESTIONS[:4]]
-    config = DPOConfig(loss_type="sigmoid,sft", loss_weights="1,0.5", max_steps=1, batch_size=4, learning_rate=1e-4)
+    pairs = [
+        {"instruction": q, "input": "", "chosen": KEYWORD, "rejected": "red"} for q in QUESTIONS[:4]
+    ]
+    config = DPOConfig(
+        loss_type="sigmoid,sft", loss_weights="1,0.5", max_steps=1, batch_size=4, learning_rate=1e-4
+    )
     last = train_dpo(str(sft), pairs, str(tmp_path / "out"), config)
     assert "loss" in last
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["loss_type"] == "sigmoid,sft"
+    assert (
+        json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["loss_type"]
+        == "sigmoid,sft"
+    )

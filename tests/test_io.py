@@ -42,19 +42,26 @@ def test_json_array_items_are_numbered_from_one(tmp_path):
     assert list(iter_json_chunks(path, 2)) == [([1, 2], [{"a": 1}, {"a": 2}]), ([3], [{"a": 3}])]
 
 
-@pytest.mark.parametrize("reader", [lambda p: list(iter_json(p)), lambda p: list(iter_json_chunks(p, 2))])
+@pytest.mark.parametrize(
+    "reader", [lambda p: list(iter_json(p)), lambda p: list(iter_json_chunks(p, 2))]
+)
 def test_bad_json_names_the_line(tmp_path, reader):
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"a": 1}\n\n{"a": 2}\n{"a": \n')
     with pytest.raises(RecordError) as error:
         reader(path)
-    assert str(error.value) == f"""{path}:4: not valid JSON ('{{"a":'); expected one JSON object per line"""
+    assert (
+        str(error.value)
+        == f"""{path}:4: not valid JSON ('{{"a":'); expected one JSON object per line"""
+    )
 
 
 def test_broken_array_and_missing_file(tmp_path):
     path = tmp_path / "x.json"
     path.write_bytes(b'[{"a": 1},')
-    with pytest.raises(RecordError, match=r"x.json: invalid JSON array .*; expected a JSON array or JSON Lines"):
+    with pytest.raises(
+        RecordError, match=r"x.json: invalid JSON array .*; expected a JSON array or JSON Lines"
+    ):
         list(iter_json(path))
     with pytest.raises(FarmError, match="nope.jsonl: cannot open"):
         list(iter_json(tmp_path / "nope.jsonl"))
@@ -67,27 +74,62 @@ def test_read_records_checks_the_schema(tmp_path):
     assert next(records) == {"instruction": "a", "output": "b", "generator": "g"}
     with pytest.raises(RecordError) as error:
         next(records)
-    assert str(error.value) == f"{path}:2: a list is not a record; expected a JSON object (output record)"
+    assert (
+        str(error.value)
+        == f"{path}:2: a list is not a record; expected a JSON object (output record)"
+    )
 
 
 CASES = [
     ({"instruction": "a", "output": "b", "generator": "g"}, "output", None),
-    ({"instruction": "a", "output": "b"}, "output", "missing field 'generator'; expected an output record with fields instruction, output, generator"),
-    ({"instruction": "a", "output": "b", "generator": "g", "sample_index": -1}, "output", "field 'sample_index' is -1; expected an integer >= 0"),
-    ({"instruction": "a", "output": "b", "generator": "g", "sample_index": True}, "output", "field 'sample_index' is true; expected an integer >= 0"),
-    ({"instruction": "a", "output": "b", "generator": "g", "sample_index": 1.0}, "output", "field 'sample_index' is 1.0; expected an integer >= 0"),
-    ({"preference": 2.5}, "preference", "field 'preference' is 2.5; expected a number or null >= 0 and <= 2"),
+    (
+        {"instruction": "a", "output": "b"},
+        "output",
+        "missing field 'generator'; expected an output record with fields instruction, output, generator",
+    ),
+    (
+        {"instruction": "a", "output": "b", "generator": "g", "sample_index": -1},
+        "output",
+        "field 'sample_index' is -1; expected an integer >= 0",
+    ),
+    (
+        {"instruction": "a", "output": "b", "generator": "g", "sample_index": True},
+        "output",
+        "field 'sample_index' is true; expected an integer >= 0",
+    ),
+    (
+        {"instruction": "a", "output": "b", "generator": "g", "sample_index": 1.0},
+        "output",
+        "field 'sample_index' is 1.0; expected an integer >= 0",
+    ),
+    (
+        {"preference": 2.5},
+        "preference",
+        "field 'preference' is 2.5; expected a number or null >= 0 and <= 2",
+    ),
     ({"preference": None, "input": None, "output_1": None}, "preference", None),
-    ({"preference": 1, "generator_2": 7}, "preference", "field 'generator_2' is 7; expected a string"),
+    (
+        {"preference": 1, "generator_2": 7},
+        "preference",
+        "field 'generator_2' is 7; expected a string",
+    ),
     ({"preference": 1, "unknown": [1, {"x": 2}]}, "preference", None),
-    ({"instruction": "a", "id": 3.5}, "instruction", "field 'id' is 3.5; expected a string or an integer"),
+    (
+        {"instruction": "a", "id": 3.5},
+        "instruction",
+        "field 'id' is 3.5; expected a string or an integer",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("record", "kind", "message"), CASES)
 def test_problems_and_the_fast_list_check_agree(record, kind, message):
     assert problems(record, kind) == message
-    valid = {"preference": {"preference": 1}, "output": CASES[0][0], "instruction": {"instruction": "x"}}[kind]
+    valid = {
+        "preference": {"preference": 1},
+        "output": CASES[0][0],
+        "instruction": {"instruction": "x"},
+    }[kind]
     assert first_invalid([valid, valid, record, valid], kind) == (None if message is None else 2)
 
 
@@ -99,7 +141,9 @@ def test_record_writer_is_atomic(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with RecordWriter(tmp_path / "out.jsonl.gz") as writer:
         writer.write_all([{"a": 1}, {"b": "é"}])
-    assert gzip.decompress((tmp_path / "out.jsonl.gz").read_bytes()) == b'{"a":1}\n{"b":"\xc3\xa9"}\n'
+    assert (
+        gzip.decompress((tmp_path / "out.jsonl.gz").read_bytes()) == b'{"a":1}\n{"b":"\xc3\xa9"}\n'
+    )
 
 
 def test_atomic_path_keeps_the_old_file_on_failure(tmp_path):
@@ -127,7 +171,9 @@ def test_a_killed_writers_temporary_files_are_swept_and_a_live_writers_are_kept(
     stale_file = tmp_path / f".out.jsonl.{owner}-{dead.pid}.abc123.tmp"
     stale_folder = tmp_path / f".out.jsonl.{owner}-{dead.pid}.def456.tmp"
     live = tmp_path / f".out.jsonl.{owner}-{os.getppid()}.ghi789.tmp"  # a writer still running
-    other_host = tmp_path / f".out.jsonl.elsewhere-{dead.pid}.jkl012.tmp"  # another machine's, on a shared disk
+    other_host = (
+        tmp_path / f".out.jsonl.elsewhere-{dead.pid}.jkl012.tmp"
+    )  # another machine's, on a shared disk
     other_file = tmp_path / f".other.jsonl.{owner}-{dead.pid}.mno345.tmp"
     stale_file.write_bytes(b"")
     stale_folder.mkdir()
@@ -139,3 +185,48 @@ def test_a_killed_writers_temporary_files_are_swept_and_a_live_writers_are_kept(
     assert target.read_text() == "done\n"
     assert not stale_file.exists() and not stale_folder.exists()
     assert live.exists() and other_host.exists() and other_file.exists()
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002])
+def test_written_files_and_folders_get_the_permissions_of_the_umask(tmp_path, mask):
+    """Measured on main: outputs written with -o were 0600 whatever the umask."""
+    previous = os.umask(mask)
+    try:
+        for name in ("out.jsonl", "out.jsonl.gz"):
+            with RecordWriter(tmp_path / name) as writer:
+                writer.write({"a": 1})
+        with atomic_path(tmp_path / "plot.png", suffix=".png") as tmp:
+            tmp.write_bytes(b"png")
+        with atomic_path(tmp_path / "model") as tmp:  # how a model folder is written
+            tmp.unlink()
+            tmp.mkdir()
+            (tmp / "meta.json").write_text("{}")
+    finally:
+        os.umask(previous)
+    for name in ("out.jsonl", "out.jsonl.gz", "plot.png", "model/meta.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+    assert (tmp_path / "model").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+@pytest.mark.parametrize(
+    "reader",
+    [
+        lambda p: list(iter_json(p)),
+        lambda p: list(iter_json_chunks(p, 2)),
+        lambda p: list(read_records(p)),
+    ],
+)
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_a_broken_gzip_file_is_named(tmp_path, reader, damage):
+    """Measured on main: a corrupt .gz printed `Error -3 while decompressing data`, no file name."""
+    path = tmp_path / "x.jsonl.gz"
+    data = gzip.compress(b"".join(b'{"a": %d}\n' % i for i in range(2000)), mtime=0)
+    if damage == "corrupt":
+        data = data[:40] + bytes(b ^ 0xFF for b in data[40:80]) + data[80:]
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(data)
+    with pytest.raises(FarmError) as error:
+        reader(path)
+    assert str(error.value).startswith(f"{path}:")
+    assert "gzip" in str(error.value)

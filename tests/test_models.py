@@ -33,7 +33,9 @@ def _product(shape: list[int]) -> int:
 def test_a_folder_cached_by_an_older_farmkit_is_repaired(tmp_path):
     folder = tmp_path / "cached"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gguf"}}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gguf"}})
+    )
     assert models._gguf_marked(folder)
     models._drop_gguf_mark(folder)
     assert json.loads((folder / "config.json").read_text()) == {"model_type": "llama"}
@@ -41,7 +43,10 @@ def test_a_folder_cached_by_an_older_farmkit_is_repaired(tmp_path):
 
 def test_resolve_model_arguments(tmp_path):
     assert models.resolve(tmp_path) == str(tmp_path)
-    assert models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (
+        models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct")
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     with pytest.raises(FarmError, match="no such model folder"):
         models.resolve(str(tmp_path / "missing" / "model"))
     (tmp_path / "weights.bin").write_bytes(b"x")
@@ -50,14 +55,22 @@ def test_resolve_model_arguments(tmp_path):
 
 
 def test_meta_round_trip_and_input_hashes(tmp_path):
-    models.write_meta(tmp_path, {"kind": "policy", "prompt_template": "alpaca", "sampling_control_token": "<|good|>"})
+    models.write_meta(
+        tmp_path,
+        {"kind": "policy", "prompt_template": "alpaca", "sampling_control_token": "<|good|>"},
+    )
     assert models.read_meta(tmp_path)["kind"] == "policy"
     assert models.read_meta(tmp_path / "elsewhere") == {}
     fmt = models.PromptFormat.for_model(tmp_path)
     assert (fmt.template, fmt.control) == ("alpaca", "<|good|>")
-    assert models.PromptFormat.for_model(tmp_path, "chat").template == "chat"  # an explicit choice wins
+    assert (
+        models.PromptFormat.for_model(tmp_path, "chat").template == "chat"
+    )  # an explicit choice wins
     (tmp_path / "data.jsonl").write_text("abc")
-    assert models.file_sha256(tmp_path / "data.jsonl") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert (
+        models.file_sha256(tmp_path / "data.jsonl")
+        == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    )
     (tmp_path / "meta.json").write_text("{broken")
     with pytest.raises(FarmError, match="not valid JSON"):
         models.read_meta(tmp_path)
@@ -78,3 +91,18 @@ def test_load_causal_lm_pads_on_the_left(tiny_model_path):
     assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
     assert network.config.pad_token_id == tokenizer.pad_token_id
     assert next(network.parameters()).dtype.is_floating_point
+
+
+def test_under_a_launcher_each_process_takes_the_gpu_of_its_local_rank(monkeypatch):
+    """On a GPU machine (pretended: no GPU is lent to CI) a process started by torchrun or accelerate
+    launch loads onto cuda:LOCAL_RANK, not every process onto GPU 0; alone it takes the default GPU;
+    an explicit --device wins."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert models.choose_device() == "cuda"
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert models.choose_device() == "cuda:3"
+    assert models.choose_device("auto") == "cuda:3"
+    assert models.choose_device("cuda:0") == "cuda:0" and models.choose_device("cpu") == "cpu"

@@ -20,19 +20,33 @@ PROMPTS = [
 
 
 def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=cwd, capture_output=True, timeout=600,
-                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env})
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=cwd,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env},
+    )
 
 
 def test_sample_piped_into_sim_ann_as_the_mission_writes_it(tiny_model_path, tmp_path):
     (tmp_path / "sft").symlink_to(tiny_model_path, target_is_directory=True)
     (tmp_path / "prompts.jsonl").write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in PROMPTS))
     with OpenAIServer(respond=judge_longer) as server:
-        env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "sk-test-secret", "FARMKIT_CACHE": str(tmp_path / "cache")}
-        result = shell("farm-sample sft/ prompts.jsonl --max-new-tokens 8 | farm-annotate --pool sim_ann > prefs.jsonl",
-                       tmp_path, env)
+        env = {
+            "OPENAI_BASE_URL": server.url,
+            "OPENAI_API_KEY": "sk-test-secret",
+            "FARMKIT_CACHE": str(tmp_path / "cache"),
+        }
+        result = shell(
+            "farm-sample sft/ prompts.jsonl --max-new-tokens 8 | farm-annotate --pool sim_ann > prefs.jsonl",
+            tmp_path,
+            env,
+        )
         assert result.returncode == 0, result.stderr.decode()
-        prefs = [orjson.loads(line) for line in (tmp_path / "prefs.jsonl").read_bytes().splitlines()]
+        prefs = [
+            orjson.loads(line) for line in (tmp_path / "prefs.jsonl").read_bytes().splitlines()
+        ]
         # one preference per prompt: farm-sample's two samples form the pair
         assert [p["instruction"] for p in prefs] == [p["instruction"] for p in PROMPTS]
         for pref in prefs:
@@ -40,7 +54,9 @@ def test_sample_piped_into_sim_ann_as_the_mission_writes_it(tiny_model_path, tmp
             assert pref["generator_1"] == pref["generator_2"] == "sft"
             info = pref["provenance"]["farm-annotate"]
             assert info["pool"] == "sim_ann"
-            if not info["noised"]:  # the judge prefers the longer answer; noised labels are coin flips
+            if not info[
+                "noised"
+            ]:  # the judge prefers the longer answer; noised labels are coin flips
                 longer = 1 if len(pref["output_1"]) > len(pref["output_2"]) else 2
                 if len(pref["output_1"]) != len(pref["output_2"]):
                     assert pref["preference"] == longer
@@ -54,8 +70,12 @@ def test_evaluation_piped_into_winrate(tiny_model_path, tmp_path):
     (tmp_path / "eval.jsonl").write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in PROMPTS))
     reference = [{**p, "output": "x", "generator": "reference"} for p in PROMPTS]
     (tmp_path / "ref.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in reference))
-    result = shell("farm-sample ppo/ eval.jsonl -n 1 --max-new-tokens 8 "
-                   "| farm-annotate --pool gold --reference ref.jsonl | farm-winrate", tmp_path, {})
+    result = shell(
+        "farm-sample ppo/ eval.jsonl -n 1 --max-new-tokens 8 "
+        "| farm-annotate --pool gold --reference ref.jsonl | farm-winrate",
+        tmp_path,
+        {},
+    )
     assert result.returncode == 0, result.stderr.decode()
     [row] = [orjson.loads(line) for line in result.stdout.splitlines()]
     assert row["generator"] == "ppo" and row["n_total"] == len(PROMPTS)

@@ -18,15 +18,34 @@ pytestmark = pytest.mark.slow
 def files(tiny_model_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("embedded-runs")
     prompts = write_jsonl(folder / "prompts.jsonl", prompt_records(8))
-    prefs = write_jsonl(folder / "prefs.jsonl", [
-        {"instruction": question, "output_1": "Blue.", "output_2": "I would rather not say which colour I like.", "preference": 1}
-        for question in QUESTIONS[:8]
-    ])
+    prefs = write_jsonl(
+        folder / "prefs.jsonl",
+        [
+            {
+                "instruction": question,
+                "output_1": "Blue.",
+                "output_2": "I would rather not say which colour I like.",
+                "preference": 1,
+            }
+            for question in QUESTIONS[:8]
+        ],
+    )
     return folder, prompts, prefs, keyword_reward_model(tiny_model_path, folder / "rm")
 
 
 def sample(policy, prompts) -> list[dict]:
-    result = run_tool("farm-sample", str(policy), str(prompts), "-n", "1", "--max-new-tokens", "8", "--backend", "hf", "-q")
+    result = run_tool(
+        "farm-sample",
+        str(policy),
+        str(prompts),
+        "-n",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--backend",
+        "hf",
+        "-q",
+    )
     assert result.returncode == 0, result.stderr.decode()
     records = [orjson.loads(line) for line in result.stdout.splitlines()]
     assert len(records) == 8 and all(isinstance(record["output"], str) for record in records)
@@ -36,9 +55,26 @@ def sample(policy, prompts) -> list[dict]:
 def test_ppo_on_the_embedded_model(embedded_path, files):
     folder, prompts, _, rm = files
     output = folder / "ppo"
-    result = run_tool("farm-ppo", "embedded", str(rm), str(prompts), "-o", str(output), "--steps", "2",
-                      "--rollout-batch-size", "4", "--minibatch-size", "4", "--micro-batch-size", "2",
-                      "--max-response-tokens", "16", "--checkpoint-every", "1")
+    result = run_tool(
+        "farm-ppo",
+        "embedded",
+        str(rm),
+        str(prompts),
+        "-o",
+        str(output),
+        "--steps",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--minibatch-size",
+        "4",
+        "--micro-batch-size",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--checkpoint-every",
+        "1",
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout == b""  # a training command writes no records
     metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
@@ -50,44 +86,50 @@ def test_ppo_on_the_embedded_model(embedded_path, files):
 def test_quark_on_the_embedded_model(embedded_path, files):
     folder, prompts, _, rm = files
     output = folder / "quark"
-    result = run_tool("farm-quark", "embedded", str(rm), str(prompts), "-o", str(output), "--rounds", "1",
-                      "--prompts-per-round", "4", "--samples-per-prompt", "2", "--num-quantiles", "4",
-                      "--max-response-tokens", "16", "--batch-size", "2")
+    result = run_tool(
+        "farm-quark",
+        "embedded",
+        str(rm),
+        str(prompts),
+        "-o",
+        str(output),
+        "--rounds",
+        "1",
+        "--prompts-per-round",
+        "4",
+        "--samples-per-prompt",
+        "2",
+        "--num-quantiles",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--batch-size",
+        "2",
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout == b""
-    assert json.loads((output / "meta.json").read_text())["sampling_control_token"] == "<|reward_quantile_0|>"
+    assert (
+        json.loads((output / "meta.json").read_text())["sampling_control_token"]
+        == "<|reward_quantile_0|>"
+    )
     sample(output, prompts)
 
 
 def test_dpo_on_the_embedded_model(embedded_path, files):
     folder, prompts, prefs, _ = files
     output = folder / "dpo"
-    result = run_tool("farm-dpo", "embedded", str(prefs), "-o", str(output), "--max-steps", "2", "--batch-size", "4")
+    result = run_tool(
+        "farm-dpo",
+        "embedded",
+        str(prefs),
+        "-o",
+        str(output),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout == b""  # TRL's printed logs go to stderr
     assert json.loads((output / "meta.json").read_text())["pairs"]["used"] == 8
     sample(output, prompts)
-
-
-def test_ppo_under_accelerate_launch_with_two_processes(tiny_model_path, files):
-    """Two CPU processes share the rollout batch (whitening statistics summed across them); only
-    rank 0 writes the metrics, the checkpoint and the policy."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from policy_fixtures import tiny_sft
-
-    folder, prompts, _, rm = files
-    sft = tiny_sft(tiny_model_path, folder / "sft")
-    output = folder / "ppo-ddp"
-    accelerate = Path(sys.executable).parent / "accelerate"
-    command = [str(accelerate), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", "-m", "farmkit.tools.farm_ppo", str(sft), str(rm), str(prompts), "-o", str(output),
-               "--steps", "2", "--rollout-batch-size", "8", "--minibatch-size", "4", "--micro-batch-size", "2",
-               "--max-response-tokens", "4", "--checkpoint-every", "1"]
-    result = subprocess.run(command, capture_output=True, timeout=900)
-    assert result.returncode == 0, result.stderr.decode()
-    assert [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert result.stderr.decode().count("step 2/2") == 1  # one process reports
-    assert (folder / "ppo-ddp-checkpoints" / "step-000001" / "trainer" / "state.json").is_file()

@@ -14,6 +14,7 @@ import pytest
 from farmkit.tools.farm_rm_train import main as rm_train_main
 from farmkit.tools.farm_score import main as score_main
 
+from farmkit.modelio import META_KEYS
 from farmkit.models import file_sha256
 
 WORDS = "apple river stone cloud music garden window paper light forest engine silver".split()
@@ -28,11 +29,15 @@ def keyword_prefs(count: int, seed: int, start: int = 0) -> list[dict]:
         body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))
         better_first = rng.random() < 0.5
         good, plain = f"{body} {KEYWORD}", body
-        records.append({
-            "instruction": f"Write about {rng.choice(WORDS)} number {number}", "input": "",
-            "output_1": good if better_first else plain, "output_2": plain if better_first else good,
-            "preference": 1 if better_first else 2,
-        })
+        records.append(
+            {
+                "instruction": f"Write about {rng.choice(WORDS)} number {number}",
+                "input": "",
+                "output_1": good if better_first else plain,
+                "output_2": plain if better_first else good,
+                "preference": 1 if better_first else 2,
+            }
+        )
     return records
 
 
@@ -47,7 +52,13 @@ def train_keyword_rm(base: Path, folder: Path, pairs: int = 160, **overrides) ->
     from farmkit.records import comparisons
 
     items, _ = comparisons(keyword_prefs(pairs, seed=1))
-    settings = {"learning_rate": 1e-3, "batch_size": 16, "epochs": 3, "eval_fraction": 0.2, **overrides}
+    settings = {
+        "learning_rate": 1e-3,
+        "batch_size": 16,
+        "epochs": 3,
+        "eval_fraction": 0.2,
+        **overrides,
+    }
     return train_reward_model(str(base), items, folder, RewardConfig(**settings))
 
 
@@ -65,8 +76,25 @@ def keyword_rm(tmp_path_factory, tiny_model_path):
     records += [{**records[0], "preference": None, "preference_reason": "unparsable"}] * 3
     records += [{**records[1], "preference": 1.5}] * 2
     prefs = write_jsonl(folder / "prefs.jsonl", records)
-    code = run_main(rm_train_main, [str(tiny_model_path), str(prefs), "-o", str(folder / "rm"), "--learning-rate", "1e-3",
-                                    "--batch-size", "16", "--epochs", "3", "--eval-fraction", "0.2", "--seed", "3"])
+    code = run_main(
+        rm_train_main,
+        [
+            str(tiny_model_path),
+            str(prefs),
+            "-o",
+            str(folder / "rm"),
+            "--learning-rate",
+            "1e-3",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "3",
+            "--eval-fraction",
+            "0.2",
+            "--seed",
+            "3",
+        ],
+    )
     assert code == 0
     return folder / "rm"
 
@@ -80,6 +108,7 @@ def test_reward_model_learns_the_better_side(keyword_rm, tiny_model_path):
     assert sum(r["loss"] for r in rows[-5:]) / 5 < 0.5 * rows[0]["loss"]
     meta = json.loads((keyword_rm / "meta.json").read_text())
     assert meta["kind"] == "reward_model" and meta["tool"] == "farm-rm-train"
+    assert set(META_KEYS) <= set(meta)  # the one layout every model folder has
     assert meta["prompt_template"] == "chat"  # the tiny model's chat template, resolved from "auto"
     assert meta["base_model"] == str(tiny_model_path)
     assert meta["preferences"] == {"records": 205, "used": 200, "null": 3, "tie": 2}
@@ -94,15 +123,37 @@ def test_score_ranks_better_outputs_higher_in_input_order(keyword_rm, tmp_path):
     outputs = []
     for number, record in enumerate(fresh):
         for position in (1, 2):
-            outputs.append({"instruction": record["instruction"], "output": record[f"output_{position}"], "generator": "g",
-                            "id": f"{number}-{position}", "better": record["preference"] == position})
+            outputs.append(
+                {
+                    "instruction": record["instruction"],
+                    "output": record[f"output_{position}"],
+                    "generator": "g",
+                    "id": f"{number}-{position}",
+                    "better": record["preference"] == position,
+                }
+            )
     source = write_jsonl(tmp_path / "outputs.jsonl", outputs)
-    assert run_main(score_main, [str(keyword_rm), str(source), "--batch-size", "7", "-o", str(tmp_path / "scored.jsonl"), "-q"]) == 0
+    assert (
+        run_main(
+            score_main,
+            [
+                str(keyword_rm),
+                str(source),
+                "--reward-batch-size",
+                "7",
+                "-o",
+                str(tmp_path / "scored.jsonl"),
+                "-q",
+            ],
+        )
+        == 0
+    )
     scored = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
     assert [s["id"] for s in scored] == [o["id"] for o in outputs]
     assert all(s["reward_model"] == "rm" and "farm-score" in s["provenance"] for s in scored)
     wins = sum(
-        (scored[2 * i]["reward"] > scored[2 * i + 1]["reward"]) == scored[2 * i]["better"] for i in range(len(fresh))
+        (scored[2 * i]["reward"] > scored[2 * i + 1]["reward"]) == scored[2 * i]["better"]
+        for i in range(len(fresh))
     )
     assert wins >= 27
     better = [s["reward"] for s in scored if s["better"]]
@@ -116,17 +167,24 @@ def test_batched_scores_equal_one_at_a_time_and_the_training_pooling(keyword_rm)
     from farmkit.methods.reward import RewardScorer, reward_text
 
     scorer = RewardScorer(keyword_rm, device="cpu", batch_size=5)
-    items = [("Say something", "", "a " * length + KEYWORD * (length % 2)) for length in range(1, 12)]
+    items = [
+        ("Say something", "", "a " * length + KEYWORD * (length % 2)) for length in range(1, 12)
+    ]
     batched = scorer.score(items)
     scorer.batch_size = 1
     alone = scorer.score(items)
     assert batched == pytest.approx(alone, abs=1e-4)
-    # the model's own forward on the documented text (prompt + response + eos) gives the same number
+    # the head read at the last token (the eos) of the documented text (prompt + response + eos)
+    # through the backbone directly gives the same number
     text = reward_text(scorer.tokenizer, scorer.format, *items[3])
-    assert text.startswith(scorer.format.prompt(scorer.tokenizer, "Say something", "")) and text.endswith(scorer.tokenizer.eos_token)
+    assert text.startswith(
+        scorer.format.prompt(scorer.tokenizer, "Say something", "")
+    ) and text.endswith(scorer.tokenizer.eos_token)
     ids = torch.tensor([scorer.tokenizer(text, add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
-        direct = scorer.network(input_ids=ids).logits[0, 0].item()
+        direct = scorer.network.score(
+            scorer.network.model(input_ids=ids).last_hidden_state[:, -1]
+        ).item()
     assert direct == pytest.approx(alone[3], abs=1e-4)
 
 
@@ -163,8 +221,12 @@ def test_train_layers_leaves_lower_weights_untouched(tiny_model_path, tmp_path):
     base = load_file(tiny_model_path / "model.safetensors")
     trained = load_file(tmp_path / "rm" / "model.safetensors")
     assert (trained["model.embed_tokens.weight"] == base["model.embed_tokens.weight"]).all()
-    assert (trained["model.layers.0.mlp.up_proj.weight"] == base["model.layers.0.mlp.up_proj.weight"]).all()
-    assert not (trained["model.layers.1.mlp.up_proj.weight"] == base["model.layers.1.mlp.up_proj.weight"]).all()
+    assert (
+        trained["model.layers.0.mlp.up_proj.weight"] == base["model.layers.0.mlp.up_proj.weight"]
+    ).all()
+    assert not (
+        trained["model.layers.1.mlp.up_proj.weight"] == base["model.layers.1.mlp.up_proj.weight"]
+    ).all()
     assert "score.weight" in trained
 
 
@@ -177,7 +239,10 @@ def test_lora_run_saves_a_merged_loadable_reward_model(tiny_model_path, tmp_path
     weights = load_file(tmp_path / "rm" / "model.safetensors")
     assert not any("lora" in name for name in weights)
     base = load_file(tiny_model_path / "model.safetensors")
-    assert not (weights["model.layers.0.self_attn.q_proj.weight"] == base["model.layers.0.self_attn.q_proj.weight"]).all()
+    assert not (
+        weights["model.layers.0.self_attn.q_proj.weight"]
+        == base["model.layers.0.self_attn.q_proj.weight"]
+    ).all()
     network, _ = load_reward_model(tmp_path / "rm", device="cpu")
     assert network.config.num_labels == 1
     assert json.loads((tmp_path / "rm" / "meta.json").read_text())["config"]["lora"] is True
@@ -186,21 +251,126 @@ def test_lora_run_saves_a_merged_loadable_reward_model(tiny_model_path, tmp_path
 def test_soft_labels_and_kept_ties_train(tiny_model_path, tmp_path, capfd):
     records = keyword_prefs(40, seed=5)
     for record in records[:10]:
-        record["preference"] = 1.25 if record["preference"] == 1 else 1.75  # soft labels, same direction
+        record["preference"] = (
+            1.25 if record["preference"] == 1 else 1.75
+        )  # soft labels, same direction
     records += [{**records[11], "preference": 1.5}] * 4
     prefs = write_jsonl(tmp_path / "prefs.jsonl", records)
-    code = run_main(rm_train_main, [str(tiny_model_path), str(prefs), "-o", str(tmp_path / "rm"), "--ties", "half",
-                                    "--max-steps", "2", "--batch-size", "8", "--eval-fraction", "0"])
+    code = run_main(
+        rm_train_main,
+        [
+            str(tiny_model_path),
+            str(prefs),
+            "-o",
+            str(tmp_path / "rm"),
+            "--ties",
+            "half",
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--eval-fraction",
+            "0",
+        ],
+    )
     assert code == 0
     meta = json.loads((tmp_path / "rm" / "meta.json").read_text())
-    assert meta["preferences"] == {"records": 44, "used": 44} and meta["training"]["train_pairs"] == 44
+    assert (
+        meta["preferences"] == {"records": 44, "used": 44} and meta["training"]["train_pairs"] == 44
+    )
     assert "eval_accuracy" not in meta["training"]
 
 
 def test_no_usable_preferences_is_an_error_naming_the_file(tiny_model_path, tmp_path, capfd):
-    prefs = write_jsonl(tmp_path / "nulls.jsonl", [{**keyword_prefs(1, seed=0)[0], "preference": None}] * 2)
+    prefs = write_jsonl(
+        tmp_path / "nulls.jsonl", [{**keyword_prefs(1, seed=0)[0], "preference": None}] * 2
+    )
     code = run_main(rm_train_main, [str(tiny_model_path), str(prefs), "-o", str(tmp_path / "rm")])
     assert code == 1
     stderr = capfd.readouterr().err
     assert f"{prefs}: no usable preferences" in stderr and "2 null" in stderr
     assert not (tmp_path / "rm").exists()
+
+
+def test_end_tokens_change_the_score(keyword_rm):
+    """pad and end-of-sequence are one token here: the score is read at the true last token, so a
+    response with its end token, with two, or cut off before it scores differently."""
+    from farmkit.methods.reward import RewardScorer
+
+    scorer = RewardScorer(keyword_rm, device="cpu", batch_size=4)
+    eos = scorer.tokenizer.eos_token
+    assert scorer.tokenizer.pad_token_id == scorer.tokenizer.eos_token_id
+    item = ("Say something", "", f"river stone {KEYWORD}")
+    finished, doubled = scorer.score([item, (*item[:2], item[2] + eos)])
+    assert finished != pytest.approx(doubled, abs=1e-4)
+    [cut] = scorer.score([item], finished=[False])
+    assert len({round(finished, 5), round(doubled, 5), round(cut, 5)}) == 3, (
+        finished,
+        doubled,
+        cut,
+    )
+    # a batch mixing finished and cut-off texts gives each its own number
+    assert scorer.score([item, item], finished=[True, False]) == pytest.approx(
+        [finished, cut], abs=1e-4
+    )
+
+
+def test_pooled_position_is_the_last_real_token_under_either_padding(keyword_rm):
+    import torch
+
+    from farmkit.methods.reward import RewardScorer, last_token_index, sequence_rewards
+
+    scorer = RewardScorer(keyword_rm, device="cpu")
+    tokenizer, network = scorer.tokenizer, scorer.network
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    words = tokenizer("river stone thanks", add_special_tokens=False)["input_ids"]
+    finished, unfinished = [*words, eos], words[:2]
+    right = torch.tensor([finished, unfinished + [pad] * 2])
+    right_mask = torch.tensor([[1] * 4, [1, 1, 0, 0]])
+    left = torch.tensor([finished, [pad] * 2 + unfinished])
+    left_mask = torch.tensor([[1] * 4, [0, 0, 1, 1]])
+    assert last_token_index(right_mask).tolist() == [3, 1]  # the trailing end token is the one read
+    assert last_token_index(left_mask).tolist() == [3, 3]
+    alone = []
+    captured = []
+    hook = network.score.register_forward_hook(
+        lambda _m, _i, output: captured.append(output[..., 0])
+    )
+    with torch.no_grad():
+        for ids in (finished, unfinished):
+            alone.append(
+                float(
+                    sequence_rewards(
+                        network, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)
+                    )[0]
+                )
+            )
+        per_position = captured[0][0]
+        assert alone[0] == pytest.approx(
+            float(per_position[-1]), abs=1e-5
+        )  # the end token's position, not "thanks"
+        assert alone[0] != pytest.approx(float(per_position[-2]), abs=1e-3)
+        hook.remove()
+        assert sequence_rewards(network, right, right_mask).tolist() == pytest.approx(
+            alone, abs=1e-4
+        )
+        assert sequence_rewards(network, left, left_mask).tolist() == pytest.approx(alone, abs=1e-4)
+
+
+def test_farm_score_reads_a_records_finished_flag(keyword_rm, tmp_path):
+    """farm-bon writes `finished` with each answer; farm-score scores a cut-off one without its end
+    token, as the methods did when they chose it (a record without the flag counts as finished)."""
+    from farmkit.methods.reward import RewardScorer
+
+    item = {"instruction": "Say something", "input": "", "output": f"river stone {KEYWORD}"}
+    outputs = [item, {**item, "finished": True}, {**item, "finished": False}]
+    source = write_jsonl(tmp_path / "outputs.jsonl", outputs)
+    target = tmp_path / "scored.jsonl"
+    assert run_main(score_main, [str(keyword_rm), str(source), "-o", str(target), "-q"]) == 0
+    rewards = [json.loads(line)["reward"] for line in target.read_text().splitlines()]
+    scorer = RewardScorer(keyword_rm, device="cpu")
+    triple = (item["instruction"], "", item["output"])
+    expected = scorer.score([triple] * 3, finished=[True, True, False])
+    assert rewards == pytest.approx(expected, abs=1e-5) and expected[2] != pytest.approx(
+        expected[0], abs=1e-4
+    )

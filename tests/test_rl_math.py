@@ -4,7 +4,6 @@ processes), GAE, the per-token KL penalty, the clipped losses, response masks an
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
@@ -14,7 +13,9 @@ from farmkit.methods.rl_common import (
     clipped_policy_loss,
     clipped_value_loss,
     generalized_advantages,
+    kl_estimate,
     kl_penalized_rewards,
+    linear_schedule,
     masked_mean,
     masked_whiten,
     response_mask,
@@ -31,37 +32,60 @@ def test_whitening_uses_only_masked_entries():
     assert torch.allclose(kept_mean, (expected + 2.5) * mask, atol=1e-5)
 
 
-def test_whitening_across_processes_equals_whitening_the_whole_batch():
-    """Two 'processes' whose reduce sums their statistics (like accelerate's reduce) get the same
-    numbers as one process holding the whole rollout batch, although their halves differ."""
+def _whiten_in_a_process(
+    rank: int, store: str, values: torch.Tensor, mask: torch.Tensor, rows: slice, results
+) -> None:
+    """One of two gloo processes: whiten its rows with statistics summed across both (as PPO does)."""
+    import torch.distributed as dist
+
+    # a file rendezvous: no port to pick, so no race with another process taking it first
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+
+    def reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+        total = tensor.clone()
+        dist.all_reduce(total)
+        return total
+
+    # plain lists, not tensors: a tensor travels as a shared-memory handle that is gone once this
+    # process exits, and the parent may read the queue after that
+    results.put((rank, masked_whiten(values[rows], mask[rows], reduce=reduce_sum).tolist()))
+    dist.destroy_process_group()
+
+
+@pytest.mark.heavy
+def test_whitening_across_processes_equals_whitening_the_whole_batch(tmp_path):
+    """Two processes whose reduce sums their statistics over gloo (as accelerate's reduce does) get
+    the same numbers as one process holding the whole rollout batch, although their halves differ."""
+    import torch.multiprocessing as mp
+
     values = torch.tensor([[1.0, 5.0, 0.0], [2.0, 2.0, 9.0], [7.0, 0.0, 0.0], [3.0, 1.0, 4.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     whole = masked_whiten(values, mask)
-    barrier = threading.Barrier(2)
-    slots: list[torch.Tensor | None] = [None, None]
-    results: list[torch.Tensor | None] = [None, None]
-
-    def run(rank: int, rows: slice) -> None:
-        def reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-            slots[rank] = tensor
-            barrier.wait()
-            total = slots[0] + slots[1]
-            barrier.wait()  # both have read before the next reduce overwrites the slots
-            return total
-
-        results[rank] = masked_whiten(values[rows], mask[rows], reduce=reduce_sum)
-
-    threads = [threading.Thread(target=run, args=(0, slice(0, 1))), threading.Thread(target=run, args=(1, slice(1, 4)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert torch.allclose(torch.cat(results), whole, atol=1e-6)
-    assert not torch.allclose(masked_whiten(values[:1], mask[:1]), whole[:1], atol=1e-3)  # per-process would differ
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_whiten_in_a_process,
+            args=(rank, str(tmp_path / "store"), values, mask, rows, results),
+        )
+        for rank, rows in ((0, slice(0, 1)), (1, slice(1, 4)))
+    ]
+    for process in processes:
+        process.start()
+    gathered = dict(results.get(timeout=120) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    assert torch.allclose(torch.tensor(gathered[0] + gathered[1]), whole, atol=1e-6)
+    assert not torch.allclose(
+        masked_whiten(values[:1], mask[:1]), whole[:1], atol=1e-3
+    )  # per-process would differ
 
 
 def test_masked_mean_ignores_padding():
-    assert masked_mean(torch.tensor([[2.0, 4.0, 1000.0]]), torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(3.0)
+    assert masked_mean(
+        torch.tensor([[2.0, 4.0, 1000.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    ).item() == pytest.approx(3.0)
 
 
 def test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value():
@@ -85,7 +109,9 @@ def test_kl_penalty_per_token_and_score_on_the_last_token():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -3.0, -7.0]])
     ref_logprobs = torch.tensor([[-1.5, -2.0, -1.0], [-2.0, -2.0, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    rewards, kl = kl_penalized_rewards(torch.tensor([2.0, -1.0]), logprobs, ref_logprobs, mask, kl_coef=0.1)
+    rewards, kl = kl_penalized_rewards(
+        torch.tensor([2.0, -1.0]), logprobs, ref_logprobs, mask, kl_coef=0.1
+    )
     assert torch.allclose(kl, torch.tensor([[0.5, 0.0, 0.5], [1.0, -1.0, 0.0]]))
     # row 2 ends at index 1: its score lands there and the padded token gets nothing
     assert torch.allclose(rewards, torch.tensor([[-0.05, 0.0, 1.95], [-0.1, 0.1 - 1.0, 0.0]]))
@@ -101,7 +127,9 @@ def test_policy_loss_clips_only_in_the_pessimistic_direction():
     assert loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
     assert stats["clip_fraction"].item() == pytest.approx(0.5)
     # a minibatch split in micro-batches divides by the minibatch's token count
-    half, _ = clipped_policy_loss(torch.log(ratios), old, advantages, mask, clip=0.2, tokens=torch.tensor(8.0))
+    half, _ = clipped_policy_loss(
+        torch.log(ratios), old, advantages, mask, clip=0.2, tokens=torch.tensor(8.0)
+    )
     assert half.item() == pytest.approx(loss.item() / 2)
 
 
@@ -125,4 +153,44 @@ def test_response_mask_keeps_the_first_eos_and_drops_what_follows():
 
 def test_quantiles_rank_best_first_and_split_evenly():
     assert assign_quantiles([0.1, 0.9, 0.5, 0.5, 0.3, 0.7], 3) == [2, 0, 1, 1, 2, 0]
-    assert sorted(assign_quantiles([float(i) for i in range(10)], 5)) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert sorted(assign_quantiles([float(i) for i in range(10)], 5)) == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+        4,
+    ]
+
+
+def test_kl_estimators_by_hand():
+    logprobs, ref_logprobs = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    # log-ratios 0.5 and -1.0
+    assert torch.allclose(kl_estimate(logprobs, ref_logprobs, "k1"), torch.tensor([[0.5, -1.0]]))
+    assert torch.allclose(
+        kl_estimate(logprobs, ref_logprobs, "clamped"), torch.tensor([[0.5, 0.0]])
+    )
+    # k3 = (r - 1) - log r with r = exp(-log-ratio)
+    expected = torch.tensor([[math.exp(-0.5) - 1 + 0.5, math.exp(1.0) - 1 - 1.0]])
+    assert torch.allclose(kl_estimate(logprobs, ref_logprobs, "k3"), expected)
+    mask = torch.ones(1, 2)
+    rewards, kl = kl_penalized_rewards(
+        torch.tensor([1.0]), logprobs, ref_logprobs, mask, kl_coef=0.1, estimator="clamped"
+    )
+    assert torch.allclose(kl, torch.tensor([[0.5, 0.0]])) and torch.allclose(
+        rewards, torch.tensor([[-0.05, 1.0]])
+    )
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero():
+    factor = linear_schedule(warmup=2, total=6)
+    assert [factor(step) for step in range(7)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    )
+    assert [linear_schedule(0, 4)(step) for step in range(4)] == pytest.approx(
+        [1.0, 0.75, 0.5, 0.25]
+    )

@@ -18,10 +18,18 @@ from farmkit import generation, sampling
 
 PROMPTS = [
     {"instruction": "Name a colour.", "input": "", "id": "a", "split": "eval"},
-    {"instruction": "Translate the sentence into German.", "input": "The weather is fine today and the sun is out.", "id": "b"},
+    {
+        "instruction": "Translate the sentence into German.",
+        "input": "The weather is fine today and the sun is out.",
+        "id": "b",
+    },
     {"instruction": "Count to three.", "id": "c"},
     {"instruction": "Write one word.", "input": "", "id": "d"},
-    {"instruction": "Say hello to the reader in a long and friendly sentence.", "input": "", "id": "e"},
+    {
+        "instruction": "Say hello to the reader in a long and friendly sentence.",
+        "input": "",
+        "id": "e",
+    },
 ]
 
 
@@ -37,7 +45,10 @@ def sample(*args: str, env: dict | None = None, exit_code: int = 0):
 
 
 def records_of(text: str | bytes) -> list[dict]:
-    return [json.loads(line) for line in (text.decode() if isinstance(text, bytes) else text).splitlines()]
+    return [
+        json.loads(line)
+        for line in (text.decode() if isinstance(text, bytes) else text).splitlines()
+    ]
 
 
 @pytest.fixture
@@ -46,16 +57,36 @@ def prompts(tmp_path) -> Path:
 
 
 def test_n_samples_per_prompt_consecutive_with_all_fields(tiny_model_path, prompts):
-    args = [str(tiny_model_path), str(prompts), "-n", "2", "--temperature", "1.0", "--max-new-tokens", "6", "--batch-size", "4"]
+    args = [
+        str(tiny_model_path),
+        str(prompts),
+        "-n",
+        "2",
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        "6",
+        "--generation-batch-size",
+        "4",
+    ]
     first = sample(*args, "--seed", "3").stdout
     records = records_of(first)
-    assert [(r["id"], r["sample_index"]) for r in records] == [(p["id"], k) for p in PROMPTS for k in (0, 1)]
+    assert [(r["id"], r["sample_index"]) for r in records] == [
+        (p["id"], k) for p in PROMPTS for k in (0, 1)
+    ]
     for record in records:
         assert record["generator"] == tiny_model_path.name
-        assert (record["temperature"], record["top_p"], record["max_new_tokens"], record["seed"]) == (1.0, 1.0, 6, 3)
+        assert (
+            record["temperature"],
+            record["top_p"],
+            record["max_new_tokens"],
+            record["seed"],
+        ) == (1.0, 1.0, 6, 3)
         assert record["provenance"]["farm-sample"]["backend"] == "hf"
         assert isinstance(record["output"], str) and record["output"]
-    assert records[0]["split"] == "eval" and records[4]["input"] == ""  # other fields pass through, input filled
+    assert (
+        records[0]["split"] == "eval" and records[4]["input"] == ""
+    )  # other fields pass through, input filled
     assert records[0]["output"] != records[1]["output"]  # two samples, not one repeated
 
     assert sample(*args, "--seed", "3").stdout == first  # same seed: same bytes
@@ -65,12 +96,27 @@ def test_n_samples_per_prompt_consecutive_with_all_fields(tiny_model_path, promp
 
 def test_generator_name_defaults(embedded_path, tiny_model_path, tmp_path):
     assert sampling.generator_name("embedded") == "SmolLM2-135M-Instruct"  # meta.json's name
-    assert sampling.generator_name(str(tiny_model_path) + "/") == tiny_model_path.name  # the folder's base name
+    assert (
+        sampling.generator_name(str(tiny_model_path) + "/") == tiny_model_path.name
+    )  # the folder's base name
     assert sampling.generator_name("someone/some-model") == "someone/some-model"  # the argument
 
 
-def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(tiny_model_path, prompts, tmp_path, monkeypatch):
-    args = [str(tiny_model_path), str(prompts), "-n", "2", "--temperature", "1.0", "--max-new-tokens", "5", "--batch-size", "4"]
+def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(
+    tiny_model_path, prompts, tmp_path, monkeypatch
+):
+    args = [
+        str(tiny_model_path),
+        str(prompts),
+        "-n",
+        "2",
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        "5",
+        "--generation-batch-size",
+        "4",
+    ]
     straight = tmp_path / "straight.jsonl"
     sample(*args, "-o", str(straight))
 
@@ -83,7 +129,10 @@ def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(t
             on_batch(indices, samples)
             if interrupt and len(generated) >= 2:
                 raise KeyboardInterrupt
-        return original_generate(model, tokenizer, prompts, config, seed=seed, on_batch=counted, skip=skip)
+
+        return original_generate(
+            model, tokenizer, prompts, config, seed=seed, on_batch=counted, skip=skip
+        )
 
     monkeypatch.setattr(generation, "generate", spy)
     out = tmp_path / "resumed.jsonl"
@@ -98,20 +147,28 @@ def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(t
     generated.clear()
     interrupt = False
     sample(*args, "-o", str(out), "--resume")
-    assert sorted(generated) == sorted(set(range(len(PROMPTS))) - set(done_first))  # finished prompts not redone
+    assert sorted(generated) == sorted(
+        set(range(len(PROMPTS))) - set(done_first)
+    )  # finished prompts not redone
     assert out.read_bytes() == straight.read_bytes()
     assert not side.exists()
 
 
 def test_resume_refuses_a_side_file_of_other_settings(tiny_model_path, prompts, tmp_path):
     out = tmp_path / "out.jsonl"
-    Path(f"{out}.resume.jsonl").write_bytes(orjson.dumps({"farm_sample_resume": {"settings": "other"}}) + b"\n")
+    Path(f"{out}.resume.jsonl").write_bytes(
+        orjson.dumps({"farm_sample_resume": {"settings": "other"}}) + b"\n"
+    )
     result = sample(str(tiny_model_path), str(prompts), "-o", str(out), "--resume", exit_code=1)
     assert "other prompts or settings" in str(result.exception)
-    assert "--resume needs -o FILE" in sample("embedded", str(prompts), "--resume", exit_code=2).output
+    assert (
+        "--resume needs -o FILE" in sample("embedded", str(prompts), "--resume", exit_code=2).output
+    )
 
 
-def test_control_token_of_a_reward_conditioned_folder_is_applied(tiny_model_path, prompts, tmp_path, monkeypatch):
+def test_control_token_of_a_reward_conditioned_folder_is_applied(
+    tiny_model_path, prompts, tmp_path, monkeypatch
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from farmkit.models import write_meta
@@ -123,7 +180,10 @@ def test_control_token_of_a_reward_conditioned_folder_is_applied(tiny_model_path
     model.resize_token_embeddings(len(tokenizer))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    write_meta(folder, {"kind": "policy", "prompt_template": "chat", "sampling_control_token": "<|preferred|>"})
+    write_meta(
+        folder,
+        {"kind": "policy", "prompt_template": "chat", "sampling_control_token": "<|preferred|>"},
+    )
 
     seen: list[str] = []
     original_generate = generation.generate
@@ -133,10 +193,14 @@ def test_control_token_of_a_reward_conditioned_folder_is_applied(tiny_model_path
         for prompt in prompts:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             assert ids[-1] == tokenizer.convert_tokens_to_ids("<|preferred|>")
-        return original_generate(model, tokenizer, prompts, config, seed=seed, on_batch=on_batch, skip=skip)
+        return original_generate(
+            model, tokenizer, prompts, config, seed=seed, on_batch=on_batch, skip=skip
+        )
 
     monkeypatch.setattr(generation, "generate", spy)
-    records = records_of(sample(str(folder), str(prompts), "-n", "1", "--max-new-tokens", "3").stdout)
+    records = records_of(
+        sample(str(folder), str(prompts), "-n", "1", "--max-new-tokens", "3").stdout
+    )
     assert len(seen) == len(PROMPTS) and len(records) == len(PROMPTS)
     assert all(p.endswith("<|im_start|>assistant\n<|preferred|>") for p in seen)
     assert "<|preferred|>" not in "".join(r["output"] for r in records)
@@ -173,34 +237,78 @@ class InFlight:
 def test_openai_backend_samples_in_order_with_bounded_concurrency(prompts):
     replies = InFlight()
     secret = "sk-test-secret-0123456789"
-    with OpenAIServer(respond=replies, api_key=secret, models={"ref-model"}, script=["429", "500"]) as server:
+    with OpenAIServer(
+        respond=replies, api_key=secret, models={"ref-model"}, script=["429", "500"]
+    ) as server:
         env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": secret}
-        result = CliRunner().invoke(cli, ["ref-model", str(prompts), "--backend", "openai", "-n", "2",
-                                          "--concurrency", "3", "--seed", "5"], env=env)
+        result = CliRunner().invoke(
+            cli,
+            [
+                "ref-model",
+                str(prompts),
+                "--backend",
+                "openai",
+                "-n",
+                "2",
+                "--concurrency",
+                "3",
+                "--seed",
+                "5",
+            ],
+            env=env,
+        )
         assert result.exit_code == 0, result.output
         records = records_of(result.stdout)
-        assert [(r["id"], r["sample_index"]) for r in records] == [(p["id"], k) for p in PROMPTS for k in (0, 1)]
-        assert all(r["generator"] == "ref-model" and r["provenance"]["farm-sample"]["backend"] == "openai" for r in records)
+        assert [(r["id"], r["sample_index"]) for r in records] == [
+            (p["id"], k) for p in PROMPTS for k in (0, 1)
+        ]
+        assert all(
+            r["generator"] == "ref-model" and r["provenance"]["farm-sample"]["backend"] == "openai"
+            for r in records
+        )
         # the user turn is the chat template's: instruction, a blank line, then the input
-        assert records[2]["output"].startswith(f"answer to [{PROMPTS[1]['instruction']}\n\n{PROMPTS[1]['input']}]")
+        assert records[2]["output"].startswith(
+            f"answer to [{PROMPTS[1]['instruction']}\n\n{PROMPTS[1]['input']}]"
+        )
         assert records[0]["output"] != records[1]["output"]  # each sample has its own seed
-        assert server.outcomes["429"] == 1 and server.outcomes["500"] == 1 and server.outcomes["ok"] == 10
+        assert (
+            server.outcomes["429"] == 1
+            and server.outcomes["500"] == 1
+            and server.outcomes["ok"] == 10
+        )
         assert 1 < replies.most <= 3
         assert secret not in result.output
 
-        again = CliRunner().invoke(cli, ["ref-model", str(prompts), "--backend", "openai", "-n", "2", "--seed", "5"], env=env)
+        again = CliRunner().invoke(
+            cli,
+            ["ref-model", str(prompts), "--backend", "openai", "-n", "2", "--seed", "5"],
+            env=env,
+        )
         assert again.stdout == result.stdout  # per-request seeds: same order and outputs
 
-        wrong_model = CliRunner().invoke(cli, ["no-such-model", str(prompts), "--backend", "openai"], env=env)
-        assert wrong_model.exit_code == 1 and "NotFoundError" in str(wrong_model.exception)
-        wrong_key = CliRunner().invoke(cli, ["ref-model", str(prompts), "--backend", "openai"],
-                                       env={**env, "OPENAI_API_KEY": "sk-wrong-key-abcdef"})
-        assert wrong_key.exit_code == 1 and "sk-wrong-key-abcdef" not in str(wrong_key.exception) + wrong_key.output
+        wrong_model = CliRunner().invoke(
+            cli, ["no-such-model", str(prompts), "--backend", "openai"], env=env
+        )
+        assert wrong_model.exit_code == 1 and "has no model 'no-such-model'" in str(
+            wrong_model.exception
+        )
+        wrong_key = CliRunner().invoke(
+            cli,
+            ["ref-model", str(prompts), "--backend", "openai"],
+            env={**env, "OPENAI_API_KEY": "sk-wrong-key-abcdef"},
+        )
+        assert (
+            wrong_key.exit_code == 1
+            and "sk-wrong-key-abcdef" not in str(wrong_key.exception) + wrong_key.output
+        )
 
 
 def test_openai_backend_needs_a_key_or_an_endpoint(prompts):
-    result = CliRunner().invoke(cli, ["gpt-x", str(prompts), "--backend", "openai", "-q"],
-                                env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""})
+    result = CliRunner().invoke(
+        cli,
+        ["gpt-x", str(prompts), "--backend", "openai", "-q"],
+        env={"OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""},
+    )
     assert result.exit_code == 1 and "needs OPENAI_API_KEY" in str(result.exception)
 
 

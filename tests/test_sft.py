@@ -16,6 +16,7 @@ from farmkit.tools.farm_sft import cli as sft_cli
 
 from farmkit.methods import sft
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig, train_sft
+from farmkit.modelio import META_KEYS
 
 DEMOS = [
     {"instruction": "Name the colour of a clear daytime sky.", "input": "", "output": "Blue."},
@@ -25,10 +26,34 @@ DEMOS = [
 ]
 
 PREFERENCES = [
-    {"instruction": "Say something kind.", "input": "", "output_1": "You did well today.", "output_2": "Go away.", "preference": 1},
-    {"instruction": "Name a fruit.", "input": "", "output_1": "A chair.", "output_2": "An apple.", "preference": 2},
-    {"instruction": "Count to three.", "input": "", "output_1": "1 2 3", "output_2": "one two three", "preference": 1.5},
-    {"instruction": "Name a planet.", "input": "", "output_1": "Mars.", "output_2": "Paris.", "preference": None},
+    {
+        "instruction": "Say something kind.",
+        "input": "",
+        "output_1": "You did well today.",
+        "output_2": "Go away.",
+        "preference": 1,
+    },
+    {
+        "instruction": "Name a fruit.",
+        "input": "",
+        "output_1": "A chair.",
+        "output_2": "An apple.",
+        "preference": 2,
+    },
+    {
+        "instruction": "Count to three.",
+        "input": "",
+        "output_1": "1 2 3",
+        "output_2": "one two three",
+        "preference": 1.5,
+    },
+    {
+        "instruction": "Name a planet.",
+        "input": "",
+        "output_1": "Mars.",
+        "output_2": "Paris.",
+        "preference": None,
+    },
 ]
 
 
@@ -51,8 +76,15 @@ def state(folder: Path) -> dict:
 
 
 def quick(**overrides) -> SFTConfig:
-    settings = {"max_steps": 4, "batch_size": 4, "learning_rate": 1e-3, "warmup_ratio": 0.0, "logging_steps": 1,
-                "lr_scheduler": "constant", "max_length": 128}
+    settings = {
+        "max_steps": 4,
+        "batch_size": 4,
+        "learning_rate": 1e-3,
+        "warmup_ratio": 0.0,
+        "logging_steps": 1,
+        "lr_scheduler": "constant",
+        "max_length": 128,
+    }
     settings.update(overrides)
     return SFTConfig(**settings)
 
@@ -61,14 +93,22 @@ def test_sft_lowers_the_response_loss_and_changes_the_weights(tiny_model_path, t
     from farmkit.models import PromptFormat, load_causal_lm
 
     before_model, tokenizer = load_causal_lm(tiny_model_path)
-    loss_before = sft.completion_loss(before_model, tokenizer, PromptFormat.for_model(tiny_model_path), DEMOS)
+    loss_before = sft.completion_loss(
+        before_model, tokenizer, PromptFormat.for_model(tiny_model_path), DEMOS
+    )
     summary = train_sft(str(tiny_model_path), DEMOS, tmp_path / "sft", quick(max_steps=8))
     assert summary["steps"] == 8 and len(summary["losses"]) == 8
     after_model, _ = load_causal_lm(tmp_path / "sft")
-    loss_after = sft.completion_loss(after_model, tokenizer, PromptFormat.for_model(tmp_path / "sft"), DEMOS)
+    loss_after = sft.completion_loss(
+        after_model, tokenizer, PromptFormat.for_model(tmp_path / "sft"), DEMOS
+    )
     assert loss_after < loss_before - 1.0, (loss_before, loss_after)
     before = before_model.state_dict()
-    assert all(not (tensor == before[name]).all() for name, tensor in after_model.state_dict().items() if "norm" not in name)
+    assert all(
+        not (tensor == before[name]).all()
+        for name, tensor in after_model.state_dict().items()
+        if "norm" not in name
+    )
 
 
 @pytest.mark.slow
@@ -83,33 +123,69 @@ def test_embedded_sft_lowers_the_loss_changes_weights_and_samples(embedded_path,
     del before_model
 
     out = tmp_path / "sft"
-    summary = train_sft("embedded", DEMOS, out, quick(max_steps=6, learning_rate=5e-5), meta_extra={"inputs": {"demos": "x"}})
+    summary = train_sft(
+        "embedded",
+        DEMOS,
+        out,
+        quick(max_steps=6, learning_rate=5e-5),
+        meta_extra={"inputs": {"demos": "x"}},
+    )
     assert summary["steps"] == 6
 
     after_model, after_tokenizer = load_causal_lm(out)
-    loss_after = sft.completion_loss(after_model, after_tokenizer, PromptFormat.for_model(out), DEMOS)
+    loss_after = sft.completion_loss(
+        after_model, after_tokenizer, PromptFormat.for_model(out), DEMOS
+    )
     assert loss_after < loss_before * 0.8, (loss_before, loss_after)
-    changed = [name for name, tensor in after_model.state_dict().items() if not (tensor == before[name]).all()]
+    changed = [
+        name
+        for name, tensor in after_model.state_dict().items()
+        if not (tensor == before[name]).all()
+    ]
     assert len(changed) > len(before) // 2
 
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["tool"] == "farm-sft" and meta["kind"] == "policy" and meta["base_model"] == "embedded"
-    assert meta["prompt_template"] == "chat" and meta["seed"] == 0 and meta["inputs"] == {"demos": "x"}
+    assert (
+        meta["tool"] == "farm-sft" and meta["kind"] == "policy" and meta["base_model"] == "embedded"
+    )
+    assert (
+        meta["prompt_template"] == "chat" and meta["seed"] == 0 and meta["inputs"] == {"demos": "x"}
+    )
     assert meta["config"]["max_steps"] == 6 and "transformers" in meta["versions"]
+    assert set(META_KEYS) <= set(meta)  # the one layout every model folder has
     assert not sft.checkpoint_dir(out).exists()
 
     # the folder loads as farm-sample loads it, and greedy decoding now gives the taught answer
     prompt = PromptFormat.for_model(out).prompt(after_tokenizer, DEMOS[2]["instruction"])
-    [[sample]] = generate(after_model, after_tokenizer, [prompt], DecodingConfig(temperature=0, max_new_tokens=6))
+    [[sample]] = generate(
+        after_model, after_tokenizer, [prompt], DecodingConfig(temperature=0, max_new_tokens=6)
+    )
     assert "Seven" in sample.text
 
 
 def test_farm_sft_cli_writes_a_folder_that_farm_sample_reads(tiny_model_path, tmp_path):
     demos = write_jsonl(tmp_path / "demos.jsonl", DEMOS)
     out = tmp_path / "model"
-    invoke(sft_cli, str(tiny_model_path), str(demos), "-o", str(out), "--max-steps", "2", "--batch-size", "2")
+    invoke(
+        sft_cli,
+        str(tiny_model_path),
+        str(demos),
+        "-o",
+        str(out),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+    )
     meta = json.loads((out / "meta.json").read_text())
     assert meta["mode"] == "demonstrations" and list(meta["inputs"]) == [str(demos)]
+    # the setup that really ran: one plain process (no launcher, no DeepSpeed)
+    assert meta["launch"] == {
+        "distributed_type": "NO",
+        "num_processes": 1,
+        "zero_stage": 0,
+        "mixed_precision": "no",
+    }
     assert meta["base_model"] == str(tiny_model_path.resolve())
     assert len(meta["inputs"][str(demos)]) == 64
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"instruction": "Say hi.", "input": ""}])
@@ -127,7 +203,17 @@ def test_a_demonstration_without_output_is_an_error_naming_its_line(tiny_model_p
 
 
 def test_modes_are_exclusive(tmp_path):
-    result = CliRunner().invoke(sft_cli, ["embedded", "x.jsonl", "-o", str(tmp_path / "o"), "--from-preferences", "--reward-conditioning"])
+    result = CliRunner().invoke(
+        sft_cli,
+        [
+            "embedded",
+            "x.jsonl",
+            "-o",
+            str(tmp_path / "o"),
+            "--from-preferences",
+            "--reward-conditioning",
+        ],
+    )
     assert result.exit_code == 2 and "pick one" in result.output
 
 
@@ -142,8 +228,10 @@ def test_feedme_and_conditioning_examples_follow_the_verdicts():
     ]
     conditioned = sft.conditioning_examples(items)
     assert [(e["output"], e["control"]) for e in conditioned] == [
-        ("You did well today.", POSITIVE_TOKEN), ("Go away.", NEGATIVE_TOKEN),
-        ("An apple.", POSITIVE_TOKEN), ("A chair.", NEGATIVE_TOKEN),
+        ("You did well today.", POSITIVE_TOKEN),
+        ("Go away.", NEGATIVE_TOKEN),
+        ("An apple.", POSITIVE_TOKEN),
+        ("A chair.", NEGATIVE_TOKEN),
     ]
 
 
@@ -157,25 +245,50 @@ def test_from_preferences_trains_on_the_preferred_outputs(tiny_model_path, tmp_p
 
     monkeypatch.setattr(sft, "tokenize_examples", spy)
     prefs = write_jsonl(tmp_path / "prefs.jsonl", PREFERENCES)
-    invoke(sft_cli, str(tiny_model_path), str(prefs), "-o", str(tmp_path / "feedme"), "--from-preferences", "--max-steps", "1")
+    invoke(
+        sft_cli,
+        str(tiny_model_path),
+        str(prefs),
+        "-o",
+        str(tmp_path / "feedme"),
+        "--from-preferences",
+        "--max-steps",
+        "1",
+    )
     assert [e["output"] for e in seen] == ["You did well today.", "An apple."]
     assert json.loads((tmp_path / "feedme" / "meta.json").read_text())["mode"] == "binary-feedme"
 
 
-def test_reward_conditioning_adds_control_tokens_and_records_the_positive_one(tiny_model_path, tmp_path):
+def test_reward_conditioning_adds_control_tokens_and_records_the_positive_one(
+    tiny_model_path, tmp_path
+):
     from transformers import AutoTokenizer
 
     prefs = write_jsonl(tmp_path / "prefs.jsonl", PREFERENCES)
     out = tmp_path / "conditioned"
-    invoke(sft_cli, str(tiny_model_path), str(prefs), "-o", str(out), "--reward-conditioning", "--max-steps", "2",
-           "--learning-rate", "1e-2")
+    invoke(
+        sft_cli,
+        str(tiny_model_path),
+        str(prefs),
+        "-o",
+        str(out),
+        "--reward-conditioning",
+        "--max-steps",
+        "2",
+        "--learning-rate",
+        "1e-2",
+    )
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["sampling_control_token"] == POSITIVE_TOKEN and meta["mode"] == "reward-conditioning"
+    assert (
+        meta["sampling_control_token"] == POSITIVE_TOKEN and meta["mode"] == "reward-conditioning"
+    )
     tokenizer = AutoTokenizer.from_pretrained(out)
     base_size = len(AutoTokenizer.from_pretrained(tiny_model_path))
     assert len(tokenizer) == base_size + 2
     for token in (POSITIVE_TOKEN, NEGATIVE_TOKEN):
-        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
+        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [
+            tokenizer.convert_tokens_to_ids(token)
+        ]
     weights = state(out)
     embeddings = weights["model.embed_tokens.weight"]
     assert embeddings.shape[0] == base_size + 2
@@ -186,14 +299,24 @@ def test_reward_conditioning_adds_control_tokens_and_records_the_positive_one(ti
 def test_lora_is_merged_into_a_plain_folder(tiny_model_path, tmp_path):
     out = tmp_path / "lora"
     conditioned = [{**DEMOS[0], "control": POSITIVE_TOKEN}, {**DEMOS[1], "control": NEGATIVE_TOKEN}]
-    summary = train_sft(str(tiny_model_path), DEMOS + conditioned, out, quick(lora=True, lora_r=4, max_steps=2, learning_rate=1e-2))
+    summary = train_sft(
+        str(tiny_model_path),
+        DEMOS + conditioned,
+        out,
+        quick(lora=True, lora_rank=4, max_steps=2, learning_rate=1e-2),
+    )
     assert summary["steps"] == 2
-    assert state(out)["model.embed_tokens.weight"].shape[0] == state(tiny_model_path)["model.embed_tokens.weight"].shape[0] + 2
+    assert (
+        state(out)["model.embed_tokens.weight"].shape[0]
+        == state(tiny_model_path)["model.embed_tokens.weight"].shape[0] + 2
+    )
     names = set(state(out))
     assert not any("lora" in name for name in names)
     assert not (out / "adapter_config.json").exists()
     base, tuned = state(tiny_model_path), state(out)
-    assert any(not (base[name] == tuned[name]).all() for name in base if "layers" in name)  # the merged adapters
+    assert any(
+        not (base[name] == tuned[name]).all() for name in base if "layers" in name
+    )  # the merged adapters
 
 
 def test_checkpoints_resume_to_the_same_weights(tiny_model_path, tmp_path):
@@ -205,7 +328,12 @@ def test_checkpoints_resume_to_the_same_weights(tiny_model_path, tmp_path):
         _train_until(tiny_model_path, interrupted, stop_after=2)
     checkpoints = sft.checkpoint_dir(interrupted)
     assert (checkpoints / "checkpoint-2").is_dir() and not interrupted.exists()
-    summary = train_sft(str(tiny_model_path), DEMOS, interrupted, quick(max_steps=4, batch_size=2, save_steps=2, resume=True))
+    summary = train_sft(
+        str(tiny_model_path),
+        DEMOS,
+        interrupted,
+        quick(max_steps=4, batch_size=2, save_steps=2, resume=True),
+    )
     assert summary["steps"] == 4
     assert not checkpoints.exists()  # removed once the folder is complete
     a, b = state(straight), state(interrupted)
@@ -259,5 +387,18 @@ def test_options_carry_the_config_help_and_read_a_yaml_file(tmp_path, monkeypatc
 
     demos = write_jsonl(tmp_path / "demos.jsonl", DEMOS)
     monkeypatch.setattr(sft, "train_sft", capture)
-    invoke(sft_cli, "embedded", str(demos), "-o", str(tmp_path / "o"), "--config", str(config), "--max-steps", "3")
-    assert (seen["config"].learning_rate, seen["config"].max_steps) == (0.5, 3)  # the flag wins over the file
+    invoke(
+        sft_cli,
+        "embedded",
+        str(demos),
+        "-o",
+        str(tmp_path / "o"),
+        "--config",
+        str(config),
+        "--max-steps",
+        "3",
+    )
+    assert (seen["config"].learning_rate, seen["config"].max_steps) == (
+        0.5,
+        3,
+    )  # the flag wins over the file

@@ -3,47 +3,163 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 
 import click
 import orjson
 
-from farmkit.cli import common_options, entry_point, input_argument, output_option, seed_option
-from farmkit.io import RecordWriter
+from farmkit.cli import (
+    common_options,
+    entry_point,
+    input_argument,
+    output_option,
+    seed_option,
+    shared_option,
+)
+from farmkit.io import RecordWriter, records_stdout
 
 
 @click.command(name="farm-annotate")
-@input_argument("input")
+@input_argument("inputs", nargs=-1)
 @output_option
-@click.option("--pool", help="A pool name (see --list-pools) or a pool YAML file.  [default: sim_ann]")
-@click.option("--reference", type=click.Path(exists=True, dir_okay=False),
-              help="Pair each output record with this file's output for the same instruction (in position 1), for evaluation.")
-@click.option("--labels", type=click.Path(exists=True, dir_okay=False),
-              help="Take verdicts from this preference file (human labels) instead of a pool.")
+@click.option(
+    "--pool",
+    help="A pool name (see --list-pools) or a pool YAML file.  [default: sim_ann; with --reference: sim_eval, "
+    "the noise-free evaluation pool]",
+)
+@click.option(
+    "--reference",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Pair each output record with this file's output for the same instruction (in position 1), for evaluation.",
+)
+@click.option(
+    "--generator",
+    "generators",
+    multiple=True,
+    metavar="NAME",
+    help="The system that wrote output records without a `generator` field (AlpacaFarm's published "
+    "outputs have none): one name for every input file, or one per file in order; repeatable.",
+)
+@click.option(
+    "--skip-missing",
+    is_flag=True,
+    help="With --reference: leave out output records whose instruction the reference lacks "
+    "(counted on stderr) instead of stopping.",
+)
+@click.option(
+    "--labels",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Take verdicts from this preference file (human labels) instead of a pool.",
+)
 @seed_option
-@click.option("--flip-rate", type=click.FloatRange(0, 0.5), help="Share of labels flipped by noise (overrides the pool's; sim_ann: 0.25).")
-@click.option("--both-orders", is_flag=True, help="Ask in both orders; verdicts that disagree become a tie (1.5).")
-@click.option("--model", "models", multiple=True, metavar="[TIER=]NAME",
-              help="Model for every openai judge (NAME) or for one tier (TIER=NAME); repeatable.")
-@click.option("--cache", "cache_path", type=click.Path(dir_okay=False), help="SQLite verdict cache [default: FARMKIT_CACHE/annotations.sqlite].")
+@click.option(
+    "--flip-rate",
+    type=click.FloatRange(0, 0.5),
+    help="Share of labels flipped by noise (overrides the pool's; sim_ann: 0.25).",
+)
+@click.option(
+    "--assign-by",
+    type=click.Choice(["item", "instruction"]),
+    default="item",
+    show_default=True,
+    help="What draws the judge and the order shown: each pair, or the instruction (every model meets the same "
+    "judge and order on an instruction, which lowers the variance of comparisons between models).",
+)
+@click.option(
+    "--both-orders",
+    is_flag=True,
+    help="Ask in both orders; verdicts that disagree become a tie (1.5).",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="[TIER=]NAME",
+    help="Model for every openai judge (NAME) or for one tier (TIER=NAME); repeatable.",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False),
+    help="SQLite verdict cache; any number of runs may share one at once (a question another run "
+    "is asking is waited for, not paid twice)  [default: FARMKIT_CACHE/annotations.sqlite].",
+)
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the verdict cache.")
-@click.option("--max-cost", type=click.FloatRange(min=0), metavar="USD", help="Refuse to start, or stop asking, before spending more.")
-@click.option("--estimate", is_flag=True, help="Print the expected requests, tokens and price as JSON and exit without asking anything.")
-@click.option("--prices", type=click.Path(exists=True, dir_okay=False), help="YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.")
-@click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight at once (pool default: 16).")
-@click.option("--timeout", type=click.FloatRange(min=0.1), help="Seconds before a request is abandoned and retried (pool default: 60).")
-@click.option("--max-retries", type=click.IntRange(min=0), help="Retries of a failed request (pool default: 6).")
-@click.option("--device", default="auto", show_default=True, help="Device for local and reward-model judges.")
+@click.option(
+    "--max-cost",
+    type=click.FloatRange(min=0),
+    metavar="USD",
+    help="Refuse to start, or stop asking, before spending more. Refuses a model without a known price "
+    "(give one with --prices); each request in flight holds its worst case (max_tokens, and the prompt "
+    "at the densest billing seen), so concurrent requests cannot overshoot the cap.",
+)
+@click.option(
+    "--estimate",
+    is_flag=True,
+    help="Print the expected requests, tokens and price as JSON and exit without asking anything.",
+)
+@click.option(
+    "--prices",
+    type=click.Path(exists=True, dir_okay=False),
+    help="YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    help="Requests in flight at once (pool default: 16).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    help="Seconds before a request is abandoned and retried (pool default: 60).",
+)
+@click.option(
+    "--max-retries",
+    type=click.IntRange(min=0),
+    help="Retries of a failed request (pool default: 6).",
+)
+@shared_option("device")  # of the local and reward-model judges
+@click.option(
+    "--progress",
+    is_flag=True,
+    help="Show the progress bar (cache hits, requests, failures, spend) on stderr even "
+    "when stderr is not a terminal; -q silences it.",
+)
 @click.option("--list-pools", is_flag=True, help="Print every shipped pool as JSON lines and exit.")
 @common_options
-def cli(input, output, pool, reference, labels, seed, flip_rate, both_orders, models, cache_path, no_cache,
-        max_cost, estimate, prices, concurrency, timeout, max_retries, device, list_pools) -> None:
+def cli(
+    inputs,
+    output,
+    pool,
+    reference,
+    generators,
+    skip_missing,
+    labels,
+    seed,
+    flip_rate,
+    assign_by,
+    both_orders,
+    models,
+    cache_path,
+    no_cache,
+    max_cost,
+    estimate,
+    prices,
+    concurrency,
+    timeout,
+    max_retries,
+    device,
+    progress,
+    list_pools,
+) -> None:
     """Judge pairs of outputs and write preference records (1: output_1 better, 2: output_2, 1.5: tie,
     null: no verdict, with preference_reason).
 
-    INPUT holds pair records (output_1, output_2), or output records where consecutive outputs for
-    the same instruction form a pair (farm-sample -n 2), or, with --reference, output records to
-    compare with the reference. Example:
+    Each INPUT file (default: stdin) holds pair records (output_1, output_2), or output records
+    where consecutive outputs for the same instruction form a pair (farm-sample -n 2), or, with
+    --reference, output records to compare with the reference. Several files are annotated as one
+    run (pairs never span two files): a nightly evaluation passes every checkpoint's outputs and
+    pays only for pairs the cache has not seen. Example:
 
         farm-sample sft/ prompts.jsonl -n 2 | farm-annotate --pool sim_ann > prefs.jsonl
     """
@@ -51,34 +167,69 @@ def cli(input, output, pool, reference, labels, seed, flip_rate, both_orders, mo
 
     if list_pools:
         for name in pool_module.shipped_pools():
-            sys.stdout.buffer.write(orjson.dumps(pool_module.load_pool(name).listing()) + b"\n")
+            records_stdout().write(orjson.dumps(pool_module.load_pool(name).listing()) + b"\n")
         return
     if cache_path and no_cache:
         raise click.UsageError("--cache and --no-cache exclude each other")
+    if skip_missing and not reference:
+        raise click.UsageError(
+            "--skip-missing skips records the --reference lacks; give --reference"
+        )
     if labels and pool:
         raise click.UsageError("--labels replaces the pool; leave --pool out")
-    chosen = (pool_module.pool_from_dict({"name": "labels", "description": f"labels from {labels}", "judges": [
-        {"name": "file", "backend": "file", "path": labels}]}, "--labels") if labels else pool_module.load_pool(pool or "sim_ann"))
+    chosen = (
+        pool_module.pool_from_dict(
+            {
+                "name": "labels",
+                "description": f"labels from {labels}",
+                "judges": [{"name": "file", "backend": "file", "path": labels}],
+            },
+            "--labels",
+        )
+        if labels
+        else pool_module.load_pool(pool or ("sim_eval" if reference else "sim_ann"))
+    )
     chosen = chosen.with_models(list(models))
-    for name, value in (("concurrency", concurrency), ("timeout", timeout), ("max_retries", max_retries)):
+    for name, value in (
+        ("concurrency", concurrency),
+        ("timeout", timeout),
+        ("max_retries", max_retries),
+    ):
         if value is not None:
             chosen.settings[name] = value
     if flip_rate is not None:
         chosen.flip_rate = flip_rate
+    if reference and chosen.flip_rate > 0:
+        logging.getLogger("farmkit").warning(
+            "farm-annotate: pool %s adds label noise (flip rate %g) to an evaluation against --reference, which blurs "
+            "win rates; evaluate with sim_eval (or sim_eval_offline), or pass --flip-rate 0",
+            chosen.name,
+            chosen.flip_rate,
+        )
 
     from farmkit.annotate.pairs import read_items
     from farmkit.annotate.run import Run
 
-    items = read_items(input, reference)  # everything is read and checked before anything is asked
+    # everything is read and checked before anything is asked
+    items = read_items(inputs or ("-",), reference, generators, skip_missing)
     if not items:
         return
-    run = Run(chosen, seed=seed, both_orders=both_orders, cache_path=None if no_cache else (cache_path or "default"),
-              prices_path=prices, max_cost=max_cost, device=device)
-    if estimate:
-        sys.stdout.buffer.write(orjson.dumps(run.estimate(items)) + b"\n")
-        return
-    with RecordWriter(output) as writer:
-        writer.write_all(run.records(items))
+    with Run(
+        chosen,
+        seed=seed,
+        both_orders=both_orders,
+        cache_path=None if no_cache else (cache_path or "default"),
+        prices_path=prices,
+        max_cost=max_cost,
+        device=device,
+        show_progress=progress,
+        assign_by=assign_by,
+    ) as run:
+        if estimate:
+            records_stdout().write(orjson.dumps(run.estimate(items)) + b"\n")
+            return
+        with RecordWriter(output) as writer:
+            writer.write_all(run.records(items))
     run.summary()
 
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 
 import click
 
+from farmkit import distributed
 from farmkit.cli import (
+    SAMPLE_COUNTS,
     common_options,
+    decoding_options,
     entry_point,
     input_argument,
+    model_options,
     output_option,
     provenance,
     seed_option,
+    shared_option,
     stamp,
 )
 from farmkit.io import RecordWriter, read_records
@@ -20,56 +27,157 @@ from farmkit.io import RecordWriter, read_records
 log = logging.getLogger("farmkit")
 
 
-def parse_ns(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        ns = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected a number or a comma-separated list such as 1,4,16,64") from None
-    if not ns or min(ns) < 1:
-        raise click.BadParameter(f"{value!r}: every n must be at least 1")
-    return ns
-
-
 @click.command(name="farm-bon")
 @click.argument("policy")
 @click.argument("rm")
 @input_argument("prompts")
 @output_option
-@click.option("-n", "ns", default="16", show_default=True, callback=parse_ns, help="Samples per prompt, or a sweep (1,4,16,64): best of the first n for each, from one pass.")
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--max-new-tokens", default=300, show_default=True, type=click.IntRange(min=1))
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1), help="Sequences per generation pass (and texts per scoring pass).")
-@click.option("--template", type=click.Choice(["auto", "chat", "alpaca"]), default="auto", show_default=True, help="The policy's prompt template (auto: its own).")
-@click.option("--generator", default=None, help="Name of the policy in generator fields (default: its folder name); '-best-of-N' is appended.")
-@click.option("--all-samples", type=click.Path(dir_okay=False, allow_dash=False), help="Also write every scored sample to this file (output records with reward).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ...")
+@shared_option(
+    "num_samples",
+    "16",
+    dest="ns",
+    param_type=SAMPLE_COUNTS,
+    more_help="A sweep (1,4,16,64) keeps the best of the first n for each n, from one pass.",
+)
+@decoding_options(
+    temperature=1.0,
+    generation_batch_size=16,
+    batch_aliases=("--batch-size",),
+    batch_dest="batch_size",
+)
+@shared_option("reward_batch_size")
+@model_options
+@click.option(
+    "--generator",
+    default=None,
+    help="Name of the policy in generator fields (default: its folder name); '-best-of-N' is appended.",
+)
+@click.option(
+    "--all-samples",
+    type=click.Path(dir_okay=False, allow_dash=False),
+    help="Also write every scored sample to this file (output records with reward).",
+)
+@click.option(
+    "--metrics",
+    "metrics_path",
+    type=click.Path(dir_okay=False, allow_dash=False),
+    help="Also write one metrics row per n to this file (the trainers' metrics.jsonl schema: "
+    "step = n, reward, kl = log n - (n-1)/n, response_length, the budget of best-of-n alone, and "
+    "the gold figures with --gold), which farm-plot curves draws.",
+)
+@shared_option("gold")
+@shared_option("gold_prompts")
+@shared_option("gold_size")
 @seed_option
 @common_options
-def cli(policy, rm, prompts, output, ns, temperature, top_p, max_new_tokens, batch_size, template, generator, all_samples, device, seed):
+def cli(
+    policy,
+    rm,
+    prompts,
+    output,
+    ns,
+    temperature,
+    top_p,
+    max_new_tokens,
+    batch_size,
+    reward_batch_size,
+    template,
+    device,
+    generator,
+    all_samples,
+    metrics_path,
+    gold,
+    gold_prompts,
+    gold_size,
+    seed,
+):
     """Sample n outputs per prompt of PROMPTS from POLICY, score them with the reward model RM and
     write the best as an output record (reward, best_of, generator "<policy>-best-of-<n>"). With a
-    sweep, the records of every n follow each other in one stream, smallest n first."""
+    sweep, the records of every n follow each other in one stream, smallest n first.
+
+    The budget (labels used through RM, read from its meta.json; tokens sampled; wall time) is
+    summed up on stderr and, per n, in the --metrics rows. With --gold, each n's best outputs to the
+    gold prompts are judged against POLICY's own answers (one sample each, another seed)."""
+    if distributed.launched() and prompts == "-":
+        raise click.UsageError(
+            "under a launcher every process reads the prompts: give a file, not stdin"
+        )
     records = list(read_records(prompts, "instruction"))
     if not records:
         return
     from farmkit.methods.bon import (
         BestOfNConfig,
+        ScoredPrompt,
         all_sample_records,
         best_records,
-        mean_rewards,
         sample_and_score,
+        sweep_rows,
     )
+    from farmkit.methods.budget import reward_model_labels
+    from farmkit.methods.gold import describe, make_gold, prompt_key
     from farmkit.methods.reward import RewardScorer
+    from farmkit.metrics import write_metrics
     from farmkit.sampling import generator_name
+    from farmkit.seeds import derive_seed
 
-    config = BestOfNConfig(ns=ns, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           score_batch_size=batch_size, template=template, seed=seed)
-    scorer = RewardScorer(rm, device=device, batch_size=batch_size)
+    try:
+        config = BestOfNConfig(
+            ns=ns,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            score_batch_size=reward_batch_size,
+            template=template,
+            seed=seed,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    started = time.perf_counter()
+    judge = make_gold(
+        gold,
+        gold_prompts,
+        gold_size,
+        records,
+        policy,
+        template=template,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        device=device,
+        batch_size=batch_size,
+        tool="farm-bon",
+    )
+    scorer = RewardScorer(rm, device=device, batch_size=reward_batch_size)
+    # under a launcher each process samples and scores its share; the main process alone writes
     scored = sample_and_score(policy, scorer, records, config, device=device)
+    if not distributed.is_main():
+        return
+    gold_scored = []
+    if judge is not None:
+        by_prompt: dict[str, ScoredPrompt] = {}
+        for prompt in scored:
+            by_prompt.setdefault(prompt_key(prompt.record), prompt)
+        keys = [prompt_key(record) for record in judge.prompts]
+        if all(key in by_prompt for key in keys):  # the gold prompts are among PROMPTS: reuse
+            gold_scored = [by_prompt[key] for key in keys]
+        else:  # prompts of their own: a sampling pass of their own
+            gold_config = dataclasses.replace(config, seed=derive_seed(seed, "gold answers"))
+            gold_scored = sample_and_score(
+                policy, scorer, judge.prompts, gold_config, device=device
+            )
     name = generator or generator_name(policy)
-    info = provenance("farm-bon", seed, policy=str(policy), reward_model=scorer.path, n=list(config.ns), temperature=temperature,
-                      top_p=top_p, max_new_tokens=max_new_tokens, template=template)
+    info = provenance(
+        "farm-bon",
+        seed,
+        policy=str(policy),
+        reward_model=scorer.path,
+        n=list(config.ns),
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        template=template,
+    )
     if all_samples:
         with RecordWriter(all_samples) as writer:
             for record in all_sample_records(scored, name, scorer.name, config):
@@ -77,8 +185,26 @@ def cli(policy, rm, prompts, output, ns, temperature, top_p, max_new_tokens, bat
     with RecordWriter(output) as writer:
         for record in best_records(scored, name, scorer.name, config):
             writer.write(stamp(record, "farm-bon", info))
-    for n, reward in mean_rewards(scored, config.ns).items():
-        log.info("best of %d: mean reward %.4f over %d prompts", n, reward, len(scored))
+    labels = reward_model_labels(rm)
+    rows = sweep_rows(scored, config.ns, labels, time.perf_counter() - started, judge, gold_scored)
+    for row in rows:
+        log.info(
+            "best of %d: mean reward %.4f over %d prompts%s",
+            row["n"],
+            row["reward"],
+            len(scored),
+            f"; gold: {describe(row)}" if judge is not None else "",
+        )
+    if metrics_path:
+        write_metrics(metrics_path, rows)
+    log.info(
+        "budget: %s labels used (through the reward model), %d tokens sampled, 0 training "
+        "tokens, %.1f s%s",
+        "?" if labels is None else labels,
+        rows[-1]["tokens_sampled"],
+        time.perf_counter() - started,
+        f" (gold judge: {judge.tokens_sampled} tokens sampled)" if judge is not None else "",
+    )
 
 
 main = entry_point(cli)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import sys
 
 import click
 
@@ -12,10 +11,10 @@ from farmkit.correlate import (
     Annotations,
     correlate_boards,
     human_summary,
-    judge_summary,
+    judge_summaries,
     read_board,
 )
-from farmkit.io import RecordWriter, atomic_path
+from farmkit.io import RecordWriter, atomic_path, records_stdout
 from farmkit.winrate import render
 
 FORMATS = ("jsonl", "table", "csv", "markdown")
@@ -27,34 +26,117 @@ def _fields(ctx, param, value):
 
 @click.command(name="farm-correlate")
 @click.argument("boards", nargs=-1, type=click.Path(allow_dash=True, dir_okay=False))
-@click.option("--name", "names", multiple=True, metavar="COLUMN",
-              help="Model-name column of the boards (once for all, or once per board). Default: generator, Model, or a CSV's first column.")
-@click.option("--score", "scores", multiple=True, metavar="COLUMN",
-              help="Score column of the boards (once for all, or once per board; a unique prefix is enough). Default: win_rate.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Leaderboard mode: scatter of the first two boards (diagonal, labelled points) as PNG.")
-@click.option("--judge", "judges", multiple=True, type=click.Path(allow_dash=True, dir_okay=False),
-              help="Annotation mode: the judge's preference records; each file is a run (repeat for repeated runs).")
-@click.option("--humans", "humans", multiple=True, type=click.Path(allow_dash=True, dir_okay=False),
-              help="Annotation mode: human preference records (several labels per pair allowed).")
-@click.option("--key", metavar="FIELD", help="Field that identifies a pair in all files. Default: pair_id, else the texts.")
-@click.option("--judge-label", default="preference", show_default=True, metavar="FIELD", help="Field holding the judge's label.")
-@click.option("--human-label", default="preference", show_default=True, callback=_fields, metavar="FIELD[,FIELD...]",
-              help="Field holding a human label; several fields: one annotator each (wide records).")
-@click.option("--outputs", default="output_1,output_2", show_default=True, callback=_fields, metavar="FIELD1,FIELD2",
-              help="Fields holding the two output texts (for the length, list and position preferences).")
-@click.option("--min-length-difference", default=30, show_default=True, type=click.IntRange(min=0), metavar="CHARS",
-              help="p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).")
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    metavar="COLUMN",
+    help="Model-name column of the boards (once for all, or once per board). Default: generator, Model, or a CSV's first column.",
+)
+@click.option(
+    "--score",
+    "scores",
+    multiple=True,
+    metavar="COLUMN",
+    help="Score column of the boards (once for all, or once per board; a unique prefix is enough). Default: win_rate.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Leaderboard mode: scatter of the first two boards as PNG (labelled points, their intervals, y = x when both share a scale).",
+)
+@click.option(
+    "--labels",
+    "max_labels",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="With --plot: label at most N points. Default: every point up to 25, else 15 (the highest and lowest on each axis, then the largest departures from the trend).",
+)
+@click.option(
+    "--judge",
+    "judges",
+    multiple=True,
+    type=click.Path(allow_dash=True, dir_okay=False),
+    help="Annotation mode: the judge's preference records; each file is a run (repeat for repeated runs).",
+)
+@click.option(
+    "--humans",
+    "humans",
+    multiple=True,
+    type=click.Path(allow_dash=True, dir_okay=False),
+    help="Annotation mode: human preference records (several labels per pair allowed).",
+)
+@click.option(
+    "--key",
+    metavar="FIELD",
+    help="Field that identifies a pair in all files. Default: pair_id, else the texts.",
+)
+@click.option(
+    "--judge-label",
+    default="preference",
+    show_default=True,
+    metavar="FIELD",
+    help="Field holding the judge's label.",
+)
+@click.option(
+    "--human-label",
+    default="preference",
+    show_default=True,
+    callback=_fields,
+    metavar="FIELD[,FIELD...]",
+    help="Field holding a human label; several fields: one annotator each (wide records).",
+)
+@click.option(
+    "--outputs",
+    default="output_1,output_2",
+    show_default=True,
+    callback=_fields,
+    metavar="FIELD1,FIELD2",
+    help="Fields holding the two output texts (for the length, list and position preferences).",
+)
+@click.option(
+    "--min-length-difference",
+    default=30,
+    show_default=True,
+    type=click.IntRange(min=0),
+    metavar="CHARS",
+    help="p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).",
+)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
-@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), help="Write to this file (atomically). Default: stdout.")
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    help="Write to this file (atomically). Default: stdout.",
+)
 @common_options
-def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_label, outputs, min_length_difference, fmt, output):
+def cli(
+    boards,
+    names,
+    scores,
+    plot,
+    max_labels,
+    judges,
+    humans,
+    key,
+    judge_label,
+    human_label,
+    outputs,
+    min_length_difference,
+    fmt,
+    output,
+):
     """Leaderboard mode (BOARDS): correlate two or more leaderboards joined by model name (farm-winrate
     JSONL, or CSVs with a name and a score column): Spearman, Kendall, Pearson and R^2 with n, and
     the models missing from either side; one record per pair of boards.
 
-    Annotation mode (--judge/--humans): the judge's agreement with the humans (leave-one-out), bias,
-    variance over runs, preference for longer outputs, lists and the first position, and the humans'
-    own figures with Cohen's kappa between annotators (definitions in farmkit/correlate.py).
+    Annotation mode (--judge/--humans): one row per judge: its agreement with the humans under
+    AlpacaFarm's (leave-one-out) and AlpacaEval's (mode of all, ties half) definitions, the rate its
+    verdict flips when the order is swapped, price and seconds per 1,000 verdicts (from the records'
+    provenance), bias, variance over runs, preference for longer outputs, lists and the first
+    position; and the humans' own figures with Cohen's kappa between annotators (definitions in
+    farmkit/correlate.py).
 
     \b
     farm-correlate sim.jsonl human.jsonl --plot sim_vs_human.png
@@ -64,43 +146,70 @@ def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_lab
         --human-label annotator1,annotator2,annotator3
     """
     if boards and (judges or humans):
-        raise click.UsageError("give leaderboards (leaderboard mode) or --judge/--humans (annotation mode), not both")
+        raise click.UsageError(
+            "give leaderboards (leaderboard mode) or --judge/--humans (annotation mode), not both"
+        )
     if len(outputs) != 2:
-        raise click.BadParameter("expected two fields, e.g. output_1,output_2", param_hint="--outputs")
+        raise click.BadParameter(
+            "expected two fields, e.g. output_1,output_2", param_hint="--outputs"
+        )
     if judges or humans:
         annotations = Annotations(key_field=key, outputs=outputs)
         for path in judges:
             annotations.add_judge(path, judge_label)
         for path in humans:
             annotations.add_humans(path, human_label)
+        for name, (count, first) in annotations.missing.items():
+            log.warning(
+                f"farm-correlate: {count} records have no {name!r} field and were left out (the first at {first})"
+            )
         if annotations.unparsed:
-            log.warning(f"farm-correlate: {annotations.unparsed} labels are no verdict and were left out, "
-                        f"the first: {annotations.first_unparsed}")
-        summaries = (judge_summary(annotations, min_length_difference), human_summary(annotations, min_length_difference))
-        rows = [row for row in summaries if row is not None]
-        info = provenance("farm-correlate", None, mode="annotations", key=key, min_length_difference=min_length_difference)
+            log.warning(
+                f"farm-correlate: {annotations.unparsed} labels are no verdict and were left out, "
+                f"the first: {annotations.first_unparsed}"
+            )
+        people = human_summary(annotations, min_length_difference)
+        rows = judge_summaries(annotations, min_length_difference) + (
+            [people] if people is not None else []
+        )
+        info = provenance(
+            "farm-correlate",
+            None,
+            mode="annotations",
+            key=key,
+            min_length_difference=min_length_difference,
+        )
     else:
         if len(boards) < 2:
             raise click.UsageError("leaderboard mode needs two leaderboards or more")
         for option, values in (("--name", names), ("--score", scores)):
             if len(values) not in (0, 1, len(boards)):
-                raise click.UsageError(f"give {option} once for all boards or once per board ({len(boards)})")
-        loaded = [read_board(path, _nth(names, i), _nth(scores, i)) for i, path in enumerate(boards)]
+                raise click.UsageError(
+                    f"give {option} once for all boards or once per board ({len(boards)})"
+                )
+        loaded = [
+            read_board(path, _nth(names, i), _nth(scores, i)) for i, path in enumerate(boards)
+        ]
         if not any(board.scores for board in loaded):
             return
         rows = [correlate_boards(x, y) for x, y in itertools.combinations(loaded, 2)]
         for row in rows:
             if row["missing_from_x"] or row["missing_from_y"]:
-                log.warning(f"farm-correlate: {row['x']} lacks {len(row['missing_from_x'])} models, "
-                            f"{row['y']} lacks {len(row['missing_from_y'])} (see missing_from_x / missing_from_y)")
+                log.warning(
+                    f"farm-correlate: {row['x']} lacks {len(row['missing_from_x'])} models, "
+                    f"{row['y']} lacks {len(row['missing_from_y'])} (see missing_from_x / missing_from_y)"
+                )
         if plot:
-            from farmkit.plots import scatter
+            from farmkit.plots import board_scatter
 
-            x, y = loaded[0], loaded[1]
-            common = sorted(set(x.scores) & set(y.scores))
-            scatter(plot, [x.scores[m] for m in common], [y.scores[m] for m in common], labels=common,
-                    xlabel=x.label, ylabel=y.label, title=_title(rows[0]), diagonal=True)
-        info = provenance("farm-correlate", None, mode="leaderboards", names=list(names) or None, scores=list(scores) or None)
+            board_scatter(plot, loaded[0], loaded[1], title=_title(rows[0]), max_labels=max_labels)
+        info = provenance(
+            "farm-correlate",
+            None,
+            mode="leaderboards",
+            names=list(names) or None,
+            scores=list(scores) or None,
+        )
     for row in rows:
         stamp(row, "farm-correlate", info)
     if fmt == "jsonl":
@@ -109,7 +218,7 @@ def cli(boards, names, scores, plot, judges, humans, key, judge_label, human_lab
         return
     text = render(rows, fmt)
     if output == "-":
-        sys.stdout.write(text)
+        records_stdout().write(text.encode("utf-8"))
     else:
         with atomic_path(output) as tmp:
             tmp.write_text(text, encoding="utf-8")

@@ -6,9 +6,15 @@ import logging
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument, seed_option
+from farmkit.cli import (
+    common_options,
+    config_options,
+    entry_point,
+    input_argument,
+    output_dir_option,
+    resolve_config,
+)
 from farmkit.io import FarmError, display_name, read_records
-from farmkit.methods.config import config_options, output_dir_option, resolve_config
 from farmkit.methods.dpo import DPOConfig, dpo_pairs
 
 log = logging.getLogger("farmkit")
@@ -19,9 +25,8 @@ log = logging.getLogger("farmkit")
 @input_argument("prefs")
 @output_dir_option
 @config_options(DPOConfig)
-@seed_option
 @common_options
-def cli(sft: str, prefs: str, output: str, config_file: str | None, seed: int, **values) -> None:
+def cli(sft: str, prefs: str, output: str, config_file: str | None, **values) -> None:
     """Fine-tune SFT on PREFS (preference records) with DPO; write the policy to -o DIR.
 
     The SFT model is the starting point and the frozen reference. Each verdict becomes a
@@ -37,14 +42,26 @@ def cli(sft: str, prefs: str, output: str, config_file: str | None, seed: int, *
     if not records:
         raise FarmError(f"{display_name(prefs)}: no preference records to train on")
     pairs, counts = dpo_pairs(records, display_name(prefs))
-    log.info("%d pairs (%d ties and %d null verdicts left out)", len(pairs), counts.get("tie", 0), counts.get("null", 0))
+    log.info(
+        "%d pairs (%d ties and %d null verdicts left out)",
+        len(pairs),
+        counts.get("tie", 0),
+        counts.get("null", 0),
+    )
     if not pairs:
         raise FarmError(f"{display_name(prefs)}: no usable pairs: every verdict is a tie or null")
     from farmkit.methods.dpo import train_dpo
 
-    metrics = train_dpo(sft, pairs, output, config, seed=seed, inputs=[prefs], counts=dict(counts))
+    metrics = train_dpo(
+        sft, pairs, output, config, seed=config.seed, inputs=[prefs], counts=dict(counts)
+    )
     if "rewards/margins" in metrics:
-        log.info("last step: loss %.4f, reward margin %.4f, accuracy %.2f", metrics["loss"], metrics["rewards/margins"], metrics.get("rewards/accuracies", float("nan")))
+        log.info(
+            "last step: loss %.4f, reward margin %.4f, accuracy %.2f",
+            metrics["loss"],
+            metrics["rewards/margins"],
+            metrics.get("rewards/accuracies", float("nan")),
+        )
     log.info("wrote %s", output)
 
 

@@ -6,9 +6,15 @@ import logging
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument, seed_option
+from farmkit.cli import (
+    common_options,
+    config_options,
+    entry_point,
+    input_argument,
+    output_dir_option,
+    resolve_config,
+)
 from farmkit.io import FarmError, display_name, read_records
-from farmkit.methods.config import config_options, output_dir_option, resolve_config
 from farmkit.methods.ppo import PPOConfig
 
 log = logging.getLogger("farmkit")
@@ -20,21 +26,30 @@ log = logging.getLogger("farmkit")
 @input_argument("prompts")
 @output_dir_option
 @config_options(PPOConfig)
-@seed_option
 @common_options
-def cli(sft: str, reward_model: str, prompts: str, output: str, config_file: str | None, seed: int, **values) -> None:
+def cli(
+    sft: str,
+    reward_model: str,
+    prompts: str,
+    output: str,
+    config_file: str | None,
+    **values,
+) -> None:
     """Train SFT with PPO to maximize RM's reward on PROMPTS (instruction records) minus a KL
     penalty to SFT; write the policy to -o DIR.
 
     The value model starts from RM (so RM and SFT share a tokenizer). Every step appends a line
     to CHECKPOINT_DIR/metrics.jsonl (reward, kl, entropy, response_length, value_loss,
     clip_fraction, ...); every --checkpoint-every steps a loadable policy folder is written there
-    (step-N/). Run under `accelerate launch` for several GPUs.
+    (step-N/), which --resume continues from. Where farmkit departs from AlpacaFarm's PPO an option
+    says so and takes AlpacaFarm's value (--kl-estimator clamped --whiten-rewards --value-head zero
+    --warmup-steps 5). Run under `accelerate launch` for several GPUs (DDP, or DeepSpeed ZeRO-2/3:
+    the policy and the value model train as one module).
 
     \b
     Example:
       farm-ppo sft/ rm/ unlabeled.jsonl -o ppo/ --kl-coef 0.0067 --steps 50 \\
-          --rollout-batch-size 32 --minibatch-size 8 --max-response-tokens 128
+          --rollout-batch-size 32 --minibatch-size 8 --max-new-tokens 128
     """
     config = resolve_config(PPOConfig, config_file, values)
     records = list(read_records(prompts, "instruction"))
@@ -42,7 +57,7 @@ def cli(sft: str, reward_model: str, prompts: str, output: str, config_file: str
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
     from farmkit.methods.ppo import train_ppo
 
-    last = train_ppo(sft, reward_model, records, output, config, seed=seed, inputs=[prompts])
+    last = train_ppo(sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts])
     if last:
         log.info("last step: reward %.4f, kl %.4f", last["reward"], last["kl"])
     log.info("wrote %s", output)

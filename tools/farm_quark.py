@@ -7,9 +7,15 @@ import logging
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument, seed_option
+from farmkit.cli import (
+    common_options,
+    config_options,
+    entry_point,
+    input_argument,
+    output_dir_option,
+    resolve_config,
+)
 from farmkit.io import FarmError, display_name, read_records
-from farmkit.methods.config import config_options, output_dir_option, resolve_config
 from farmkit.methods.quark import QuarkConfig
 
 log = logging.getLogger("farmkit")
@@ -21,21 +27,29 @@ log = logging.getLogger("farmkit")
 @input_argument("prompts")
 @output_dir_option
 @config_options(QuarkConfig)
-@seed_option
 @common_options
-def cli(sft: str, reward_model: str, prompts: str, output: str, config_file: str | None, seed: int, **values) -> None:
+def cli(
+    sft: str,
+    reward_model: str,
+    prompts: str,
+    output: str,
+    config_file: str | None,
+    **values,
+) -> None:
     """Train SFT with Quark on PROMPTS (instruction records) scored by RM; write the policy to -o DIR.
 
     Each round samples responses, ranks them by RM's score into quantiles and trains on the best
     quantile (--keep top) or on all (--keep all), each behind its control token, with a KL
     penalty to SFT; the pool is emptied between rounds. The policy's meta.json names the
     best-quantile token as `sampling_control_token`: farm-sample adds it by itself. Per-round
-    metrics are in DIR/metrics.jsonl.
+    metrics are in DIR/metrics.jsonl. AlpacaFarm's settings: --steps-per-round 1 --warmup-steps 5
+    (the learning rate decays to 0 over the rounds by default). Run under `accelerate launch` for
+    several GPUs (DDP, or DeepSpeed ZeRO-2; ZeRO-3 is refused).
 
     \b
     Example:
       farm-quark sft/ rm/ unlabeled.jsonl -o quark/ --rounds 4 --prompts-per-round 64 \\
-          --samples-per-prompt 4 --max-response-tokens 128
+          --samples-per-prompt 4 --max-new-tokens 128
     """
     config = resolve_config(QuarkConfig, config_file, values)
     records = list(read_records(prompts, "instruction"))
@@ -43,7 +57,9 @@ def cli(sft: str, reward_model: str, prompts: str, output: str, config_file: str
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
     from farmkit.methods.quark import train_quark
 
-    history = train_quark(sft, reward_model, records, output, config, seed=seed, inputs=[prompts])
+    history = train_quark(
+        sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts]
+    )
     log.info("mean reward by round: %s", ", ".join(f"{entry['reward']:.4f}" for entry in history))
     log.info("wrote %s", output)
 

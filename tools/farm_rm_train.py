@@ -6,9 +6,15 @@ import logging
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument
+from farmkit.cli import (
+    common_options,
+    config_options,
+    entry_point,
+    input_argument,
+    model_dir_option,
+    resolve_config,
+)
 from farmkit.io import FarmError, display_name, read_records
-from farmkit.methods.config import config_options, resolve_config
 from farmkit.methods.reward import RewardConfig
 
 log = logging.getLogger("farmkit")
@@ -17,11 +23,11 @@ log = logging.getLogger("farmkit")
 @click.command(name="farm-rm-train")
 @click.argument("model")
 @input_argument("prefs")
-@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Model folder to write (weights, tokenizer, meta.json, metrics.jsonl).")
+@model_dir_option("output_dir")
 @config_options(RewardConfig)
 @common_options
 def cli(model, prefs, output_dir, config_file, **values):
-    """Train a reward model (MODEL's backbone + a scalar head on the last token) on PREFS by
+    """Train a reward model (MODEL's backbone + a scalar head read at the end token) on PREFS by
     maximizing the Bradley-Terry likelihood. Fractional preferences are soft labels; null verdicts are
     skipped and counted. Reports held-out pairwise accuracy; per-step metrics go to DIR/metrics.jsonl."""
     config = resolve_config(RewardConfig, config_file, values)
@@ -35,11 +41,16 @@ def cli(model, prefs, output_dir, config_file, **values):
     if skipped:
         log.info("%s: skipped %s verdict(s)", source, skipped)
     if not items:
-        raise FarmError(f"{source}: no usable preferences to train on ({len(records)} records{'; skipped ' + skipped if skipped else ''})")
+        raise FarmError(
+            f"{source}: no usable preferences to train on ({len(records)} records{'; skipped ' + skipped if skipped else ''})"
+        )
 
     from farmkit.methods.reward import train_reward_model
 
-    meta = {"inputs": {prefs: file_sha256(prefs)}, "preferences": {"records": len(records), **counts}}
+    meta = {
+        "inputs": {prefs: file_sha256(prefs)},
+        "preferences": {"records": len(records), **counts},
+    }
     summary = train_reward_model(model, items, output_dir, config, meta_extra=meta)
     log.info("wrote %s (%d steps, %.0f s)", output_dir, summary["steps"], summary["seconds"])
 

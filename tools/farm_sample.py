@@ -8,12 +8,15 @@ import click
 from farmkit.cli import (
     common_options,
     config_hash,
+    decoding_options,
     entry_point,
     input_argument,
     log,
+    model_options,
     output_option,
     provenance,
     seed_option,
+    shared_option,
     stamp,
 )
 from farmkit.io import read_records
@@ -24,32 +27,74 @@ TOOL = "farm-sample"
 @click.command(name=TOOL)
 @click.argument("model")
 @input_argument("prompts")
-@click.option("-n", "--num-samples", "n", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Samples per prompt, written consecutively. 2 by default, the pair farm-annotate judges "
-                   "(AlpacaFarm samples 2 per preference instruction); use -n 1 for evaluation.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.7, show_default=True,
-              help="Sampling temperature; 0 decodes greedily (AlpacaFarm: 1.0 for pairs to annotate, 0.7 for evaluation).")
-@click.option("--top-p", type=click.FloatRange(min=0, min_open=True, max=1), default=1.0, show_default=True, help="Nucleus sampling mass.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=300, show_default=True, help="Longest response in tokens.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Sequences per forward pass (hf: prompts per batch = this / n); results depend on it for hf.")
-@click.option("--backend", type=click.Choice(["auto", "hf", "vllm", "openai"]), default="auto", show_default=True,
-              help="auto: vllm when it is installed and a GPU is present, else hf. openai: MODEL is a model name at "
-                   "OPENAI_BASE_URL (key in OPENAI_API_KEY).")
-@click.option("--generator", default=None, help="Name written in each record's `generator` field "
-              "[default: the model folder's meta.json name, else its base name, else MODEL].")
-@click.option("--template", type=click.Choice(["auto", "chat", "alpaca"]), default="auto", show_default=True,
-              help="Prompt template: auto uses the one the model folder records, else its chat template, else alpaca.")
-@click.option("--device", default="auto", show_default=True, help="auto (a GPU if present, else the CPU), cpu, cuda, cuda:1...")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
-              help="Weights' precision: auto is float32 on a CPU, bfloat16 on a GPU that supports it.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="openai: requests in flight at once.")
-@click.option("--resume", is_flag=True, help="With -o: continue an interrupted run from FILE.resume.jsonl instead of starting over.")
+@shared_option(
+    "num_samples",
+    2,
+    dest="n",
+    more_help="They are written consecutively. The default 2 is the pair farm-annotate judges "
+    "(AlpacaFarm samples 2 per preference instruction); use -n 1 for evaluation.",
+)
+@decoding_options(
+    temperature=0.7,
+    generation_batch_size=32,
+    batch_aliases=("--batch-size",),
+    batch_dest="batch_size",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "hf", "vllm", "openai"]),
+    default="auto",
+    show_default=True,
+    help="auto: vllm when it is installed and a GPU is present, else hf. openai: MODEL is a model name at "
+    "OPENAI_BASE_URL (key in OPENAI_API_KEY).",
+)
+@click.option(
+    "--generator",
+    default=None,
+    help="Name written in each record's `generator` field "
+    "[default: the model folder's meta.json name, else its base name, else MODEL].",
+)
+@model_options
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    show_default=True,
+    help="Weights' precision: auto is float32 on a CPU, bfloat16 on a GPU that supports it.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="openai: requests in flight at once.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="With -o: continue an interrupted run from FILE.resume.jsonl instead of starting over.",
+)
 @output_option
 @seed_option
 @common_options
-def cli(model, prompts, n, temperature, top_p, max_new_tokens, batch_size, backend, generator, template, device, dtype,
-        concurrency, resume, output, seed):
+def cli(
+    model,
+    prompts,
+    n,
+    temperature,
+    top_p,
+    max_new_tokens,
+    batch_size,
+    backend,
+    generator,
+    template,
+    device,
+    dtype,
+    concurrency,
+    resume,
+    output,
+    seed,
+):
     """Sample outputs of MODEL for the instructions in PROMPTS (JSONL; `-` or nothing: stdin).
 
     MODEL is `embedded`, a model folder, a .gguf file, a hub id, or with --backend openai a model name
@@ -57,8 +102,16 @@ def cli(model, prompts, n, temperature, top_p, max_new_tokens, batch_size, backe
     sample_index, the decoding settings, seed and provenance. A model folder trained with reward
     conditioning gets its control token added to every prompt.
     """
+    from farmkit import distributed
+
+    if distributed.launched() and prompts == "-":
+        raise click.UsageError(
+            "under a launcher every process reads the prompts: give a file, not stdin"
+        )
     if resume and output == "-":
-        raise click.UsageError("--resume needs -o FILE (the run's progress is kept beside that file)")
+        raise click.UsageError(
+            "--resume needs -o FILE (the run's progress is kept beside that file)"
+        )
     records = list(read_records(prompts, "instruction"))
     if not records:
         if output != "-":
@@ -72,33 +125,79 @@ def cli(model, prompts, n, temperature, top_p, max_new_tokens, batch_size, backe
 
     if backend == "auto":
         backend = default_backend(device)
-    decoding = DecodingConfig(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    settings = SampleSettings(model=model, backend=backend, decoding=decoding, seed=seed, template=template,
-                              device=device, dtype=dtype, concurrency=concurrency)
+    decoding = DecodingConfig(
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+    )
+    settings = SampleSettings(
+        model=model,
+        backend=backend,
+        decoding=decoding,
+        seed=seed,
+        template=template,
+        device=device,
+        dtype=dtype,
+        concurrency=concurrency,
+    )
     control = None
     if backend != "openai":
         from farmkit.models import PromptFormat, resolve
 
         control = PromptFormat.for_model(resolve(model), template).control
         if control:
-            log.info("%s: the model folder asks for the control token %s; it is added to every prompt", TOOL, control)
+            log.info(
+                "%s: the model folder asks for the control token %s; it is added to every prompt",
+                TOOL,
+                control,
+            )
     name = generator or (model if backend == "openai" else generator_name(model))
-    info = provenance(TOOL, seed, model=model, backend=backend, template=template, control=control,
-                      batch_size=batch_size if backend == "hf" else None)
+    info = provenance(
+        TOOL,
+        seed,
+        model=model,
+        backend=backend,
+        template=template,
+        control=control,
+        batch_size=batch_size if backend == "hf" else None,
+    )
     fields = {**decoding.as_record_fields(), "seed": seed}
 
     def make_records(record: dict, samples: list) -> list[dict]:
         made = []
         for sample_index, sample in enumerate(samples):
-            out = {**record, "input": record.get("input") or "", "output": sample.text, "generator": name,
-                   "sample_index": sample_index, **fields}
+            out = {
+                **record,
+                "input": record.get("input") or "",
+                "output": sample.text,
+                "generator": name,
+                "sample_index": sample_index,
+                **fields,
+            }
             made.append(stamp(out, TOOL, info))
         return made
 
-    fingerprint = {"records": config_hash({"records": records}), "settings": info, "n": n, "generator": name, **fields}
-    figures = sample_to_output(records, settings, make_records, output=output, resume=resume, fingerprint=fingerprint)
-    log.info("%s: %d prompts x %d samples, %d tokens in %.1f s (%.1f tokens/s)", TOOL, len(records), n,
-             figures["completion_tokens"], figures["seconds"], figures["tokens_per_second"])
+    fingerprint = {
+        "records": config_hash({"records": records}),
+        "settings": info,
+        "n": n,
+        "generator": name,
+        **fields,
+    }
+    figures = sample_to_output(
+        records, settings, make_records, output=output, resume=resume, fingerprint=fingerprint
+    )
+    log.info(
+        "%s: %d prompts x %d samples, %d tokens in %.1f s (%.1f tokens/s)",
+        TOOL,
+        len(records),
+        n,
+        figures["completion_tokens"],
+        figures["seconds"],
+        figures["tokens_per_second"],
+    )
 
 
 main = entry_point(cli)

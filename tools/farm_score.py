@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from farmkit import distributed
 from farmkit.cli import (
     common_options,
     entry_point,
@@ -11,6 +12,7 @@ from farmkit.cli import (
     output_option,
     progress,
     provenance,
+    shared_option,
     stamp,
 )
 from farmkit.io import RecordWriter, read_records
@@ -20,20 +22,41 @@ from farmkit.io import RecordWriter, read_records
 @click.argument("rm")
 @input_argument("outputs")
 @output_option
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(min=1), help="Texts per forward pass.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ...")
+@shared_option("reward_batch_size", aliases=("--batch-size",), dest="batch_size")
+@shared_option("device")
 @common_options
 def cli(rm, outputs, output, batch_size, device):
     """Score OUTPUTS (output records) with the reward model RM: each record gets `reward` and
     `reward_model`, in the input order. The text scored is formatted like the policy's prompt."""
+    if distributed.launched() and outputs == "-":
+        raise click.UsageError(
+            "under a launcher every process reads the outputs: give a file, not stdin"
+        )
     records = list(read_records(outputs, "output"))
     if not records:
         return
     from farmkit.methods.reward import RewardScorer
 
     scorer = RewardScorer(rm, device=device, batch_size=batch_size)
-    with progress(total=len(records), desc="scoring") as bar:
-        rewards = scorer.score([(r["instruction"], r.get("input"), r["output"]) for r in records], progress=bar)
+    # under a launcher each process scores every world_size-th record; the main process writes them all
+    mine = list(range(distributed.rank(), len(records), distributed.world_size()))
+    with progress(total=len(mine), desc="scoring") as bar:
+        scores = scorer.score(
+            [
+                (records[i]["instruction"], records[i].get("input"), records[i]["output"])
+                for i in mine
+            ],
+            progress=bar,
+            # an answer cut off at the token limit (farm-bon records say so) is scored without its end
+            # token, as the method that chose it scored it
+            finished=[records[i].get("finished") is not False for i in mine],
+        )
+    shares = distributed.gather(list(zip(mine, scores, strict=True)))
+    if shares is None:
+        return
+    rewards = [0.0] * len(records)
+    for index, reward in (pair for share in shares for pair in share):
+        rewards[index] = reward
     info = provenance("farm-score", reward_model=scorer.path)
     with RecordWriter(output) as writer:
         for record, reward in zip(records, rewards, strict=True):

@@ -5,27 +5,59 @@ from __future__ import annotations
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument, log
+from farmkit.cli import (
+    common_options,
+    config_options,
+    entry_point,
+    input_argument,
+    log,
+    model_dir_option,
+    resolve_config,
+)
 from farmkit.io import FarmError, RecordError, display_name, read_records
-from farmkit.methods.config import config_options, resolve_config
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
 
 
 @click.command(name="farm-sft")
 @click.argument("model")
 @input_argument("demos")
-@click.option("-o", "--output", "output_dir", required=True, type=click.Path(file_okay=False),
-              help="Model folder to write (HF weights + tokenizer + meta.json), whole or not at all.")
-@click.option("--from-preferences", is_flag=True,
-              help="Binary FeedME: DEMOS are preference records; train on the preferred output of each pair.")
-@click.option("--reward-conditioning", is_flag=True,
-              help="DEMOS are preference records; train on both outputs, each behind a control token for "
-                   "preferred / not preferred. farm-sample then adds the positive token by itself.")
-@click.option("--positive-token", default=POSITIVE_TOKEN, show_default=True, help="Control token of preferred outputs.")
-@click.option("--negative-token", default=NEGATIVE_TOKEN, show_default=True, help="Control token of the other outputs.")
+@model_dir_option("output_dir")
+@click.option(
+    "--from-preferences",
+    is_flag=True,
+    help="Binary FeedME: DEMOS are preference records; train on the preferred output of each pair.",
+)
+@click.option(
+    "--reward-conditioning",
+    is_flag=True,
+    help="DEMOS are preference records; train on both outputs, each behind a control token for "
+    "preferred / not preferred. farm-sample then adds the positive token by itself.",
+)
+@click.option(
+    "--positive-token",
+    default=POSITIVE_TOKEN,
+    show_default=True,
+    help="Control token of preferred outputs.",
+)
+@click.option(
+    "--negative-token",
+    default=NEGATIVE_TOKEN,
+    show_default=True,
+    help="Control token of the other outputs.",
+)
 @config_options(SFTConfig)
 @common_options
-def cli(model, demos, output_dir, from_preferences, reward_conditioning, positive_token, negative_token, config_file, **values):
+def cli(
+    model,
+    demos,
+    output_dir,
+    from_preferences,
+    reward_conditioning,
+    positive_token,
+    negative_token,
+    config_file,
+    **values,
+):
     """Fine-tune MODEL on DEMOS (instruction, input, output records) and write the model to -o DIR.
 
     MODEL is `embedded`, a model folder, a .gguf file or a hub id. Prompts are formatted exactly as
@@ -39,7 +71,9 @@ def cli(model, demos, output_dir, from_preferences, reward_conditioning, positiv
       farm-sft sft/ prefs.jsonl -o conditioned/ --reward-conditioning --lora
     """
     if from_preferences and reward_conditioning:
-        raise click.UsageError("--from-preferences and --reward-conditioning are two different modes; pick one")
+        raise click.UsageError(
+            "--from-preferences and --reward-conditioning are two different modes; pick one"
+        )
     if positive_token == negative_token:
         raise click.UsageError("--positive-token and --negative-token must differ")
     config = resolve_config(SFTConfig, config_file, values)
@@ -54,17 +88,37 @@ def cli(model, demos, output_dir, from_preferences, reward_conditioning, positiv
         if from_preferences:
             examples, mode = feedme_examples(items), "binary-feedme"
         else:
-            examples, mode = conditioning_examples(items, positive_token, negative_token), "reward-conditioning"
+            examples, mode = (
+                conditioning_examples(items, positive_token, negative_token),
+                "reward-conditioning",
+            )
             meta_extra["sampling_control_token"] = positive_token
             meta_extra["control_tokens"] = {"positive": positive_token, "negative": negative_token}
-        log.info("%s: %d pairs used, %d ties and %d null verdicts left out", name, counts["used"], counts["tie"], counts["null"])
+        log.info(
+            "%s: %d pairs used, %d ties and %d null verdicts left out",
+            name,
+            counts["used"],
+            counts["tie"],
+            counts["null"],
+        )
     else:
         mode = "demonstrations"
         examples = []
         for number, record in enumerate(read_records(demos, "instruction"), start=1):
             if not isinstance(record.get("output"), str) or not record["output"].strip():
-                raise RecordError(name, number, "the demonstration has no output; expected an `output` text to train on")
-            examples.append({"instruction": record["instruction"], "input": record.get("input") or "", "output": record["output"]})
+                raise RecordError(
+                    name,
+                    number,
+                    "the demonstration has no output; expected an `output` text to train on",
+                )
+            example = {
+                "instruction": record["instruction"],
+                "input": record.get("input") or "",
+                "output": record["output"],
+            }
+            if record.get("messages"):  # a multi-turn prompt (farmkit.formats)
+                example["messages"] = record["messages"]
+            examples.append(example)
     if not examples:
         raise FarmError(f"{name}: no demonstrations to train on")
     meta_extra["mode"] = mode
@@ -75,7 +129,12 @@ def cli(model, demos, output_dir, from_preferences, reward_conditioning, positiv
     meta_extra["inputs"] = {name: file_sha256(demos)}
     log.info("farm-sft: %s on %d demonstrations (%s) -> %s", model, len(examples), mode, output_dir)
     summary = train_sft(model, examples, output_dir, config, meta_extra=meta_extra)
-    log.info("farm-sft: %d steps, mean training loss %.4f; wrote %s", summary["steps"], summary["train_loss"], output_dir)
+    log.info(
+        "farm-sft: %d steps, mean training loss %.4f; wrote %s",
+        summary["steps"],
+        summary["train_loss"],
+        output_dir,
+    )
 
 
 main = entry_point(cli)

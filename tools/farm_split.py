@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from farmkit.cli import (
+    AliasedOption,
     common_options,
     entry_point,
     input_argument,
@@ -31,11 +32,32 @@ def _sizes(ctx, param, value):
 
 @click.command(name="farm-split")
 @input_argument("instructions")
-@click.option("-o", "--output-dir", type=click.Path(file_okay=False), help="Write DIR/<split>.jsonl, one file per split (each atomically).")
-@click.option("--tag", is_flag=True, help="Write every record to stdout with a `split` field (null: in no split).")
-@click.option("--sizes", default=DEFAULT_SIZES_TEXT, show_default=True, callback=_sizes,
-              help="Split names and sizes: counts (scaled down proportionally for a smaller input) or fractions (train=0.9,val=0.1).")
-@click.option("--exact", is_flag=True, help="Exact sizes, at the price of stability: appending records may move records near a cut.")
+@click.option(
+    "-o",
+    "--output",
+    "output_dir",
+    cls=AliasedOption,
+    aliases=("--output-dir",),
+    type=click.Path(file_okay=False),
+    help="Write DIR/<split>.jsonl, one file per split (each atomically).",
+)
+@click.option(
+    "--tag",
+    is_flag=True,
+    help="Write every record to stdout with a `split` field (null: in no split).",
+)
+@click.option(
+    "--sizes",
+    default=DEFAULT_SIZES_TEXT,
+    show_default=True,
+    callback=_sizes,
+    help="Split names and sizes: counts (scaled down proportionally for a smaller input) or fractions (train=0.9,val=0.1).",
+)
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Exact sizes, at the price of stability: appending records may move records near a cut.",
+)
 @seed_option
 @common_options
 def cli(instructions, output_dir, tag, sizes, exact, seed):
@@ -49,19 +71,30 @@ def cli(instructions, output_dir, tag, sizes, exact, seed):
     farm-split data.jsonl --tag --sizes train=0.9,val=0.1 --seed 1
     """
     if bool(output_dir) == tag:
-        raise click.UsageError("give exactly one of -o DIR (one file per split) or --tag (records on stdout)")
+        raise click.UsageError(
+            "give exactly one of -o DIR (one file per split) or --tag (records on stdout)"
+        )
     records = list(read_records(instructions, "instruction"))
     result = assign(records, sizes, seed=seed, exact=exact)
     name = display_name(instructions)
     for index, first in result.duplicates[:5]:
-        log.warning(f"farm-split: {name}: record {index + 1} repeats record {first + 1} (same instruction and input); kept in one split")
+        log.warning(
+            f"farm-split: {name}: record {index + 1} repeats record {first + 1} (same instruction and input); kept in one split"
+        )
     if len(result.duplicates) > 5:
         log.warning(f"farm-split: {name}: {len(result.duplicates)} duplicate records in all")
     left_out = sum(split is None for split in result.assignment)
     summary = ", ".join(f"{split} {count}" for split, count in result.counts.items())
-    log.info(f"farm-split: {len(records)} records: {summary}" + (f", in no split {left_out}" if left_out else ""))
-    info = provenance("farm-split", seed, sizes=",".join(f"{n}={v:g}" for n, v in zip(sizes.names, sizes.values, strict=True)),
-                      exact=exact or None)
+    log.info(
+        f"farm-split: {len(records)} records: {summary}"
+        + (f", in no split {left_out}" if left_out else "")
+    )
+    info = provenance(
+        "farm-split",
+        seed,
+        sizes=",".join(f"{n}={v:g}" for n, v in zip(sizes.names, sizes.values, strict=True)),
+        exact=exact or None,
+    )
     if tag:
         with RecordWriter("-") as writer:
             for record, split in zip(records, result.assignment, strict=True):
@@ -73,7 +106,10 @@ def cli(instructions, output_dir, tag, sizes, exact, seed):
         raise FarmError(f"{folder}: exists and is not a folder")
     # every file is written to a temporary name first and renamed only once all are complete
     with contextlib.ExitStack() as stack:
-        writers = {split: stack.enter_context(RecordWriter(folder / f"{split}.jsonl")) for split in sizes.names}
+        writers = {
+            split: stack.enter_context(RecordWriter(folder / f"{split}.jsonl"))
+            for split in sizes.names
+        }
         for record, split in zip(records, result.assignment, strict=True):
             if split is not None:
                 writers[split].write(stamp(record, "farm-split", info))

@@ -2,64 +2,190 @@
 
 from __future__ import annotations
 
-import sys
+from collections import Counter
 
 import click
 
-from farmkit.cli import common_options, entry_point, log, provenance, seed_option, stamp
-from farmkit.io import FarmError, RecordWriter, atomic_path
-from farmkit.winrate import TABLE_COLUMNS, WinrateTable, render
+from farmkit.cli import (
+    AliasedOption,
+    common_options,
+    entry_point,
+    log,
+    provenance,
+    seed_option,
+    stamp,
+)
+from farmkit.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.length_control import read_instruction_difficulty
+from farmkit.winrate import TABLE_COLUMNS, WinrateTable, item_key, render
 
 FORMATS = ("jsonl", "table", "csv", "markdown")
 
 
 @click.command(name="farm-winrate")
 @click.argument("prefs", nargs=-1, type=click.Path(allow_dash=True, dir_okay=False))
-@click.option("--reference", metavar="NAME", help="The reference system: records are oriented so that it is "
-              "in position 1 (records with it in position 2 are swapped); records without it are skipped.")
-@click.option("--swap", is_flag=True, help="The model is in position 1 and the reference in position 2 in every record.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True,
-              help="jsonl: leaderboard rows (records); table, csv, markdown: for people and spreadsheets.")
-@click.option("--bootstrap", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-              help="Add a percentile bootstrap confidence interval (ci_low, ci_high) from N resamples of the items.")
-@click.option("--confidence", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.95,
-              show_default=True, help="Level of the bootstrap interval.")
-@click.option("--compare", nargs=2, multiple=True, metavar="MODEL_A MODEL_B",
-              help="Instead of the leaderboard, compare two models on the items both were judged on: "
-                   "difference of win rates, its paired standard error and p-value. Repeatable.")
-@click.option("--no-length-control", is_flag=True, help="Skip the length-controlled win rate (a little faster).")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Also draw the win rates with their intervals as a PNG bar chart.")
-@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False),
-              help="Write to this file (atomically). Default: stdout.")
+@click.option(
+    "--reference-generator",
+    "reference",
+    cls=AliasedOption,
+    aliases=("--reference",),
+    metavar="NAME",
+    help="The generator that is the reference (the name in generator_1/generator_2; farm-annotate "
+    "--reference FILE puts it in position 1): records are oriented so that it is in position 1 "
+    "(records with it in position 2 are swapped); records without it are skipped.",
+)
+@click.option(
+    "--swap",
+    is_flag=True,
+    help="The model is in position 1 and the reference in position 2 in every record.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: leaderboard rows (records); table, csv, markdown: for people and spreadsheets.",
+)
+@click.option(
+    "--bootstrap",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Add a percentile bootstrap confidence interval (ci_low, ci_high) from N resamples of the items.",
+)
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.95,
+    show_default=True,
+    help="Level of the bootstrap interval.",
+)
+@click.option(
+    "--compare",
+    nargs=2,
+    multiple=True,
+    metavar="MODEL_A MODEL_B",
+    help="Instead of the leaderboard, compare two models on the items both were judged on: "
+    "difference of win rates, its paired standard error and p-value. Repeatable.",
+)
+@click.option(
+    "--no-length-control",
+    is_flag=True,
+    help="Skip the length-controlled win rate (faster, and memory "
+    "that does not grow with the records).",
+)
+@click.option(
+    "--instruction-difficulty",
+    "difficulty_file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Instruction difficulties for the length-controlled win rate (AlpacaEval's instruction_difficulty.csv, "
+    "or records with instruction_difficulty and an id, instruction_index or instruction). Default: "
+    "estimated from the input when it holds two models or more against a reference.",
+)
+@click.option(
+    "--dedupe",
+    is_flag=True,
+    help="Count only the first verdict on each instruction per model and "
+    "reference (repeats are reported either way).",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Also draw the win rates (and the length-controlled ones) "
+    "with their intervals as a PNG bar chart.",
+)
+@click.option(
+    "--history",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Also append the rows to this JSONL "
+    "history, stamped with the time, a run id and each input's SHA-256 (safe from concurrent runs); "
+    "`farm-plot history FILE` draws it.",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    help="Write to this file (atomically). Default: stdout.",
+)
 @seed_option
 @common_options
-def cli(prefs, reference, swap, fmt, bootstrap, confidence, compare, no_length_control, plot, output, seed):
+def cli(
+    prefs,
+    reference,
+    swap,
+    fmt,
+    bootstrap,
+    confidence,
+    compare,
+    no_length_control,
+    difficulty_file,
+    dedupe,
+    plot,
+    history,
+    output,
+    seed,
+):
     """Rank the models in PREFS (preference records; files, `-` for stdin, .gz, AlpacaEval's JSON
     annotations) by their win rate against the reference, as AlpacaEval computes it: ties and the
     legacy 0 count half, fractional preferences count fractionally, null verdicts are dropped and
     counted (n_dropped). By default the model is generator_2 and its reference generator_1.
 
-    Besides AlpacaEval's columns each row has a length-controlled win rate (a logistic regression
-    of the verdict on the log length ratio, read at equal lengths; see farmkit/winrate.py).
+    Besides AlpacaEval's columns each row has AlpacaEval 2's length-controlled win rate (its GLM:
+    a model term, a length term and an instruction difficulty term, read with the length term at
+    zero; see farmkit/length_control.py). A model judged against itself is reported, not ranked; rows against
+    several references are ranked apart, one group after the other, and said so on stderr.
 
     \b
     farm-winrate prefs.jsonl --format table
-    farm-winrate annotations.json --reference text_davinci_003 --bootstrap 1000 --plot board.png
+    farm-winrate annotations.json --reference-generator text_davinci_003 --bootstrap 1000 --plot board.png
     farm-winrate prefs.jsonl --compare ppo sft
+    farm-winrate nightly_prefs.jsonl --bootstrap 1000 --history winrates.jsonl -q > /dev/null
     """
     if reference and swap:
-        raise click.UsageError("--reference orients each record by itself; it cannot be combined with --swap")
-    table = WinrateTable(reference=reference, swap=swap, bootstrap=bootstrap > 0,
-                         length_control=not no_length_control, compare=compare)
+        raise click.UsageError(
+            "--reference-generator orients each record by itself; it cannot be combined with --swap"
+        )
+    if history and compare:
+        raise click.UsageError(
+            "--history keeps leaderboard rows; --compare writes comparisons instead"
+        )
+    if difficulty_file and no_length_control:
+        raise click.UsageError(
+            "--instruction-difficulty is for the length-controlled win rate; drop --no-length-control"
+        )
+    difficulty = (
+        (difficulty_file, read_instruction_difficulty(difficulty_file, item_key))
+        if difficulty_file
+        else None
+    )
+    table = WinrateTable(
+        reference=reference,
+        swap=swap,
+        bootstrap=bootstrap > 0,
+        length_control=not no_length_control,
+        compare=compare,
+        dedupe=dedupe,
+        difficulty=difficulty,
+    )
     for path in prefs or ("-",):
         table.add_file(path)
     if table.skipped:
-        log.warning(f"farm-winrate: skipped {table.skipped} records that do not involve the reference {reference!r}")
+        log.warning(
+            f"farm-winrate: skipped {table.skipped} records that do not involve the reference {reference!r}"
+        )
+    _report_guards(table)
     if compare:
         known = sorted({model for _, model in table.tallies})
         for model in {name for pair in compare for name in pair}:
             if not table.items.get(model):
-                raise FarmError(f"--compare: no verdicts on {model!r} in the input; the models are {', '.join(known)}")
+                raise FarmError(
+                    f"--compare: no verdicts on {model!r} in the input; the models are {', '.join(known)}"
+                )
         rows = [table.comparison(a, b) for a, b in compare]
         columns = None
     else:
@@ -68,42 +194,81 @@ def cli(prefs, reference, swap, fmt, bootstrap, confidence, compare, no_length_c
         dropped = sum(row["n_dropped"] for row in rows)
         if dropped:
             log.warning(f"farm-winrate: {dropped} null verdicts dropped (see n_dropped)")
-    info = provenance("farm-winrate", seed if bootstrap else None, reference=reference, swap=swap or None,
-                      bootstrap=bootstrap or None, confidence=confidence if bootstrap else None)
+        _report_ranking(table, rows)
+    info = provenance(
+        "farm-winrate",
+        seed if bootstrap else None,
+        reference=reference,
+        swap=swap or None,
+        bootstrap=bootstrap or None,
+        confidence=confidence if bootstrap else None,
+    )
     for row in rows:
         stamp(row, "farm-winrate", info)
     if plot and rows and not compare:
-        from farmkit.plots import bar_chart
+        from farmkit.plots import winrate_board
 
-        several = len({row["reference"] for row in rows}) > 1
-        labels = [f"{row['generator']} (vs {row['reference']})" if several else row["generator"] for row in rows]
-        bar_chart(plot, labels, [row["win_rate"] for row in rows],
-                  lows=[row.get("ci_low", _minus_se(row)) for row in rows],
-                  highs=[row.get("ci_high", _plus_se(row)) for row in rows],
-                  ylabel="win rate (%)", title=f"Win rate against {_references(rows)}", reference_line=50.0)
+        winrate_board(plot, rows)
+    if history and rows:
+        from farmkit import history as win_rate_history
+
+        win_rate_history.append(history, win_rate_history.stamped(rows, prefs or ("-",)))
     if fmt == "jsonl":
         with RecordWriter(output) as writer:
             writer.write_all(rows)
         return
     text = render(rows, fmt, columns)
     if output == "-":
-        sys.stdout.write(text)
+        records_stdout().write(text.encode("utf-8"))
     else:
         with atomic_path(output) as tmp:
             tmp.write_text(text, encoding="utf-8")
 
 
-def _minus_se(row: dict) -> float | None:
-    # without a bootstrap interval the bars show the normal 95% interval
-    return None if row["standard_error"] is None else row["win_rate"] - 1.96 * row["standard_error"]
+def _report_guards(table: WinrateTable) -> None:
+    """Say what would silently distort the ranking: repeated verdicts, rows filed under another
+    system's results folder, and self-judged models."""
+    for (_, model), (count, first) in table.duplicates.items():
+        log.warning(
+            f"farm-winrate: {model}: {count} verdicts repeat an instruction already judged (the first at {first}); "
+            "--dedupe keeps the first of each"
+        )
+    if table.dedupe and table.duplicates:
+        log.warning(
+            f"farm-winrate: {sum(c for c, _ in table.duplicates.values())} repeated verdicts left out (--dedupe)"
+        )
+    for (folder, model), (count, first) in table.misfiled.items():
+        log.warning(
+            f"farm-winrate: {count} verdicts from results_dir {folder!r} are generator {model!r}'s "
+            f"(the first at {first}): a results folder holding another system's annotations (an "
+            f"upstream copy?); they are ranked as {model!r}"
+        )
+    for model, tally in table.self_judged():
+        share = f"{100 * tally.total / tally.n:.1f}%" if tally.n else "no verdict"
+        log.warning(
+            f"farm-winrate: {tally.n} verdicts judge {model} against itself (position 2 preferred in {share}); not ranked"
+        )
 
 
-def _plus_se(row: dict) -> float | None:
-    return None if row["standard_error"] is None else row["win_rate"] + 1.96 * row["standard_error"]
-
-
-def _references(rows: list[dict]) -> str:
-    return ", ".join(sorted({row["reference"] for row in rows}))
+def _report_ranking(table: WinrateTable, rows: list[dict]) -> None:
+    for note in table.lc_notes:
+        log.warning(f"farm-winrate: instruction difficulty {note}")
+    for row in rows:
+        if row.get("lc_extreme_change"):
+            log.warning(
+                f"farm-winrate: {row['generator']}: the length-controlled win rate "
+                f"({row['length_controlled_win_rate']:.1f}%) is very different from the raw one "
+                f"({row['win_rate']:.1f}%); the length model may have failed for it"
+            )
+    sizes = Counter(row["reference"] for row in rows)
+    if len(sizes) > 1:
+        groups = ", ".join(
+            f"{name}: {count} model{'s' if count > 1 else ''}" for name, count in sizes.items()
+        )
+        log.warning(
+            f"farm-winrate: the rows are against {len(sizes)} references ({groups}); each reference's rows are "
+            "ranked apart, one group after the other"
+        )
 
 
 main = entry_point(cli)

@@ -1,12 +1,22 @@
 """The persistent verdict cache: SQLite in WAL mode, one row per (judge configuration, pair as shown,
 seed), written as soon as a request's verdicts are in, so a killed run loses nothing it paid for and
 concurrent runs can share the file. Only verdicts are stored: failures are never cached.
+
+Concurrent runs share work through claims: before asking, a run claims the keys it is about to ask for
+(a row in `claims` naming its host and process, with a lease); another run that needs a claimed key waits
+for the verdict instead of paying for it again. A claim ends when its verdict is written, when its run
+releases it (a failure, the end of the run), when its process is gone (same host: exited, killed
+and not yet reaped, or its pid since reused) or when its lease ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import socket
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,9 +24,87 @@ from typing import Any
 
 import orjson
 
-from farmkit.io import FarmError
+from farmkit.io import FarmError, process_umask
 
 SCHEMA_VERSION = 1
+VERDICTS = "key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL"
+CLAIMS = "key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL"
+
+
+def _create(path: Path) -> None:
+    """Make a new cache file complete (schema, WAL mode) under a temporary name, then link it into place:
+    processes that start together on a new path all open the same finished file, and none of them has to
+    change the journal mode of a file others hold open (that needs an exclusive lock and fails at once)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
+    os.close(fd)
+    # mkstemp's 0600 would survive the link: a cron job's cache gets the umask's permissions, like every
+    # output (SQLite gives the -wal and -shm files the database file's permissions)
+    os.chmod(temporary, 0o666 & ~process_umask())
+    try:
+        db = sqlite3.connect(temporary, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"CREATE TABLE IF NOT EXISTS verdicts ({VERDICTS})")
+        db.execute(f"CREATE TABLE IF NOT EXISTS claims ({CLAIMS})")
+        db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        db.close()
+        try:
+            os.link(
+                temporary, path
+            )  # never replaces: the first process to get here wins, the others use its file
+        except FileExistsError:
+            pass
+    finally:
+        for leftover in (temporary, temporary + "-wal", temporary + "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
+def _retry_busy(action, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc), "" where /proc cannot tell (not
+    Linux), None where the process is gone or is a zombie (killed, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # the command name (field 2) is in parentheses and may hold spaces: fields are counted after it
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        return None if Path("/proc/self/stat").exists() else ""
+    except OSError:
+        return ""
+    if fields[0] in (b"Z", b"X"):  # state: dead, only its exit status left for the parent to read
+        return None
+    return fields[19].decode()  # field 22, starttime
+
+
+def _alive(pid: int, owner: str) -> bool:
+    """Whether the run that wrote claim `owner` (host:pid:start:random) is still running on this host:
+    its pid exists, is not a zombie, and (where the owner records it) started when that run did, so a
+    pid the system has since given to another process does not hold the claim."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process, alive
+        pass
+    started = _started(pid)
+    if started is None:
+        return False
+    parts = owner.split(":")
+    recorded = (
+        parts[2] if len(parts) == 4 else ""
+    )  # owners written before start times were recorded
+    return not (started and recorded and recorded != started)
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -29,18 +117,25 @@ class VerdictCache:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                _create(self.path)
             # isolation_level=None: we commit explicitly, one short transaction per request
-            self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=60000")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL)"
+            self._db = sqlite3.connect(
+                self.path, timeout=60, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            self._db.execute("PRAGMA busy_timeout=60000")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            # an older cache made before files were created in WAL mode: switching needs the file alone,
+            # so a busy file is retried rather than failed
+            _retry_busy(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS verdicts ({VERDICTS})")
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS claims ({CLAIMS})")
+            pid = os.getpid()
+            self.owner = f"{socket.gethostname()}:{pid}:{_started(pid) or ''}:{os.urandom(6).hex()}"
         except sqlite3.DatabaseError as exc:
-            raise FarmError(f"{self.path}: cannot open the annotation cache ({exc}); pass --cache PATH or --no-cache") from None
+            raise FarmError(
+                f"{self.path}: cannot open the annotation cache ({exc}); pass --cache PATH or --no-cache"
+            ) from None
 
     def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
         keys = list(dict.fromkeys(keys))
@@ -48,7 +143,9 @@ class VerdictCache:
         for start in range(0, len(keys), 900):  # SQLite's bound-parameter limit
             chunk = keys[start : start + 900]
             marks = ",".join("?" * len(chunk))
-            for key, value in self._db.execute(f"SELECT key, value FROM verdicts WHERE key IN ({marks})", chunk):
+            for key, value in self._db.execute(
+                f"SELECT key, value FROM verdicts WHERE key IN ({marks})", chunk
+            ):
                 found[key] = orjson.loads(value)
         return found
 
@@ -57,13 +154,63 @@ class VerdictCache:
             return
         now = time.time()
         rows = [(key, orjson.dumps(value), now) for key, value in entries.items()]
+        with self._transaction():
+            self._db.executemany("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", rows)
+            self._db.executemany("DELETE FROM claims WHERE key = ?", [(key,) for key in entries])
+
+    def claim(
+        self, keys: list[str], lease: float
+    ) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+        """(keys now claimed by this run, keys another live run is asking for, verdicts of keys answered
+        since the caller last read the cache). The verdicts are read in the same transaction as the
+        claims: a key another run answered (and so stopped claiming) between the caller's read and this
+        call is returned with its verdict, never claimed and paid for again."""
+        host, now = socket.gethostname(), time.time()
+        mine, theirs = [], []
+        with self._transaction():
+            answered = self.get_many(keys)
+            for key in dict.fromkeys(keys):
+                if key in answered:
+                    continue
+                row = self._db.execute(
+                    "SELECT owner, host, pid, expires FROM claims WHERE key = ?", (key,)
+                ).fetchone()
+                if (
+                    row is not None
+                    and row[0] != self.owner
+                    and row[3] > now
+                    and not (row[1] == host and not _alive(row[2], row[0]))
+                ):
+                    theirs.append(key)
+                    continue
+                self._db.execute(
+                    "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
+                    (key, self.owner, host, os.getpid(), now + lease),
+                )
+                mine.append(key)
+        return mine, theirs, answered
+
+    def release(self, keys: list[str] | None = None) -> None:
+        """Give up this run's claims on `keys` (None: all of them), so that waiting runs ask for themselves."""
+        with self._transaction():
+            if keys is None:
+                self._db.execute("DELETE FROM claims WHERE owner = ?", (self.owner,))
+            else:
+                self._db.executemany(
+                    "DELETE FROM claims WHERE key = ? AND owner = ?",
+                    [(key, self.owner) for key in keys],
+                )
+
+    @contextlib.contextmanager
+    def _transaction(self):
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.executemany("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)", rows)
+            yield
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
 
     def close(self) -> None:
+        self.release()
         self._db.close()

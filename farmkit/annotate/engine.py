@@ -8,6 +8,7 @@ as soon as each prefix of the input is complete.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -17,16 +18,18 @@ from typing import Any
 
 import orjson
 
-from farmkit.annotate.backends import (
-    Backends,
-    FatalBackendError,
-    RequestFailed,
-    Verdict,
-    cacheable,
-    identity,
-)
+from farmkit.annotate.backends import Backends, backend_class
+from farmkit.annotate.base import FatalBackendError, RequestFailed, Verdict
 from farmkit.annotate.cache import VerdictCache, cache_key
-from farmkit.annotate.cost import EXPECTED_COMPLETION_TOKENS, PriceTable, estimate_tokens
+from farmkit.annotate.cost import (
+    EXPECTED_COMPLETION_TOKENS,
+    MESSAGE_TOKENS,
+    Budget,
+    PriceTable,
+    Reservation,
+    estimate_tokens,
+    most_tokens,
+)
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge, Pool, shipped_pools
 from farmkit.annotate.prompts import Shown, load_template
@@ -35,9 +38,10 @@ from farmkit.io import FarmError
 
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"
-# the budget check assumes a prompt may hold this many times our estimate of its tokens (chars / 4)
-WORST_TOKENS = 1.5
-BULK_REQUEST = 512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
+CLAIM_POLL = 0.2  # seconds between looks at a verdict another run is asking for
+BULK_REQUEST = (
+    512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
+)
 
 
 @dataclass
@@ -51,19 +55,27 @@ class Ask:
     key: str | None = None
     verdict: Verdict | None = None
     cached: bool = False
+    # what the attempts whose reply could not be parsed cost: they were paid too
+    spent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    unparsed: int = 0  # replies whose verdict for this ask could not be read
 
 
 @dataclass
 class Plan:
     asks: list[Ask]
     noise: dict[int, int]  # item -> the coin's preference, for noised items
+    ties: set[int]  # items whose two outputs are the same text: a tie, asked of nobody
     requests: list[list[Ask]]  # what still has to be asked, grouped into requests
+    followers: dict[
+        str, list[Ask]
+    ]  # key -> later asks of the same question, answered with the first one's verdict
 
 
 @dataclass
 class Stats:
     items: int = 0
     noised: int = 0
+    identical: int = 0
     requests: int = 0
     cache_hits: int = 0
     failures: int = 0
@@ -71,6 +83,12 @@ class Stats:
     prompt_tokens: float = 0.0
     completion_tokens: float = 0.0
     price: float = 0.0
+    replies: dict[str, int] = field(
+        default_factory=dict
+    )  # judge -> verdicts it was asked for (every attempt)
+    parse_failures: dict[str, int] = field(
+        default_factory=dict
+    )  # judge -> replies that could not be read
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -81,53 +99,103 @@ def units(seed: int, item_hash: str) -> dict[str, float]:
     """Uniform numbers in [0, 1) for each random decision about a pair, from the seed and the pair alone,
     so a decision never depends on what else is in the file or on an earlier, killed run."""
     digest = hashlib.sha512(f"{seed}|{item_hash}".encode()).digest()
-    return {name: int.from_bytes(digest[8 * i : 8 * i + 8], "big") / 2**64 for i, name in enumerate(UNITS)}
+    return {
+        name: int.from_bytes(digest[8 * i : 8 * i + 8], "big") / 2**64
+        for i, name in enumerate(UNITS)
+    }
+
+
+def instruction_hash(item: Item) -> str:
+    return hashlib.sha256(orjson.dumps([item.instruction, item.input])).hexdigest()
 
 
 def item_hash(item: Item) -> str:
-    return hashlib.sha256(orjson.dumps([item.instruction, item.input, item.output_1, item.output_2])).hexdigest()
+    return hashlib.sha256(
+        orjson.dumps([item.instruction, item.input, item.output_1, item.output_2])
+    ).hexdigest()
+
+
+def needs_endpoint(pool: Pool) -> bool:
+    return any(backend_class(name).needs_endpoint for name in pool.backends)
 
 
 def require_endpoint(pool: Pool) -> None:
     """Fail before any work when the pool calls an endpoint and none is configured."""
     from farmkit.annotate.openai_backend import endpoint
 
-    if "openai" in pool.backends and endpoint() == (None, None):
-        offline = []
-        for name in shipped_pools():
-            from farmkit.annotate.pools import load_pool
+    if needs_endpoint(pool) and endpoint() == (None, None):
+        from farmkit.annotate.pools import load_pool
 
-            if "openai" not in load_pool(name).backends:
-                offline.append(name)
+        offline = [name for name in shipped_pools() if not needs_endpoint(load_pool(name))]
         raise FarmError(
             f"pool {pool.name} asks an OpenAI-compatible endpoint and none is configured: set OPENAI_BASE_URL "
-            f"(vllm serve, llama.cpp, Ollama) and/or OPENAI_API_KEY. Offline pools need none: {', '.join(offline)}")
+            f"(vllm serve, llama.cpp, Ollama) and/or OPENAI_API_KEY. Offline pools need none: {', '.join(offline)}"
+        )
 
 
 class Annotator:
-    def __init__(self, pool: Pool, seed: int = 0, both_orders: bool = False, cache: VerdictCache | None = None,
-                 prices: PriceTable | None = None, max_cost: float | None = None, device: str = "auto"):
+    def __init__(
+        self,
+        pool: Pool,
+        seed: int = 0,
+        both_orders: bool = False,
+        cache: VerdictCache | None = None,
+        prices: PriceTable | None = None,
+        max_cost: float | None = None,
+        device: str = "auto",
+        assign_by: str = "item",
+    ):
+        """`assign_by`: "item" (each pair draws its judge and order) or "instruction" (all pairs of one
+        instruction share them)."""
         self.pool, self.seed, self.both_orders, self.cache = pool, seed, both_orders, cache
+        self.assign_by = assign_by
         self.prices = prices or PriceTable(pool.prices)
         self.max_cost = max_cost
-        self.backends = Backends(pool, {"prices": self.prices, "device": device})
-        self.stats = Stats()
-        self._stopped = False
-        self._weights = [judge.weight for judge in pool.judges]
+        self.budget = None if max_cost is None else Budget(max_cost, self.prices)
+        options = {"prices": self.prices, "device": device}
+        self.backends = Backends(pool, options)
+        self._classes = [backend_class(judge.backend) for judge in pool.judges]
         self._judge_details = [self._details(judge) for judge in pool.judges]
+        self.stats = Stats()
+        self._loop: asyncio.AbstractEventLoop | None = None  # made on first use, ended by close()
+        self._stopped = False
+        self._followers: dict[str, list[Ask]] = {}
+        self._weights = [judge.weight for judge in pool.judges]
         self._noised_details = self._details(None)
-        # the judge's part of every cache key: its configuration, model, prompt text, and the seed
-        self._judge_keys = [cache_key({"judge": judge.key_fields(), "identity": identity(pool, judge), "seed": seed}).encode()
-                            if cacheable(judge) else None for judge in pool.judges]
+        # the judge's part of every cache key: its settings, what they resolve to, and the seed where the judge
+        # samples (a greedy judge gives the same verdict whatever the seed, so a seed sweep does not pay it again)
+        self._judge_keys = [
+            cache_key(
+                {
+                    "judge": judge.key_fields(),
+                    "identity": cls.identity(pool, judge, options),
+                    "seed": seed if judge.temperature > 0 else None,
+                }
+            ).encode()
+            if cls.cacheable
+            else None
+            for judge, cls in zip(pool.judges, self._classes, strict=True)
+        ]
 
     # -- planning ---------------------------------------------------------------------------
 
     def plan(self, items: list[Item]) -> Plan:
         asks: list[Ask] = []
         noise: dict[int, int] = {}
+        ties: set[int] = set()
         total = sum(self._weights)
         for index, item in enumerate(items):
+            if (
+                item.output_1 == item.output_2
+            ):  # a judge could only flip a coin (or show its position bias)
+                ties.add(index)
+                continue
             draws = units(self.seed, item_hash(item))
+            if self.assign_by == "instruction":
+                # every model meets the same judge in the same order on an instruction (as AlpacaEval does),
+                # so the judge's draw cancels out of a comparison between models
+                shared = units(self.seed, instruction_hash(item))
+                draws["judge"], draws["order"] = shared["judge"], shared["order"]
             if self.pool.flip_rate > 0 and draws["noise"] < 2 * self.pool.flip_rate:
                 noise[index] = 1 if draws["coin"] < 0.5 else 2
                 continue
@@ -146,8 +214,21 @@ class Annotator:
             for ask in asks:
                 if ask.key in found:
                     ask.verdict, ask.cached = _verdict(found[ask.key]), True
-        pending = [ask for ask in asks if ask.verdict is None]
-        return Plan(asks, noise, self._group(pending))
+        # the same question twice in one run (a repeated pair, or a pair and its mirror image shown the other
+        # way round) is asked once
+        leaders: set[str] = set()
+        followers: dict[str, list[Ask]] = {}
+        pending = []
+        for ask in asks:
+            if ask.verdict is not None:
+                continue
+            if ask.key is not None and ask.key in leaders:
+                followers.setdefault(ask.key, []).append(ask)
+                continue
+            if ask.key is not None:
+                leaders.add(ask.key)
+            pending.append(ask)
+        return Plan(asks, noise, ties, self._group(pending), followers)
 
     def _key(self, ask: Ask, item: Item) -> str:
         shown = self.shown(item, ask)
@@ -161,29 +242,59 @@ class Annotator:
         requests = []
         for judge_index, asks in by_judge.items():
             judge = self.pool.judges[judge_index]
-            size = BULK_REQUEST if judge.backend in ("oracle", "file") else judge.batch_size
+            size = BULK_REQUEST if self._classes[judge_index].bulk else judge.batch_size
             requests.extend(asks[start : start + size] for start in range(0, len(asks), size))
         # roughly in input order, so records can be written while later requests are still running
         return sorted(requests, key=lambda request: request[0].item)
 
     @staticmethod
     def shown(item: Item, ask: Ask) -> Shown:
-        first, second = (item.output_2, item.output_1) if ask.swapped else (item.output_1, item.output_2)
+        first, second = (
+            (item.output_2, item.output_1) if ask.swapped else (item.output_1, item.output_2)
+        )
         return Shown(item.instruction, item.input, first, second)
 
     # -- estimating -------------------------------------------------------------------------
 
-    def request_cost(self, request: list[Ask], items: list[Item], worst: bool) -> tuple[int, int, float]:
-        """(prompt tokens, completion tokens, price) expected for a request, or at most when `worst`."""
+    def _messages(self, request: list[Ask], items: list[Item]) -> list[dict[str, str]]:
         judge = self.pool.judges[request[0].judge]
-        if judge.backend != "openai":
+        return load_template(judge.prompt).messages(
+            [self.shown(items[a.item], a) for a in request], judge.examples
+        )
+
+    def request_cost(
+        self, request: list[Ask], items: list[Item], worst: bool
+    ) -> tuple[int, int, float]:
+        """(prompt tokens, completion tokens, price) expected for a request, or at most when `worst`
+        (by characters alone: the budget's holds also follow what the endpoint bills, see _reserve)."""
+        judge = self.pool.judges[request[0].judge]
+        if not self._classes[request[0].judge].priced:
             return 0, 0, 0.0
         template = load_template(judge.prompt)
-        messages = template.messages([self.shown(items[a.item], a) for a in request], judge.examples)
-        prompt = sum(estimate_tokens(m["content"]) + 4 for m in messages)
-        completion = judge.max_tokens if worst else min(judge.max_tokens, EXPECTED_COMPLETION_TOKENS[template.format] * len(request))
+        messages = self._messages(request, items)
+        count = most_tokens if worst else estimate_tokens
+        prompt = sum(count(m["content"]) + MESSAGE_TOKENS for m in messages)
+        # the request asks for at most max_tokens: the worst case is exactly that, whatever the format
+        completion = (
+            judge.max_tokens
+            if worst
+            else min(judge.max_tokens, EXPECTED_COMPLETION_TOKENS[template.format] * len(request))
+        )
         model = self.pool.model_for(judge) or ""
-        return prompt, completion, self.prices.price(model, prompt * (WORST_TOKENS if worst else 1.0), completion)
+        return prompt, completion, self.prices.price(model, prompt, completion)
+
+    def _reserve(self, request: list[Ask], items: list[Item]) -> Reservation | None:
+        """The budget's hold for `request`'s first attempt, or None when it could exceed --max-cost."""
+        assert self.budget is not None
+        judge = self.pool.judges[request[0].judge]
+        messages = self._messages(request, items)
+        return self.budget.reserve(
+            self.pool.model_for(judge) or "",
+            sum(len(m["content"].encode()) for m in messages),
+            len(messages),
+            sum(most_tokens(m["content"]) + MESSAGE_TOKENS for m in messages),
+            judge.max_tokens,
+        )
 
     def estimate(self, items: list[Item], plan: Plan) -> dict[str, Any]:
         prompt = completion = 0
@@ -191,19 +302,31 @@ class Annotator:
         for request in plan.requests:
             p, c, cost = self.request_cost(request, items, worst=False)
             prompt, completion, price = prompt + p, completion + c, price + cost
-        paid = [self.pool.judges[r[0].judge].backend == "openai" for r in plan.requests]
-        return {"items": len(items), "noised": len(plan.noise), "cached": sum(a.cached for a in plan.asks),
-                "requests": sum(paid), "in_process_pairs": sum(len(r) for r, p in zip(plan.requests, paid, strict=True) if not p),
-                "prompt_tokens": prompt, "completion_tokens": completion, "price": round(price, 6),
-                "unpriced_models": sorted(self.prices.unpriced)}
+        paid = [self._classes[r[0].judge].priced for r in plan.requests]
+        return {
+            "items": len(items),
+            "noised": len(plan.noise),
+            "identical": len(plan.ties),
+            "cached": sum(a.cached for a in plan.asks),
+            "requests": sum(paid),
+            "in_process_pairs": sum(
+                len(r) for r, p in zip(plan.requests, paid, strict=True) if not p
+            ),
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "price": round(price, 6),
+            "unpriced_models": sorted(self.prices.unpriced),
+        }
 
     # -- running ----------------------------------------------------------------------------
 
     def run(self, items: list[Item], plan: Plan | None = None) -> Iterator[dict[str, Any]]:
         """Preference records for `items`, in input order, yielded as each prefix is complete."""
         plan = plan or self.plan(items)
+        self._followers = plan.followers
         self.stats.items += len(items)
         self.stats.noised += len(plan.noise)
+        self.stats.identical += len(plan.ties)
         self.stats.cache_hits += sum(a.cached for a in plan.asks)
         by_item: dict[int, list[Ask]] = {}
         for ask in plan.asks:
@@ -217,7 +340,9 @@ class Annotator:
                 asks = by_item.get(index, [])
                 if any(ask.verdict is None for ask in asks):
                     return
-                ready.append(self.record(items[index], asks, plan.noise.get(index)))
+                ready.append(
+                    self.record(items[index], asks, plan.noise.get(index), index in plan.ties)
+                )
                 state["next"] += 1
 
         flush()
@@ -228,15 +353,22 @@ class Annotator:
         flush()
         yield from ready
 
-    def _drive(self, requests: list[list[Ask]], items: list[Item], flush: Callable[[], None],
-               ready: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """Run the requests on an event loop in steps, yielding finished records between steps."""
-        loop = asyncio.new_event_loop()
+    def _drive(
+        self,
+        requests: list[list[Ask]],
+        items: list[Item],
+        flush: Callable[[], None],
+        ready: list[dict[str, Any]],
+    ) -> Iterator[dict[str, Any]]:
+        """Run the requests on the annotator's event loop in steps, yielding finished records between
+        steps. The loop, and the backends' connections on it, outlive this call: close() ends them."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        loop = self._loop
         tasks: list[asyncio.Task] = []
         try:
             slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
-            budget = {"reserved": 0.0}
-            tasks = [loop.create_task(self._request(request, items, slots, budget)) for request in requests]
+            tasks = [loop.create_task(self._request(request, items, slots)) for request in requests]
             # completed tasks are collected by a callback: asyncio.wait over every pending task at each
             # step would cost O(requests) per completion, O(requests^2) in all
             finished: list[asyncio.Task] = []
@@ -273,69 +405,231 @@ class Annotator:
             for task in tasks:
                 if not task.cancelled():
                     task.exception()  # retrieved, so asyncio does not report it again at exit
-            loop.run_until_complete(self.backends.close())
-            loop.close()
 
-    async def _request(self, request: list[Ask], items: list[Item], slots: asyncio.Semaphore, budget: dict) -> None:
+    def close(self) -> None:
+        """Close the backends it built, on the event loop their connections belong to, and the loop.
+        The Run that owns this annotator calls it once, at the end of the run."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.run_until_complete(self.backends.close())
+        finally:
+            self._loop.close()
+            self._loop = None
+
+    def __enter__(self) -> Annotator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _request(
+        self, request: list[Ask], items: list[Item], slots: asyncio.Semaphore
+    ) -> None:
+        """Ask `request`, less what the cache answers by now and what another run is asking (wait for that)."""
+        settings = self.pool.settings
+        # a claim outlives the longest a request can take with all its retries, so only a dead run's claim expires
+        lease = (
+            float(settings["timeout"])
+            * (int(settings["max_retries"]) + 2)
+            * (int(settings["parse_retries"]) + 1)
+            + 60
+        )
+        waiting = request
+        while waiting:
+            # claimed only once a slot is free, so that a claim is not held while the request waits its turn
+            async with slots:
+                mine, waiting = self._take(waiting, lease)
+                if mine:
+                    try:
+                        await self._ask(mine, items)
+                    finally:
+                        # failures: let a waiting run ask for itself (a verdict written to the cache
+                        # ended its claim in the same transaction: nothing to release)
+                        unanswered = [
+                            ask.key
+                            for ask in mine
+                            if ask.key is not None
+                            and (ask.verdict is None or ask.verdict.choice is None)
+                        ]
+                        if self.cache is not None and unanswered:
+                            self.cache.release(unanswered)
+            if waiting:
+                await asyncio.sleep(CLAIM_POLL)
+
+    def _take(self, asks: list[Ask], lease: float) -> tuple[list[Ask], list[Ask]]:
+        """(asks this run now claims, asks another run is answering); cached verdicts are settled here."""
+        if self.cache is None or self._stopped:
+            return asks, []
+        # the claim reads the verdicts in its own transaction: a key answered by another run since the
+        # plan (or since this run last looked) is settled from the cache, never claimed and paid again
+        _, theirs, answered = self.cache.claim(
+            [ask.key for ask in asks if ask.key is not None], lease
+        )
+        for ask in asks:
+            if ask.key in answered:
+                self._settle(ask, _verdict(answered[ask.key]), cached=True)
+        rest = [ask for ask in asks if ask.verdict is None]
+        taken = set(theirs)
+        return [ask for ask in rest if ask.key not in taken], [
+            ask for ask in rest if ask.key in taken
+        ]
+
+    def _settle(self, ask: Ask, verdict: Verdict, cached: bool = False) -> None:
+        """Give `ask`, and the same question asked elsewhere in this run, its verdict."""
+        for each in [ask, *self._followers.get(ask.key, [])] if ask.key is not None else [ask]:
+            each.verdict, each.cached = verdict, cached
+            self.stats.cache_hits += cached
+
+    async def _ask(self, request: list[Ask], items: list[Item]) -> None:
+        """Send `request` (its slot held), asking again for the verdicts that could not be parsed."""
         judge = self.pool.judges[request[0].judge]
         backend = self.backends.get(judge.backend)
         pending = request
         for attempt in range(int(self.pool.settings["parse_retries"]) + 1):
-            async with slots:
-                if self._stopped:
-                    return  # a fatal error elsewhere: send nothing more
-                worst = 0.0
-                if backend.priced and self.max_cost is not None:
-                    worst = self.request_cost(pending, items, worst=True)[2]
-                    if self.stats.price + budget["reserved"] + worst > self.max_cost:
-                        self._fail(pending, f"not asked: the next request could exceed --max-cost {self.max_cost}",
-                                   backend.model_name(judge))
-                        self.stats.skipped_budget += len(pending)
-                        return
-                budget["reserved"] += worst
-                try:
-                    verdicts = await backend.judge(judge, [self.shown(items[a.item], a) for a in pending],
-                                                   [a.draw for a in pending], self._request_seed(pending, attempt))
-                except FatalBackendError:
-                    self._stopped = True
-                    raise
-                except RequestFailed as exc:
-                    self._fail(pending, f"request failed: {exc}", backend.model_name(judge))
+            if self._stopped:
+                return  # a fatal error elsewhere: send nothing more
+            hold: dict[str, Any] = {}
+            if backend.priced and self.budget is not None:
+                reservation = self._reserve(pending, items)
+                if reservation is None:
+                    self._fail(
+                        pending,
+                        f"not asked: the next request could exceed --max-cost {self.max_cost}",
+                        backend.model_name(judge),
+                    )
+                    self.stats.skipped_budget += sum(
+                        1 + len(self._followers.get(a.key, [])) for a in pending
+                    )
                     return
-                finally:
-                    budget["reserved"] -= worst
+                hold["reservation"] = reservation
+            try:
+                verdicts = await backend.judge(
+                    judge,
+                    [self.shown(items[a.item], a) for a in pending],
+                    [a.draw for a in pending],
+                    self._request_seed(pending, attempt),
+                    **hold,
+                )
+            except FatalBackendError:
+                self._stopped = True
+                raise
+            except RequestFailed as exc:
+                # its billed attempts count against the budget and in each pair's price
+                self.stats.prompt_tokens += exc.prompt_tokens
+                self.stats.completion_tokens += exc.completion_tokens
+                self._pay(exc.price)
+                share = len(pending)
+                for ask in pending:
+                    ask.spent[0] += exc.prompt_tokens / share
+                    ask.spent[1] += exc.completion_tokens / share
+                    ask.spent[2] += exc.price / share
+                reason = f"request failed: {exc}"
+                if exc.over_budget:
+                    reason += f" (--max-cost {self.max_cost})"
+                    self.stats.skipped_budget += sum(
+                        1 + len(self._followers.get(a.key, [])) for a in pending
+                    )
+                self._fail(pending, reason, backend.model_name(judge), sent=True)
+                return
+            finally:
+                if "reservation" in hold:
+                    hold["reservation"].release()
             if backend.priced:
                 self.stats.requests += 1
             for verdict in verdicts:
                 self.stats.prompt_tokens += verdict.prompt_tokens
                 self.stats.completion_tokens += verdict.completion_tokens
-                self.stats.price += verdict.price
+                self._pay(verdict.price)
             for ask, verdict in zip(pending, verdicts, strict=True):
-                if verdict.choice is not None or attempt == int(self.pool.settings["parse_retries"]):
-                    ask.verdict = verdict
-            answered = {ask.key: _stored(ask.verdict) for ask in pending
-                        if ask.key is not None and ask.verdict is not None and ask.verdict.choice is not None}
+                self.stats.replies[judge.name] = self.stats.replies.get(judge.name, 0) + 1
+                if verdict.choice is None:
+                    ask.unparsed += 1
+                    self.stats.parse_failures[judge.name] = (
+                        self.stats.parse_failures.get(judge.name, 0) + 1
+                    )
+                if verdict.choice is not None or attempt == int(
+                    self.pool.settings["parse_retries"]
+                ):
+                    self._settle(
+                        ask,
+                        dataclasses.replace(
+                            verdict,
+                            prompt_tokens=verdict.prompt_tokens + ask.spent[0],
+                            completion_tokens=verdict.completion_tokens + ask.spent[1],
+                            price=verdict.price + ask.spent[2],
+                            seconds=verdict.seconds + ask.spent[3],
+                            attempts=attempt + 1,
+                            parse_failures=ask.unparsed,
+                        ),
+                    )
+                else:
+                    for position, amount in enumerate(
+                        (
+                            verdict.prompt_tokens,
+                            verdict.completion_tokens,
+                            verdict.price,
+                            verdict.seconds,
+                        )
+                    ):
+                        ask.spent[position] += amount
+            answered = {
+                ask.key: _stored(ask.verdict)
+                for ask in pending
+                if ask.key is not None
+                and ask.verdict is not None
+                and ask.verdict.choice is not None
+            }
             if self.cache is not None:
                 self.cache.put_many(answered)
             pending = [ask for ask in pending if ask.verdict is None]
             if not pending:
                 return
-        for ask in pending:  # only reached when parse_retries is negative
-            ask.verdict = Verdict(None, reason="no verdict")
+        self._fail(pending, "no verdict")  # only reached when parse_retries is negative
+
+    def _pay(self, price: float) -> None:
+        self.stats.price += price
+        if self.budget is not None:
+            self.budget.pay(price)
 
     def _request_seed(self, asks: list[Ask], attempt: int) -> int:
-        digest = hashlib.sha256(orjson.dumps([self.seed, attempt, [a.key or a.draw for a in asks]])).digest()
+        digest = hashlib.sha256(
+            orjson.dumps([self.seed, attempt, [a.key or a.draw for a in asks]])
+        ).digest()
         return int.from_bytes(digest[:4], "big")
 
-    def _fail(self, asks: list[Ask], reason: str, model: str | None = None) -> None:
+    def _fail(
+        self, asks: list[Ask], reason: str, model: str | None = None, sent: bool = False
+    ) -> None:
+        """No verdict for `asks`, priced for what their earlier attempts were billed (`sent`: the last
+        attempt was sent and failed, so it counts as an attempt too)."""
         for ask in asks:
-            ask.verdict = Verdict(None, reason=reason, model=model)
+            prompt, completion, price, seconds = ask.spent
+            self._settle(
+                ask,
+                Verdict(
+                    None,
+                    reason=reason,
+                    model=model,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    price=price,
+                    seconds=seconds,
+                    attempts=max(1, ask.unparsed + sent),
+                    parse_failures=ask.unparsed,
+                ),
+            )
 
     # -- records ----------------------------------------------------------------------------
 
-    def record(self, item: Item, asks: list[Ask], coin: int | None) -> dict[str, Any]:
+    def record(
+        self, item: Item, asks: list[Ask], coin: int | None, identical: bool = False
+    ) -> dict[str, Any]:
         record = dict(item.record)
-        if coin is not None:
+        if identical:
+            preference, reason = 1.5, None
+            details = dict(self._noised_details, noised=False, tie_reason="identical outputs")
+        elif coin is not None:
             preference, reason = coin, None
             details = dict(self._noised_details)
         else:
@@ -345,16 +639,32 @@ class Annotator:
             if reasons:
                 preference, reason = None, "; ".join(dict.fromkeys(reasons))
                 self.stats.failures += 1
+            elif (
+                len(asks) == 1 and verdicts[0].soft is not None
+            ):  # a soft label: P(shown second better), undone
+                soft = verdicts[0].soft
+                preference, reason = round(1 + (1 - soft if asks[0].swapped else soft), 6), None
             else:
                 preferences = {_undo_order(ask) for ask in asks}
                 # asked in both orders: two verdicts that disagree are a tie
                 preference, reason = (preferences.pop() if len(preferences) == 1 else 1.5), None
             details["model"] = verdicts[0].model
-            details["order_shown"] = "both" if len(asks) > 1 else ("2,1" if asks[0].swapped else "1,2")
+            details["order_shown"] = (
+                "both" if len(asks) > 1 else ("2,1" if asks[0].swapped else "1,2")
+            )
             details["prompt_tokens"] = round(sum(v.prompt_tokens for v in verdicts), 1)
             details["completion_tokens"] = round(sum(v.completion_tokens for v in verdicts), 1)
             details["price"] = round(sum(v.price for v in verdicts), 8)
             details["time"] = round(sum(v.seconds for v in verdicts), 4)
+            attempts = sum(v.attempts for v in verdicts)
+            if attempts > len(
+                verdicts
+            ):  # replies that could not be read were asked again (and paid)
+                details["attempts"] = attempts
+            if self._classes[asks[0].judge].parses:
+                # replies whose verdict could not be read, retried or not: summed over a judge's records
+                # and divided by their attempts, the judge's parse-failure rate
+                details["parse_failures"] = sum(v.parse_failures for v in verdicts)
             if len(asks) == 1 and verdicts[0].probability is not None:
                 details["p_first_better"] = verdicts[0].probability
             if preference is None:
@@ -373,10 +683,20 @@ class Annotator:
         """The provenance every record from `judge` (None: a noised label) shares."""
         if judge is None:
             return provenance(TOOL, self.seed, pool=self.pool.name, noised=True)
-        asks_a_model = judge.backend in ("openai", "local")
-        return provenance(TOOL, self.seed, pool=self.pool.name, noised=False, judge=judge.name, backend=judge.backend,
-                          prompt=judge.prompt if asks_a_model else None,
-                          batch_size=judge.batch_size if asks_a_model else None, temperature=judge.temperature)
+        asks_a_model = backend_class(
+            judge.backend
+        ).cacheable  # a prompted model, where prompt and batch matter
+        return provenance(
+            TOOL,
+            self.seed,
+            pool=self.pool.name,
+            noised=False,
+            judge=judge.name,
+            backend=judge.backend,
+            prompt=judge.prompt if asks_a_model else None,
+            batch_size=judge.batch_size if asks_a_model else None,
+            temperature=judge.temperature,
+        )
 
 
 def _undo_order(ask: Ask) -> float:
@@ -389,10 +709,29 @@ def _undo_order(ask: Ask) -> float:
 
 
 def _stored(verdict: Verdict) -> dict[str, Any]:
-    return {"choice": verdict.choice, "prompt_tokens": verdict.prompt_tokens, "completion_tokens": verdict.completion_tokens,
-            "price": verdict.price, "seconds": verdict.seconds, "model": verdict.model, "probability": verdict.probability}
+    return {
+        "choice": verdict.choice,
+        "prompt_tokens": verdict.prompt_tokens,
+        "completion_tokens": verdict.completion_tokens,
+        "price": verdict.price,
+        "seconds": verdict.seconds,
+        "model": verdict.model,
+        "probability": verdict.probability,
+        "attempts": verdict.attempts,
+        "parse_failures": verdict.parse_failures,
+    }
 
 
 def _verdict(stored: dict[str, Any]) -> Verdict:
-    return Verdict(stored["choice"], prompt_tokens=stored["prompt_tokens"], completion_tokens=stored["completion_tokens"],
-                   price=stored["price"], seconds=stored["seconds"], model=stored["model"], probability=stored["probability"])
+    return Verdict(
+        stored["choice"],
+        prompt_tokens=stored["prompt_tokens"],
+        completion_tokens=stored["completion_tokens"],
+        price=stored["price"],
+        seconds=stored["seconds"],
+        model=stored["model"],
+        probability=stored["probability"],
+        attempts=stored.get("attempts", 1),
+        # stored before the count was kept: a cached verdict was read, so its earlier replies were not
+        parse_failures=stored.get("parse_failures", stored.get("attempts", 1) - 1),
+    )

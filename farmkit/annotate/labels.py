@@ -9,18 +9,25 @@ label). A pair without a label gets no verdict.
 
 from __future__ import annotations
 
-from farmkit.annotate.backends import Verdict
-from farmkit.annotate.pools import Judge
+from typing import Any
+
+from farmkit.annotate.base import Backend, Verdict
+from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown
 from farmkit.io import read_records
 from farmkit.records import preference_target
 
 
-class FileBackend:
+class FileBackend(Backend):
+    name = "file"
     bulk = True
-    priced = False
 
-    def __init__(self) -> None:
+    @classmethod
+    def check(cls, judge: Judge) -> str | None:
+        return None if judge.path else "a file judge needs `path`, the labels file"
+
+    def __init__(self, pool: Pool, options: dict[str, Any]) -> None:
+        super().__init__(pool, options)
         self._labels: dict[str, dict[tuple[str, str, str, str], list[float]]] = {}
 
     def model_name(self, judge: Judge) -> str:
@@ -32,30 +39,62 @@ class FileBackend:
             table: dict[tuple[str, str, str, str], list[float]] = {}
             for record in read_records(path, "preference"):
                 target = preference_target(record.get("preference"))
-                if target is None or not isinstance(record.get("output_1"), str) or not isinstance(record.get("output_2"), str):
+                if (
+                    target is None
+                    or not isinstance(record.get("output_1"), str)
+                    or not isinstance(record.get("output_2"), str)
+                ):
                     continue
-                key = (record.get("instruction", ""), record.get("input") or "", record["output_1"], record["output_2"])
+                key = (
+                    record.get("instruction", ""),
+                    record.get("input") or "",
+                    record["output_1"],
+                    record["output_2"],
+                )
                 table.setdefault(key, []).append(target)
             self._labels[path] = table
         return self._labels[path]
 
-    async def judge(self, judge: Judge, pairs: list[Shown], draws: list[float], seed: int) -> list[Verdict]:
+    async def judge(
+        self,
+        judge: Judge,
+        pairs: list[Shown],
+        draws: list[float],
+        seed: int,
+        reservation: Any = None,  # unpriced: no budget to hold
+    ) -> list[Verdict]:
         table = self.labels(str(judge.path))
         verdicts = []
         for pair, draw in zip(pairs, draws, strict=True):
             direct = table.get((pair.instruction, pair.input, pair.output_a, pair.output_b))
             # a label for the pair in the other order: P(B better) there is P(A better) here
-            flipped = [1.0 - t for t in table.get((pair.instruction, pair.input, pair.output_b, pair.output_a), [])]
+            flipped = [
+                1.0 - t
+                for t in table.get((pair.instruction, pair.input, pair.output_b, pair.output_a), [])
+            ]
             targets = (direct or []) + flipped
             if not targets:
-                verdicts.append(Verdict(None, reason=f"no label for this pair in {judge.path}", model=self.model_name(judge)))
+                verdicts.append(
+                    Verdict(
+                        None,
+                        reason=f"no label for this pair in {judge.path}",
+                        model=self.model_name(judge),
+                    )
+                )
                 continue
             if judge.aggregate == "mean":
                 target = sum(targets) / len(targets)
             else:
                 target = targets[min(int(draw * len(targets)), len(targets) - 1)]
             choice = "tie" if target == 0.5 else ("B" if target > 0.5 else "A")
-            verdicts.append(Verdict(choice, model=self.model_name(judge), probability=round(1.0 - target, 6)))
+            verdicts.append(
+                Verdict(
+                    choice,
+                    model=self.model_name(judge),
+                    probability=round(1.0 - target, 6),
+                    soft=round(target, 6) if judge.aggregate == "mean" else None,
+                )
+            )
         return verdicts
 
     async def close(self) -> None:

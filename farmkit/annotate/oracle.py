@@ -1,7 +1,7 @@
 """The `oracle` backend: preferences from a known "true" reward, for offline simulations and reward
 over-optimization studies.
 
-The gold reward is either a reward model folder (farmkit.models.load_reward_model) or the documented
+The gold reward is either a reward model folder (scored by RewardScorer, as the methods score it) or the documented
 heuristic `gold_reward` below. An oracle judge prefers answer A with probability
     sigmoid((r(A) - r(B) + length_bias * (log1p(words(A)) - log1p(words(B))) + position_bias) / T)
 (Bradley-Terry with temperature T; T = 0 picks the higher side deterministically, equal rewards tie).
@@ -14,8 +14,8 @@ import math
 import re
 from typing import Any
 
-from farmkit.annotate.backends import Verdict, decide, sigmoid
-from farmkit.annotate.pools import Judge
+from farmkit.annotate.base import Backend, Verdict, decide, sigmoid
+from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown
 
 _WORD = re.compile(r"[a-z0-9']+")
@@ -26,7 +26,7 @@ _STOPWORDS = frozenset(
     "they them their he him his she her i about into than so such very just also any some all each more most "
     "give write make tell explain describe list following please using use one two three".split()
 )
-CLEAN_ENDINGS = tuple('.!?)]"\'`*:;') + ("```",)
+CLEAN_ENDINGS = tuple(".!?)]\"'`*:;") + ("```",)
 
 # Weights of the four parts of the heuristic gold reward (they sum to 1).
 RELEVANCE, LENGTH, VARIETY, ENDING = 0.35, 0.30, 0.20, 0.15
@@ -54,7 +54,11 @@ def gold_reward(instruction: str, input: str, output: str) -> float:
     tokens = words(output)
     if not tokens:
         return 0.0
-    content = {word for word in words(f"{instruction} {input or ''}") if len(word) >= 3 and word not in _STOPWORDS}
+    content = {
+        word
+        for word in words(f"{instruction} {input or ''}")
+        if len(word) >= 3 and word not in _STOPWORDS
+    }
     if content:
         relevance = min(1.0, len(content.intersection(tokens)) / min(len(content), 8))
     else:
@@ -69,32 +73,50 @@ def gold_reward(instruction: str, input: str, output: str) -> float:
     return RELEVANCE * relevance + LENGTH * length + VARIETY * variety + ENDING * ending
 
 
-class OracleBackend:
+class OracleBackend(Backend):
     """Verdicts from the gold reward (heuristic or reward model), with the judge's biases and temperature."""
 
+    name = "oracle"
     bulk = True
-    priced = False
 
-    def __init__(self) -> None:
+    def __init__(self, pool: Pool, options: dict[str, Any]) -> None:
+        super().__init__(pool, options)
         self._models: dict[str, Any] = {}
         self._scores: dict[tuple[str, str, str, str], float] = {}
 
     def model_name(self, judge: Judge) -> str:
         return "gold-heuristic" if judge.reward == "heuristic" else judge.reward
 
-    async def judge(self, judge: Judge, pairs: list[Shown], draws: list[float], seed: int) -> list[Verdict]:
-        rewards = self.rewards(judge.reward, [(p.instruction, p.input, o) for p in pairs for o in (p.output_a, p.output_b)])
+    async def judge(
+        self,
+        judge: Judge,
+        pairs: list[Shown],
+        draws: list[float],
+        seed: int,
+        reservation: Any = None,  # unpriced: no budget to hold
+    ) -> list[Verdict]:
+        rewards = self.rewards(
+            judge.reward,
+            [(p.instruction, p.input, o) for p in pairs for o in (p.output_a, p.output_b)],
+        )
         verdicts = []
         for number, (pair, draw) in enumerate(zip(pairs, draws, strict=True)):
             reward_a, reward_b = rewards[2 * number], rewards[2 * number + 1]
             margin = reward_a - reward_b + judge.position_bias
-            margin += judge.length_bias * (math.log1p(len(words(pair.output_a))) - math.log1p(len(words(pair.output_b))))
+            margin += judge.length_bias * (
+                math.log1p(len(words(pair.output_a))) - math.log1p(len(words(pair.output_b)))
+            )
             if judge.temperature == 0:
                 probability = 0.5 if margin == 0 else (1.0 if margin > 0 else 0.0)
             else:
                 probability = sigmoid(margin / judge.temperature)
-            verdicts.append(Verdict(decide(probability, judge.temperature, draw), model=self.model_name(judge),
-                                    probability=round(probability, 6)))
+            verdicts.append(
+                Verdict(
+                    decide(probability, judge.temperature, draw),
+                    model=self.model_name(judge),
+                    probability=round(probability, 6),
+                )
+            )
         return verdicts
 
     def rewards(self, reward: str, texts: list[tuple[str, str, str]]) -> list[float]:
@@ -108,24 +130,14 @@ class OracleBackend:
             self._scores.update({(reward, *t): s for t, s in zip(missing, scores, strict=True)})
         return [self._scores[(reward, *t)] for t in texts]
 
-    def _model_rewards(self, folder: str, texts: list[tuple[str, str, str]], batch_size: int = 16) -> list[float]:
-        import torch
-
-        from farmkit.models import PromptFormat, load_reward_model, response_end
+    def _model_rewards(self, folder: str, texts: list[tuple[str, str, str]]) -> list[float]:
+        """A reward model's scores, read exactly as the methods that optimize it read them
+        (RewardScorer: the formatted prompt, the answer and its end token, scored at that token)."""
+        from farmkit.methods.reward import RewardScorer
 
         if folder not in self._models:
-            self._models[folder] = load_reward_model(folder)
-        network, tokenizer = self._models[folder]
-        prompt_format = PromptFormat.for_model(folder)
-        strings = [prompt_format.prompt(tokenizer, i, x) + o + response_end(tokenizer) for i, x, o in texts]
-        scores: list[float] = []
-        device = next(network.parameters()).device
-        with torch.no_grad():
-            for start in range(0, len(strings), batch_size):
-                batch = tokenizer(strings[start : start + batch_size], padding=True, truncation=True,
-                                  max_length=2048, add_special_tokens=False, return_tensors="pt").to(device)
-                scores.extend(network(**batch).logits[:, 0].float().tolist())
-        return scores
+            self._models[folder] = RewardScorer(folder)
+        return self._models[folder].score(texts)
 
     async def close(self) -> None:
         self._models.clear()

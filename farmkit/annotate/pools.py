@@ -7,7 +7,7 @@ A pool file:
     description: one line
     flip_rate: 0.0            # share of labels flipped by noise (see below)
     tiers: {small: gpt-4o-mini, medium: gpt-4.1-mini, large: gpt-4.1}
-    settings: {concurrency: 16, timeout: 60, max_retries: 6, backoff: 1.0, parse_retries: 2}
+    settings: {concurrency: 16, timeout: 60, connect_timeout: 10, max_retries: 6, backoff: 1.0, parse_retries: 2}
     prices: {my-model: {prompt: 0.5, completion: 1.5}}   # USD per million tokens, optional
     judges:
       - {name: plain-large, backend: openai, tier: large, prompt: plain, batch_size: 1, temperature: 1.0}
@@ -26,8 +26,14 @@ from typing import Any
 
 from farmkit.io import FarmError
 
-BACKENDS = ("openai", "local", "oracle", "file")
-DEFAULT_SETTINGS = {"concurrency": 16, "timeout": 60.0, "max_retries": 6, "backoff": 1.0, "parse_retries": 2}
+DEFAULT_SETTINGS = {
+    "concurrency": 16,
+    "timeout": 60.0,
+    "connect_timeout": 10.0,  # seconds to open a connection; none before the endpoint ever answered stops the run
+    "max_retries": 6,
+    "backoff": 1.0,
+    "parse_retries": 2,
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,9 @@ class Judge:
     batch_size: int = 1
     examples: int = 0
     max_tokens: int = 300
+    dtype: str = (
+        "auto"  # local: the judge model's weights (auto: bf16 on a GPU that has it, else fp32)
+    )
     # oracle: the "true" reward ("heuristic" or a reward model folder) and the biases added to it
     reward: str = "heuristic"
     length_bias: float = 0.0
@@ -55,9 +64,10 @@ class Judge:
     aggregate: str = "sample"
 
     def key_fields(self) -> dict[str, Any]:
-        """Everything about the judge that can change a verdict (the resolved model is added by the caller)."""
+        """The judge's settings that can change a verdict. The caller adds what they resolve to (the model, the
+        template's text, the endpoint, the device), so neither a prompt file's path nor a tier name is in it."""
         fields = dataclasses.asdict(self)
-        for unused in ("name", "weight", "tier", "model"):
+        for unused in ("name", "weight", "tier", "model", "prompt", "dtype"):
             fields.pop(unused)
         return fields
 
@@ -84,7 +94,9 @@ class Pool:
         if judge.tier is None:
             return None
         if judge.tier not in self.tiers:
-            raise FarmError(f"pool {self.name}: judge {judge.name} uses tier {judge.tier!r}, which the pool does not map to a model")
+            raise FarmError(
+                f"pool {self.name}: judge {judge.name} uses tier {judge.tier!r}, which the pool does not map to a model"
+            )
         return self.tiers[judge.tier]
 
     def with_models(self, overrides: list[str]) -> Pool:
@@ -92,19 +104,35 @@ class Pool:
         tiers, judges = dict(self.tiers), list(self.judges)
         for name in [o for o in overrides if "=" not in o]:
             tiers = dict.fromkeys(tiers, name)
-            judges = [dataclasses.replace(j, model=name) if j.backend == "openai" else j for j in judges]
+            judges = [
+                dataclasses.replace(j, model=name) if _asks_endpoint(j.backend) else j
+                for j in judges
+            ]
         for override in [o for o in overrides if "=" in o]:
             tier, name = override.split("=", 1)
             if tier not in tiers:
-                raise FarmError(f"--model {override}: pool {self.name} has no tier {tier!r} (tiers: {', '.join(sorted(tiers)) or 'none'})")
+                raise FarmError(
+                    f"--model {override}: pool {self.name} has no tier {tier!r} (tiers: {', '.join(sorted(tiers)) or 'none'})"
+                )
             tiers[tier] = name
             judges = [dataclasses.replace(j, model=None) if j.tier == tier else j for j in judges]
         return dataclasses.replace(self, tiers=tiers, judges=judges)
 
     def listing(self) -> dict[str, Any]:
-        return {"name": self.name, "backends": self.backends, "judges": len(self.judges),
-                "flip_rate": self.flip_rate, "needs_endpoint": "openai" in self.backends,
-                "description": self.description}
+        return {
+            "name": self.name,
+            "backends": self.backends,
+            "judges": len(self.judges),
+            "flip_rate": self.flip_rate,
+            "needs_endpoint": any(_asks_endpoint(name) for name in self.backends),
+            "description": self.description,
+        }
+
+
+def _asks_endpoint(backend: str) -> bool:
+    from farmkit.annotate.backends import backend_class
+
+    return backend_class(backend).needs_endpoint
 
 
 def _folder():
@@ -125,8 +153,10 @@ def load_pool(name_or_path: str) -> Pool:
     else:
         path = Path(name_or_path)
         if not path.is_file():
-            raise FarmError(f"no pool {name_or_path!r}: not a shipped pool ({', '.join(shipped_pools())}) nor a YAML file; "
-                            "see farm-annotate --list-pools")
+            raise FarmError(
+                f"no pool {name_or_path!r}: not a shipped pool ({', '.join(shipped_pools())}) nor a YAML file; "
+                "see farm-annotate --list-pools"
+            )
         text, source, base = path.read_text(encoding="utf-8"), str(path), path.parent
     try:
         data = yaml.safe_load(text)
@@ -141,7 +171,9 @@ def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
     known = {"name", "description", "flip_rate", "tiers", "settings", "prices", "judges"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise FarmError(f"{source}: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(known))}")
+        raise FarmError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(known))}"
+        )
     judges_data = data.get("judges")
     if not isinstance(judges_data, list) or not judges_data:
         raise FarmError(f"{source}: `judges` must be a non-empty list")
@@ -152,7 +184,9 @@ def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
             raise FarmError(f"{source}: judge {number} is not a mapping")
         bad = sorted(set(entry) - judge_fields)
         if bad:
-            raise FarmError(f"{source}: judge {number}: unknown key(s) {', '.join(bad)}; expected some of {', '.join(sorted(judge_fields))}")
+            raise FarmError(
+                f"{source}: judge {number}: unknown key(s) {', '.join(bad)}; expected some of {', '.join(sorted(judge_fields))}"
+            )
         entry = dict(entry)
         entry.setdefault("name", f"judge{number}")
         if entry.get("path") and base is not None and not Path(entry["path"]).is_absolute():
@@ -175,16 +209,32 @@ def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
     settings.update(data.get("settings") or {})
     unknown_settings = sorted(set(settings) - set(DEFAULT_SETTINGS))
     if unknown_settings:
-        raise FarmError(f"{source}: unknown setting(s) {', '.join(unknown_settings)}; expected {', '.join(DEFAULT_SETTINGS)}")
-    return Pool(name=str(data.get("name") or Path(source).stem), description=str(data.get("description", "")),
-                judges=judges, flip_rate=flip_rate, tiers=dict(data.get("tiers") or {}), settings=settings,
-                prices=dict(data.get("prices") or {}), source=source)
+        raise FarmError(
+            f"{source}: unknown setting(s) {', '.join(unknown_settings)}; expected {', '.join(DEFAULT_SETTINGS)}"
+        )
+    return Pool(
+        name=str(data.get("name") or Path(source).stem),
+        description=str(data.get("description", "")),
+        judges=judges,
+        flip_rate=flip_rate,
+        tiers=dict(data.get("tiers") or {}),
+        settings=settings,
+        prices=dict(data.get("prices") or {}),
+        source=source,
+    )
 
 
 def _check_judge(judge: Judge, source: str) -> None:
     where = f"{source}: judge {judge.name}"
-    if judge.backend not in BACKENDS:
-        raise FarmError(f"{where}: unknown backend {judge.backend!r}; expected one of {', '.join(BACKENDS)}")
+    from farmkit.annotate.backends import REGISTRY, backend_class
+
+    if judge.backend not in REGISTRY:
+        raise FarmError(
+            f"{where}: unknown backend {judge.backend!r}; expected one of {', '.join(REGISTRY)}"
+        )
+    problem = backend_class(judge.backend).check(judge)
+    if problem:
+        raise FarmError(f"{where}: {problem}")
     if judge.weight <= 0 or judge.temperature < 0:
         raise FarmError(f"{where}: weight must be > 0 and temperature >= 0")
     if not 1 <= judge.batch_size <= 16:
@@ -193,10 +243,10 @@ def _check_judge(judge: Judge, source: str) -> None:
         from farmkit.annotate.prompts import worked_examples
 
         if not 0 <= judge.examples <= len(worked_examples()):
-            raise FarmError(f"{where}: examples must be between 0 and {len(worked_examples())} (the worked examples shipped)")
-    if judge.backend == "openai" and not (judge.tier or judge.model):
-        raise FarmError(f"{where}: an openai judge needs a tier or a model")
-    if judge.backend == "file" and not judge.path:
-        raise FarmError(f"{where}: a file judge needs `path`, the labels file")
+            raise FarmError(
+                f"{where}: examples must be between 0 and {len(worked_examples())} (the worked examples shipped)"
+            )
+    if judge.dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
+        raise FarmError(f"{where}: dtype must be auto, float32, bfloat16 or float16")
     if judge.aggregate not in ("sample", "mean"):
         raise FarmError(f"{where}: aggregate must be sample or mean")

@@ -5,11 +5,13 @@ the Python entry point for annotating pairs from code."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from farmkit.annotate.backends import backend_class
 from farmkit.annotate.cache import VerdictCache
 from farmkit.annotate.cost import PriceTable
 from farmkit.annotate.engine import Annotator, require_endpoint
@@ -27,16 +29,42 @@ def default_cache_path() -> Path:
 
 
 class Run:
-    def __init__(self, pool: Pool, seed: int = 0, both_orders: bool = False, cache_path: str | Path | None = "default",
-                 prices_path: str | None = None, max_cost: float | None = None, device: str = "auto"):
-        """`cache_path`: a SQLite file, "default" (under farmkit's cache folder) or None (no cache)."""
+    """The one owner of a run's lifecycle: it opens the cache, builds the annotator (whose backends and
+    event loop live as long as the run, across several calls to records()), and closes them all in
+    close(). Use it as a context manager (or call close())."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        seed: int = 0,
+        both_orders: bool = False,
+        cache_path: str | Path | None = "default",
+        prices_path: str | None = None,
+        max_cost: float | None = None,
+        device: str = "auto",
+        show_progress: bool = False,
+        assign_by: str = "item",
+    ):
+        """`cache_path`: a SQLite file, "default" (under farmkit's cache folder) or None (no cache).
+        `show_progress`: a progress bar on stderr even when stderr is not a terminal (never with -q)."""
+        self.show_progress = show_progress
         self.pool = pool
         self.prices = PriceTable.from_file(prices_path, pool.prices)
         self.cache = None
         if cache_path is not None:
-            self.cache = VerdictCache(default_cache_path() if cache_path == "default" else cache_path)
-        self.annotator = Annotator(pool, seed=seed, both_orders=both_orders, cache=self.cache, prices=self.prices,
-                                   max_cost=max_cost, device=device)
+            self.cache = VerdictCache(
+                default_cache_path() if cache_path == "default" else cache_path
+            )
+        self.annotator = Annotator(
+            pool,
+            seed=seed,
+            both_orders=both_orders,
+            cache=self.cache,
+            prices=self.prices,
+            max_cost=max_cost,
+            device=device,
+            assign_by=assign_by,
+        )
         self.max_cost = max_cost
 
     def estimate(self, items: list[Item]) -> dict[str, Any]:
@@ -45,25 +73,78 @@ class Run:
         return {"pool": self.pool.name, **self.annotator.estimate(items, plan)}
 
     def records(self, items: list[Item]) -> Iterator[dict[str, Any]]:
+        if self.max_cost is not None:
+            # a model without a price would cost $0 to the budget: the cap would silently stop capping
+            unpriced = sorted(
+                {
+                    str(self.pool.model_for(judge))
+                    for judge in self.pool.judges
+                    if backend_class(judge.backend).priced
+                    and self.pool.model_for(judge) not in self.prices.table
+                }
+            )
+            if unpriced:
+                raise FarmError(
+                    f"--max-cost cannot hold: no price is known for {', '.join(unpriced)}; give one with "
+                    "--prices FILE (MODEL: {prompt: USD per 1M tokens, completion: USD per 1M tokens})"
+                )
         plan = self.annotator.plan(items)
-        if plan.requests and any(self.pool.judges[r[0].judge].backend == "openai" for r in plan.requests):
+        if plan.requests and any(
+            backend_class(self.pool.judges[r[0].judge].backend).needs_endpoint
+            for r in plan.requests
+        ):
             require_endpoint(self.pool)
         if self.max_cost is not None:
             expected = self.annotator.estimate(items, plan)["price"]
             if expected > self.max_cost:
-                raise FarmError(f"the expected price ${expected:.4f} exceeds --max-cost ${self.max_cost:.4f}; "
-                                "nothing was asked (see --estimate)")
+                raise FarmError(
+                    f"the expected price ${expected:.4f} exceeds --max-cost ${self.max_cost:.4f}; "
+                    "nothing was asked (see --estimate)"
+                )
+        from tqdm import tqdm
+
+        from farmkit.cli import quiet
+
+        stats = self.annotator.stats
+        with tqdm(
+            total=len(items),
+            unit="pair",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=False,
+            disable=quiet() or not (self.show_progress or sys.stderr.isatty()),
+        ) as bar:
+            for record in self.annotator.run(items, plan):
+                bar.set_postfix_str(
+                    f"{stats.cache_hits} cache hits, {stats.requests} requests, "
+                    f"{stats.failures} failed, ${stats.price:.4f}",
+                    refresh=False,
+                )
+                bar.update(1)
+                yield record
+            bar.refresh()  # the final counts, however fast the run was
+
+    def close(self) -> None:
+        """Close the backends (their connections, on their event loop) and the cache, giving up any
+        claims this run still holds."""
         try:
-            yield from self.annotator.run(items, plan)
+            self.annotator.close()
         finally:
             if self.cache is not None:
                 self.cache.close()
+                self.cache = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def summary(self) -> None:
         stats = self.annotator.stats
         retries = self.annotator.backends.retries
         parts = [
-            f"{stats.items} items ({stats.noised} noised)",
+            f"{stats.items} items ({stats.noised} noised, {stats.identical} identical pairs tied)",
             f"{stats.requests} requests" + (f" (+{retries} retries)" if retries else ""),
             f"{stats.cache_hits} cache hits",
             f"{stats.failures} without a verdict",
@@ -73,10 +154,27 @@ class Run:
         ]
         log.info("farm-annotate: %s", ", ".join(parts))
         if stats.failures > stats.skipped_budget:
-            log.warning("farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
-                        "same command to ask them again: verdicts already given are cached", stats.failures - stats.skipped_budget)
+            log.warning(
+                "farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
+                "same command to ask them again: verdicts already given are cached",
+                stats.failures - stats.skipped_budget,
+            )
         if stats.skipped_budget:
-            log.warning("farm-annotate: %d pair(s) not asked to stay within --max-cost (written with preference null); "
-                        "paid verdicts are cached: rerun with a higher budget to finish", stats.skipped_budget)
+            log.warning(
+                "farm-annotate: %d pair(s) not asked to stay within --max-cost (written with preference null); "
+                "paid verdicts are cached: rerun with a higher budget to finish",
+                stats.skipped_budget,
+            )
+        if stats.parse_failures:
+            log.warning(
+                "farm-annotate: verdicts that could not be parsed (asked again up to parse_retries times): %s",
+                ", ".join(
+                    f"{judge} {count} of {stats.replies[judge]} ({count / stats.replies[judge]:.1%})"
+                    for judge, count in sorted(stats.parse_failures.items())
+                ),
+            )
         if self.prices.unpriced:
-            log.info("farm-annotate: no price known for %s (counted as $0; see --prices)", ", ".join(sorted(self.prices.unpriced)))
+            log.info(
+                "farm-annotate: no price known for %s (counted as $0; see --prices)",
+                ", ".join(sorted(self.prices.unpriced)),
+            )

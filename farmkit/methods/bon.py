@@ -40,8 +40,13 @@ class BestOfNConfig:
         DecodingConfig(**self.decoding_fields())  # the decoding settings' own checks
 
     def decoding_fields(self) -> dict[str, Any]:
-        return {"n": max(self.ns), "temperature": self.temperature, "top_p": self.top_p,
-                "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size}
+        return {
+            "n": max(self.ns),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_new_tokens": self.max_new_tokens,
+            "batch_size": self.batch_size,
+        }
 
 
 @dataclass
@@ -58,51 +63,94 @@ class ScoredPrompt:
         return window.index(max(window))
 
 
-def sample_and_score(policy: str | os.PathLike, scorer: Any, prompts: Sequence[dict[str, Any]], config: BestOfNConfig,
-                     device: str = "auto") -> list[ScoredPrompt]:
+def sample_and_score(
+    policy: str | os.PathLike,
+    scorer: Any,
+    prompts: Sequence[dict[str, Any]],
+    config: BestOfNConfig,
+    device: str = "auto",
+) -> list[ScoredPrompt]:
     """Sample max(config.ns) outputs per prompt record from `policy` and score every one with `scorer`
-    (a farmkit.methods.reward.RewardScorer). The policy is released before scoring."""
+    (a farmkit.methods.reward.RewardScorer). The policy is released before scoring.
+
+    Under a launcher with several processes each samples and scores its share of the batches (with
+    the seeds one process would use) and every process gets back all of them, in input order: the
+    same result as one process."""
+    from farmkit import distributed
     from farmkit.cli import progress
     from farmkit.generation import generate
+    from farmkit.methods.launch import whole_models
     from farmkit.models import PromptFormat, load_causal_lm, resolve
 
     path = resolve(policy)
-    network, tokenizer = load_causal_lm(path, device=device)
+    with whole_models():  # whole even after a ZeRO-3 Trainer ran in this process (expert iteration)
+        network, tokenizer = load_causal_lm(path, device=device)
     network.eval()
     prompt_format = PromptFormat.for_model(path, config.template)
-    texts = [prompt_format.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts]
+    texts = [prompt_format.record_prompt(tokenizer, r) for r in prompts]
     decoding = DecodingConfig(**config.decoding_fields())
+    shard = (distributed.rank(), distributed.world_size())
     with progress(total=len(texts) * decoding.n, desc=f"sampling {decoding.n} per prompt") as bar:
-        samples = generate(network, tokenizer, texts, decoding, seed=config.seed,
-                           on_batch=lambda indices, _: bar.update(len(indices) * decoding.n))
+        samples = generate(
+            network,
+            tokenizer,
+            texts,
+            decoding,
+            seed=config.seed,
+            on_batch=lambda indices, _: bar.update(len(indices) * decoding.n),
+            shard=shard,
+        )
     del network
-    scored = [ScoredPrompt(dict(record), found) for record, found in zip(prompts, samples, strict=True)]
-    items = [(p.record["instruction"], p.record.get("input"), s.text) for p in scored for s in p.samples]
+    # this process's prompts (all of them in one process; a sampled prompt has n >= 1 samples)
+    mine = [index for index, found in enumerate(samples) if found]
+    scored = [ScoredPrompt(dict(prompts[index]), samples[index]) for index in mine]
+    items = [
+        (p.record["instruction"], p.record.get("input"), s.text) for p in scored for s in p.samples
+    ]
     with progress(total=len(items), desc="scoring") as bar:
-        rewards = scorer.score(items, progress=bar)
+        # a sample cut off at max_new_tokens is scored as it is, without an end token
+        rewards = scorer.score(
+            items, progress=bar, finished=[s.finished for p in scored for s in p.samples]
+        )
     for position, prompt in enumerate(scored):
         prompt.rewards = rewards[position * decoding.n : (position + 1) * decoding.n]
-    return scored
+    if not distributed.launched():
+        return scored
+    everything: list[ScoredPrompt | None] = [None] * len(prompts)
+    for share in distributed.all_gather(list(zip(mine, scored, strict=True))):
+        for index, prompt in share:
+            everything[index] = prompt
+    missing = [index for index, prompt in enumerate(everything) if prompt is None]
+    if missing:
+        raise RuntimeError(f"no process sampled prompts {missing[:5]}")
+    return everything  # type: ignore[return-value]
 
 
-def _output_record(prompt: ScoredPrompt, index: int, generator: str, config: BestOfNConfig, reward_model: str) -> dict[str, Any]:
+def _output_record(
+    prompt: ScoredPrompt, index: int, generator: str, config: BestOfNConfig, reward_model: str
+) -> dict[str, Any]:
     record = dict(prompt.record)
-    record.update({
-        "input": record.get("input") or "",
-        "output": prompt.samples[index].text,
-        "generator": generator,
-        "sample_index": index,
-        "reward": prompt.rewards[index],
-        "reward_model": reward_model,
-        "temperature": config.temperature,
-        "top_p": config.top_p,
-        "max_new_tokens": config.max_new_tokens,
-        "seed": config.seed,
-    })
+    record.update(
+        {
+            "input": record.get("input") or "",
+            "output": prompt.samples[index].text,
+            "generator": generator,
+            "sample_index": index,
+            "finished": prompt.samples[index].finished,
+            "reward": prompt.rewards[index],
+            "reward_model": reward_model,
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "max_new_tokens": config.max_new_tokens,
+            "seed": config.seed,
+        }
+    )
     return record
 
 
-def best_records(scored: Sequence[ScoredPrompt], policy_name: str, reward_model: str, config: BestOfNConfig) -> Iterator[dict[str, Any]]:
+def best_records(
+    scored: Sequence[ScoredPrompt], policy_name: str, reward_model: str, config: BestOfNConfig
+) -> Iterator[dict[str, Any]]:
     """For each n in config.ns (ascending), the best of the first n samples of every prompt, in prompt
     order: output records with generator `<policy>-best-of-<n>`, best_of, reward and sample_index."""
     for n in config.ns:
@@ -113,7 +161,9 @@ def best_records(scored: Sequence[ScoredPrompt], policy_name: str, reward_model:
             yield record
 
 
-def all_sample_records(scored: Sequence[ScoredPrompt], policy_name: str, reward_model: str, config: BestOfNConfig) -> Iterator[dict[str, Any]]:
+def all_sample_records(
+    scored: Sequence[ScoredPrompt], policy_name: str, reward_model: str, config: BestOfNConfig
+) -> Iterator[dict[str, Any]]:
     """Every scored sample as an output record (generator: the policy's name), prompt by prompt."""
     for prompt in scored:
         for index in range(len(prompt.samples)):
@@ -122,4 +172,51 @@ def all_sample_records(scored: Sequence[ScoredPrompt], policy_name: str, reward_
 
 def mean_rewards(scored: Sequence[ScoredPrompt], ns: Sequence[int]) -> dict[int, float]:
     """Mean reward of the selected output for each n (n=1 is the first sample's reward)."""
-    return {n: sum(p.rewards[p.best(n)] for p in scored) / len(scored) for n in ns} if scored else {}
+    return (
+        {n: sum(p.rewards[p.best(n)] for p in scored) / len(scored) for n in ns} if scored else {}
+    )
+
+
+def sample_tokens(sample: Sample) -> int:
+    """A sample's response tokens, the end token included (as the rollouts count them)."""
+    return sample.completion_tokens + int(sample.finished)
+
+
+def sweep_rows(
+    scored: Sequence[ScoredPrompt],
+    ns: Sequence[int],
+    labels_used: int | None,
+    elapsed_s: float,
+    gold: Any = None,
+    gold_scored: Sequence[ScoredPrompt] = (),
+) -> list[dict[str, Any]]:
+    """farm-bon's metrics rows (schemas/metrics.json), one per n: step = n, no loss; the mean reward
+    and length of the selected outputs, the KL bound log n - (n - 1) / n, the budget of best-of-n
+    alone (the first n samples of each prompt: one pass serves the sweep, the largest n's row counts
+    the whole pass) and, with a gold judge (farmkit.methods.gold), its figures for the selected
+    answers to the gold prompts (`gold_scored`)."""
+    from farmkit.methods.gold import best_of_n_kl
+    from farmkit.metrics import metrics_row
+
+    rows = []
+    for n in ns:
+        chosen = [p.samples[p.best(n)] for p in scored]
+        figures: dict[str, Any] = {
+            "n": n,
+            "reward": mean_rewards(scored, [n])[n],
+            "kl": best_of_n_kl(n),
+            "response_length": sum(sample_tokens(s) for s in chosen) / len(chosen),
+            "labels_used": labels_used,
+            "tokens_sampled": sum(sample_tokens(s) for p in scored for s in p.samples[:n]),
+            "training_tokens": 0,
+            "elapsed_s": round(elapsed_s, 2),
+        }
+        if gold is not None:
+            answers = [p.samples[p.best(n)] for p in gold_scored]
+            figures.update(
+                gold.judge([s.text for s in answers], [s.finished for s in answers], f"best-of-{n}")
+            )
+            figures["gold_kl"] = best_of_n_kl(n)
+            figures["gold_answer_length"] = sum(sample_tokens(s) for s in answers) / len(answers)
+        rows.append(metrics_row("bon", n, None, **figures))
+    return rows

@@ -1,11 +1,12 @@
-"""Method configurations as dataclasses whose fields carry their help text, turned into click options
-and read from `--config x.yaml`: defaults < YAML file < flags given on the command line.
+"""Method configurations as dataclasses whose fields carry their help text. farmkit.cli turns them
+into click options (`config_options`) and reads them from `--config x.yaml`: defaults < YAML file <
+flags given on the command line (`resolve_config`).
 
-    @config_options(PPOConfig)
-    def cli(..., config_file, **values):
-        config = resolve_config(PPOConfig, config_file, values)
+Every method config inherits `ModelArgs` (the prompt template and the seed). The help texts of the
+concepts several tools share (SHARED_HELP) are written once here; farmkit.cli's option bundles use
+the same texts, so farm-sft's --seed reads like farm-sample's.
 
-No torch here: tools import this at module level and `--help` must stay fast.
+No click and no torch here: the methods import this and `--help` must stay fast.
 """
 
 from __future__ import annotations
@@ -13,13 +14,55 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import click
+from farmkit.models import TEMPLATES
 
-SCALARS = {int: click.INT, float: click.FLOAT, str: click.STRING}
+# ---------------------------------------------------------------------------------------------
+# One help text per concept shared by several tools (the CLI dialect; tests/test_cli_dialect.py).
+
+SHARED_HELP = {
+    "seed": "Seed for every random choice: same input and seed, same output.",
+    "num_samples": "Samples per prompt.",
+    "template": "Prompt template: auto (the one the model folder records, else its chat template, "
+    "else alpaca), chat or alpaca.",
+    "device": "auto (a GPU if present, else the CPU), cpu, cuda, cuda:1...; under accelerate "
+    "launch leave it auto (each process uses its own).",
+    "temperature": "Sampling temperature; 0 decodes greedily where the tool allows it (best-of-n "
+    "and the trainers need > 0: their log-probabilities, and so their KL to the SFT model, are "
+    "those of the tempered distribution). AlpacaFarm: 1 for training and pairs to annotate, 0.7 "
+    "for evaluation.",
+    "top_p": "Nucleus sampling: sample from the most likely tokens that hold this probability "
+    "mass (1: off).",
+    "max_new_tokens": "Longest response generated, in tokens (AlpacaFarm: 300).",
+    "generation_batch_size": "Sequences generated per forward pass (with n samples per prompt, "
+    "prompts per pass = this / n); results depend on it with transformers.",
+    "reward_batch_size": "Texts per reward-model forward pass.",
+    "epochs": "Passes over the training data.",
+    "max_steps": "Stop after this many optimizer steps (overrides --epochs; -1: no limit).",
+    "learning_rate": "Peak learning rate (AdamW; LoRA wants about 10 to 100 times more).",
+    "gradient_accumulation_steps": "Forward passes per optimizer step (effective batch = batch "
+    "size x this x processes).",
+    "warmup_ratio": "Fraction of the steps spent warming the learning rate up.",
+    "weight_decay": "AdamW weight decay.",
+    "lora": "Train LoRA adapters (peft) instead of every weight; they are merged before saving.",
+    "lora_rank": "LoRA rank r: the inner dimension of each adapter.",
+    "lora_alpha": "LoRA scaling numerator (alpha / rank scales the adapter).",
+    "report_to": "Also send the training metrics to an experiment tracker: tensorboard (event "
+    "files in DIR.runs/ beside the output folder), wandb (set up by its own variables: "
+    "WANDB_PROJECT, WANDB_MODE...) or none.",
+    "gold": "Also score every checkpoint (farm-bon: every n) with a gold judge: a reward model folder, or an annotator "
+    "pool (a farm-annotate --pool name or YAML file, e.g. the offline gold pool), judging one "
+    "answer per gold prompt against the starting model's answer. metrics.jsonl gets gold_win_rate "
+    "(percent), gold_reward (a reward model's mean score), gold_kl and gold_answer_length; "
+    "meta.json what judging cost.",
+    "gold_prompts": "Instruction records the gold judge evaluates on (the first --gold-size). "
+    "Default: the first --gold-size distinct prompts of the training input.",
+    "gold_size": "Prompts the gold judge evaluates on.",
+}
+
+REPORT_TO = ("none", "tensorboard", "wandb")
 
 
 def help_field(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -28,6 +71,11 @@ def help_field(default: Any, help: str, choices: tuple[str, ...] | None = None) 
     if choices:
         metadata["choices"] = choices
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def shared_field(name: str, default: Any, choices: tuple[str, ...] | None = None) -> Any:
+    """A field of a concept several tools share: its help is SHARED_HELP[name]."""
+    return help_field(default, SHARED_HELP[name], choices)
 
 
 def _scalar_type(annotation: Any) -> type:
@@ -39,79 +87,123 @@ def _scalar_type(annotation: Any) -> type:
     return annotation
 
 
+@dataclasses.dataclass
+class ModelArgs:
+    """What every method config has: how prompts are formatted for the model, and the seed."""
+
+    template: str = shared_field("template", "auto", TEMPLATES)
+    seed: int = shared_field("seed", 0)
+
+
+@dataclasses.dataclass
+class TrackingArgs:
+    """Where a trainer reports its metrics besides metrics.jsonl and stderr."""
+
+    report_to: str = shared_field("report_to", "none", REPORT_TO)
+
+
+@dataclasses.dataclass
+class GoldArgs:
+    """--gold: a second judge that scores every checkpoint (farmkit.methods.gold)."""
+
+    gold: str | None = shared_field("gold", None)
+    gold_prompts: str | None = shared_field("gold_prompts", None)
+    gold_size: int = shared_field("gold_size", 32)
+
+
+# Old option names kept for one release (hidden from --help, a warning on stderr when used), and
+# the old keys of --config files, by the field they now set.
+RENAMED_FIELDS = {"lora_r": "lora_rank", "max_response_tokens": "max_new_tokens"}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the policy-gradient methods (farm-ppo, farm-quark, and those to come) share: the rollout.
+
+UNFINISHED = ("truncate", "penalty")
+KL_ESTIMATORS = ("k1", "clamped", "k3")
+
+
+@dataclasses.dataclass
+class RolloutConfig(ModelArgs):
+    """Settings of the rollout that PPO and Quark share: one name, default and help for both tools."""
+
+    temperature: float = shared_field("temperature", 1.0)
+    max_new_tokens: int = shared_field("max_new_tokens", 300)
+    unfinished: str = help_field(
+        "truncate",
+        "A response that hits max-new-tokens without its end token: 'truncate' (AlpacaFarm's "
+        "default) scores the truncated text as it is; 'penalty' replaces its score with "
+        "unfinished-penalty.",
+        UNFINISHED,
+    )
+    unfinished_penalty: float = help_field(
+        -1.0,
+        "The score given to an unfinished response under --unfinished penalty (AlpacaFarm: -1).",
+    )
+    reward_batch_size: int = shared_field("reward_batch_size", 16)
+    adam_eps: float = help_field(
+        1e-5,
+        "Epsilon of AdamW (AlpacaFarm: 1e-5, from OpenAI's PPO and Quark's code; torch's default "
+        "is 1e-8).",
+    )
+    warmup_steps: int = help_field(
+        0,
+        "Steps (PPO) or rounds (Quark) over which the learning rate rises linearly from 0 "
+        "(AlpacaFarm: 5).",
+    )
+    max_grad_norm: float = help_field(
+        1.0, "Gradient clipping: largest total gradient norm (AlpacaFarm: 1)."
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "reward_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be positive")
+        if self.adam_eps <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("adam-eps and max-grad-norm must be positive")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup-steps must be >= 0")
+
+
 def option_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def config_options(config_class: type) -> Callable[[Callable], Callable]:
-    """Decorate a click command with one option per config field plus `--config FILE.yaml`.
-
-    Every option defaults to None so that `resolve_config` can tell a flag given on the command line
-    from a default; the help shows the dataclass default.
-    """
-
-    def decorate(function: Callable) -> Callable:
-        for field in reversed(dataclasses.fields(config_class)):
-            kind = _scalar_type(field.type)
-            help_text = field.metadata.get("help", "")
-            shown = field.default if field.default is not dataclasses.MISSING else None
-            if kind is bool:
-                name = field.name.replace("_", "-")
-                function = click.option(
-                    f"--{name}/--no-{name}", field.name, default=None, help=f"{help_text} [default: {'on' if shown else 'off'}]"
-                )(function)
-                continue
-            choices = field.metadata.get("choices")
-            param_type = click.Choice(choices) if choices else SCALARS[kind]
-            suffix = "" if shown is None else f" [default: {shown}]"
-            function = click.option(option_name(field.name), field.name, type=param_type, default=None, help=help_text + suffix)(function)
-        return click.option(
-            "--config",
-            "config_file",
-            type=click.Path(exists=True, dir_okay=False),
-            help="YAML file of defaults for the options below (keys as option names, - or _); flags given here win.",
-        )(function)
-
-    return decorate
+def field_values(config_class: type) -> dict[str, dataclasses.Field]:
+    return {field.name: field for field in dataclasses.fields(config_class)}
 
 
-def load_yaml(path: str | Path, config_class: type) -> dict[str, Any]:
+def read_yaml(path: str | Path, config_class: type) -> tuple[dict[str, Any], list[str]]:
+    """The values of a --config file by field name, and the old key names it used (renamed
+    fields). Raises ValueError for a file that is not a mapping of known fields; the values are
+    not converted yet (farmkit.cli converts them as the options would)."""
     import yaml
 
     try:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
-        raise click.BadParameter(f"{path}: not valid YAML ({exc})", param_hint="--config") from None
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(loaded, dict):
-        raise click.BadParameter(f"{path}: expected a mapping of option names to values", param_hint="--config")
-    fields = {field.name: field for field in dataclasses.fields(config_class)}
-    values = {}
+        raise ValueError(f"{path}: expected a mapping of option names to values")
+    fields = field_values(config_class)
+    values: dict[str, Any] = {}
+    renamed: list[str] = []
     for key, value in loaded.items():
         name = str(key).replace("-", "_")
+        if name not in fields and RENAMED_FIELDS.get(name) in fields:
+            renamed.append(str(key))
+            name = RENAMED_FIELDS[name]
         if name not in fields:
-            raise click.BadParameter(f"{path}: unknown option {key!r}; known: {', '.join(sorted(fields))}", param_hint="--config")
-        kind = _scalar_type(fields[name].type)
-        if value is not None and kind is bool and not isinstance(value, bool):
-            raise click.BadParameter(f"{path}: {key} must be true or false, not {value!r}", param_hint="--config")
-        if value is not None and kind is not bool:
-            choices = fields[name].metadata.get("choices")
-            value = (click.Choice(choices) if choices else SCALARS[kind]).convert(value, None, None)
+            raise ValueError(f"{path}: unknown option {key!r}; known: {', '.join(sorted(fields))}")
         values[name] = value
-    return values
+    return values, renamed
 
 
-def resolve_config(config_class: type, config_file: str | None, flags: dict[str, Any]) -> Any:
-    """Build the config: dataclass defaults, then the YAML file, then the flags that were given.
-
-    A combination that the dataclass rejects (ValueError in __post_init__) is a usage error (exit 2).
-    """
-    values = load_yaml(config_file, config_class) if config_file else {}
-    names = {field.name for field in dataclasses.fields(config_class)}
-    values.update({name: value for name, value in flags.items() if name in names and value is not None})
-    try:
-        return config_class(**values)
-    except (ValueError, TypeError) as exc:
-        raise click.UsageError(str(exc)) from None
+def build_config(config_class: type, values: dict[str, Any]) -> Any:
+    """The config from field values; raises ValueError (or TypeError) when it is not valid."""
+    return config_class(**values)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -119,10 +211,11 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-output_dir_option = click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Folder of the trained model (HF weights, tokenizer, meta.json), written whole at the end.",
-)
+def __getattr__(name: str) -> Any:
+    # config_options, resolve_config and output_dir_option moved to farmkit.cli with click; the
+    # old import path keeps working (it imports click only when one of them is asked for)
+    if name in ("config_options", "resolve_config", "output_dir_option", "load_yaml"):
+        from farmkit import cli
+
+        return getattr(cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

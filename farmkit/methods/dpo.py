@@ -1,13 +1,14 @@
 """Direct Preference Optimization on preference records with TRL's DPOTrainer: the SFT model is both
-the starting point and the frozen reference; prompts are formatted exactly as sampling formats them
-(PromptFormat), ties and null verdicts are dropped and counted, and TRL's loss variants pass through.
+the starting point and the frozen reference; prompts are formatted and tokenized exactly as sampling
+formats and tokenizes them (farm-sft's `training_ids`), ties and null verdicts are dropped and
+counted, and TRL's loss variants pass through.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import os
 import sys
 import tempfile
 from collections import Counter
@@ -16,41 +17,77 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.io import FarmError
-from farmkit.methods.config import config_dict, help_field
-from farmkit.models import TEMPLATES
+from farmkit.methods.config import (
+    GoldArgs,
+    ModelArgs,
+    TrackingArgs,
+    config_dict,
+    help_field,
+    shared_field,
+)
+from farmkit.metrics import from_trainer_log, write_metrics
 
 log = logging.getLogger("farmkit")
 
 # TRL 1.16's DPO losses (DPOConfig.loss_type); several may be combined with loss weights
 LOSS_TYPES = (
-    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
-    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
 )
 
 
 @dataclass
-class DPOConfig:
-    beta: float = help_field(0.1, "Strength of the implicit KL constraint to the SFT model (higher: stay closer). For ipo it is the regularization tau.")
-    loss_type: str = help_field("sigmoid", f"DPO loss, passed to TRL: one of {', '.join(LOSS_TYPES)}; several comma-separated ones are summed (weights: --loss-weights).")
-    loss_weights: str | None = help_field(None, "Comma-separated weights, one per loss in --loss-type.")
-    label_smoothing: float = help_field(0.0, "Assumed label-flip rate for the robust loss (and epsilon of exo_pair).")
-    epochs: float = help_field(2.0, "Passes over the preference pairs (AlpacaFarm: 2).")
-    max_steps: int = help_field(-1, "Stop after this many optimizer steps (-1: run all epochs).")
-    learning_rate: float = help_field(1e-6, "Peak learning rate (AlpacaFarm: 1e-6); linear decay to 0.")
+class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
+    beta: float = help_field(
+        0.1,
+        "Strength of the implicit KL constraint to the SFT model (higher: stay closer). For ipo it is the regularization tau.",
+    )
+    loss_type: str = help_field(
+        "sigmoid",
+        f"DPO loss, passed to TRL: one of {', '.join(LOSS_TYPES)}; several comma-separated ones are summed (weights: --loss-weights).",
+    )
+    loss_weights: str | None = help_field(
+        None, "Comma-separated weights, one per loss in --loss-type."
+    )
+    label_smoothing: float = help_field(
+        0.0, "Assumed label-flip rate for the robust loss (and epsilon of exo_pair)."
+    )
+    epochs: float = shared_field("epochs", 2.0)  # AlpacaFarm: 2
+    max_steps: int = shared_field("max_steps", -1)
+    learning_rate: float = shared_field("learning_rate", 1e-6)  # AlpacaFarm: 1e-6, linear decay
     batch_size: int = help_field(8, "Pairs per device per step.")
-    gradient_accumulation_steps: int = help_field(1, "Steps whose gradients are summed before an update.")
-    warmup_ratio: float = help_field(0.0, "Fraction of steps spent warming the learning rate up.")
-    max_length: int = help_field(1024, "Longest prompt + response in tokens; longer pairs are cut from the end.")
-    lora: bool = help_field(False, "Train LoRA adapters instead of all weights (the adapters off give the reference); the saved policy has them merged.")
-    lora_rank: int = help_field(16, "LoRA rank.")
-    lora_alpha: int = help_field(32, "LoRA alpha.")
-    template: str = help_field("auto", "Prompt template (auto: what the SFT model's meta.json says, else chat if its tokenizer has one).", TEMPLATES)
+    gradient_accumulation_steps: int = shared_field("gradient_accumulation_steps", 1)
+    warmup_ratio: float = shared_field("warmup_ratio", 0.0)
+    max_length: int = help_field(
+        1024, "Longest prompt + response in tokens; longer pairs are cut from the end."
+    )
+    # DPO samples nothing: this bounds the answers the gold judge asks for (--gold)
+    max_new_tokens: int = shared_field("max_new_tokens", 300)
+    # with LoRA, the policy with its adapters off is the reference
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
 
     def __post_init__(self) -> None:
         losses = self.losses
         unknown = [loss for loss in losses if loss not in LOSS_TYPES]
         if not losses or unknown:
-            raise ValueError(f"unknown loss type {', '.join(unknown) or repr(self.loss_type)}; expected one of {', '.join(LOSS_TYPES)}")
+            raise ValueError(
+                f"unknown loss type {', '.join(unknown) or repr(self.loss_type)}; expected one of {', '.join(LOSS_TYPES)}"
+            )
         if self.weights is not None and len(self.weights) != len(losses):
             raise ValueError("--loss-weights needs one weight per loss in --loss-type")
         if self.beta <= 0:
@@ -61,8 +98,15 @@ class DPOConfig:
             raise ValueError("label-smoothing only applies to the robust and exo_pair losses")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError("warmup-ratio must lie in [0, 1)")
-        if self.epochs <= 0 or self.learning_rate <= 0 or self.batch_size < 1 or self.gradient_accumulation_steps < 1:
-            raise ValueError("epochs, learning-rate, batch-size and gradient-accumulation-steps must be positive")
+        if (
+            self.epochs <= 0
+            or self.learning_rate <= 0
+            or self.batch_size < 1
+            or self.gradient_accumulation_steps < 1
+        ):
+            raise ValueError(
+                "epochs, learning-rate, batch-size and gradient-accumulation-steps must be positive"
+            )
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError("max-steps must be a positive number of steps, or -1")
 
@@ -77,7 +121,9 @@ class DPOConfig:
         try:
             return [float(weight) for weight in self.loss_weights.split(",")]
         except ValueError:
-            raise ValueError(f"--loss-weights {self.loss_weights!r}: expected comma-separated numbers") from None
+            raise ValueError(
+                f"--loss-weights {self.loss_weights!r}: expected comma-separated numbers"
+            ) from None
 
 
 def dpo_pairs(records: list[dict[str, Any]], source: str) -> tuple[list[dict[str, str]], Counter]:
@@ -88,38 +134,126 @@ def dpo_pairs(records: list[dict[str, Any]], source: str) -> tuple[list[dict[str
     return list(chosen_rejected(kept)), counts
 
 
-def train_dpo(sft: str, pairs: list[dict[str, str]], output: str, config: DPOConfig, seed: int = 0,
-              inputs: list[str] | None = None, counts: dict[str, int] | None = None) -> dict[str, Any]:
+def _pretokenized(trainer_class: type) -> type:
+    """TRL's DPOTrainer, taking rows already tokenized (prompt_ids, chosen_ids, rejected_ids) as they are.
+    On text rows it would tokenize with the tokenizer's special tokens (a BOS that farm-sample never
+    feeds) and tokenize prompt and answer together (merging tokens across the boundary), so DPO would
+    train on another context than the one the policy samples from."""
+
+    class PreTokenizedDPOTrainer(trainer_class):
+        def _prepare_dataset(self, dataset: Any, *_args: Any, **_kwargs: Any) -> Any:
+            return dataset
+
+    return PreTokenizedDPOTrainer
+
+
+def train_dpo(
+    sft: str,
+    pairs: list[dict[str, str]],
+    output: str,
+    config: DPOConfig,
+    seed: int = 0,
+    inputs: list[str] | None = None,
+    counts: dict[str, int] | None = None,
+    start_from: str | None = None,
+    tool: str = "farm-dpo",
+    extra_meta: dict[str, Any] | None = None,
+    gold: Any = None,
+) -> dict[str, Any]:
     """Train with DPO from `sft` on chosen/rejected pairs and write the policy folder to `output`.
-    Returns the last logged training metrics (loss, reward margins, accuracies)."""
+    `start_from`: a policy folder to train instead of `sft` (online DPO's previous round), `sft`
+    staying the frozen reference. `gold`: the run's GoldEvaluator (online DPO's, for all its rounds);
+    by default one is made from config.gold. The trained policy's gold figures go on the last
+    metrics row. Returns the last logged training metrics (loss, reward margins, accuracies), with
+    `training_tokens` and the gold figures."""
     import torch
     from datasets import Dataset
     from trl import DPOConfig as TRLConfig
     from trl import DPOTrainer
 
     from farmkit import cli
-    from farmkit.methods.policy import policy_meta, save_policy
+    from farmkit.methods import launch
+    from farmkit.methods.budget import Budget
+    from farmkit.methods.gold import check_processes, make_gold
+    from farmkit.methods.policy import plain_model
+    from farmkit.methods.sft import training_ids
+    from farmkit.modelio import model_meta, save_model_folder
     from farmkit.models import PromptFormat, load_causal_lm
 
     if not pairs:
         raise FarmError("no usable preference pairs (all ties or null verdicts)")
+    if start_from is not None and config.lora:
+        # the reference would be the adapters off, i.e. the policy being continued, not the SFT model
+        raise FarmError(
+            "LoRA cannot continue another policy: its reference would not be the SFT model"
+        )
+    if config.gold:
+        check_processes()
     on_gpu = torch.cuda.is_available()
+    # every preference record read was paid for, ties and null verdicts included
+    budget = Budget(sum((counts or {}).get(key, 0) for key in ("tie", "null")) + len(pairs))
     torch.manual_seed(seed)
     # loaded on the CPU in fp32: the trainer places it (and mixes precision on a GPU)
-    model, tokenizer = load_causal_lm(sft, device="cpu", dtype="float32")
+    with launch.whole_models():
+        model, tokenizer = load_causal_lm(start_from or sft, device="cpu", dtype="float32")
     fmt = PromptFormat.for_model(sft, config.template)
-    rows = [{"prompt": fmt.prompt(tokenizer, pair["instruction"], pair["input"]), "chosen": pair["chosen"], "rejected": pair["rejected"]}
-            for pair in pairs]
+    rows = []
+    for pair in pairs:
+        prompt_ids, chosen_ids = training_ids(tokenizer, fmt, {**pair, "output": pair["chosen"]})
+        _, rejected_ids = training_ids(tokenizer, fmt, {**pair, "output": pair["rejected"]})
+        if (
+            len(prompt_ids) < config.max_length
+        ):  # a pair whose prompt fills max_length has nothing to learn from
+            rows.append(
+                {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids, "rejected_ids": rejected_ids}
+            )
+    if not rows:
+        raise FarmError(
+            f"every pair's prompt is at least max_length={config.max_length} tokens long"
+        )
+    if gold is None:
+        gold = make_gold(
+            config.gold,
+            config.gold_prompts,
+            config.gold_size,
+            pairs,
+            sft,
+            template=config.template,
+            temperature=1.0,  # DPO samples nothing; the policy's own distribution
+            max_new_tokens=config.max_new_tokens,
+            seed=seed,
+            tool=tool,
+        )
+    if len(rows) < len(pairs):
+        log.warning(
+            "%d of %d pairs left out: their prompt alone fills max_length=%d",
+            len(pairs) - len(rows),
+            len(pairs),
+            config.max_length,
+        )
     reference = None
     peft_config = None
     if config.lora:
         from peft import LoraConfig
 
         # "all-linear" leaves the output layer out, as TRL requires (it reads lm_head.weight directly)
-        peft_config = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                                 task_type="CAUSAL_LM", target_modules="all-linear")
+        peft_config = LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+            target_modules="all-linear",
+        )
     else:
-        reference, _ = load_causal_lm(sft, device="cpu", dtype="float32")
+        with launch.whole_models():
+            reference, _ = load_causal_lm(sft, device="cpu", dtype="float32")
+    from farmkit.methods import tracking
+
+    report_to, callbacks = tracking.trainer_reporting(
+        config.report_to,
+        tracking.tracker_dir(output),
+        main_process=int(os.environ.get("RANK", "0")) == 0,
+    )
     with tempfile.TemporaryDirectory(prefix="farm-dpo-") as scratch:
         args = TRLConfig(
             output_dir=scratch,
@@ -131,33 +265,84 @@ def train_dpo(sft: str, pairs: list[dict[str, str]], output: str, config: DPOCon
             max_steps=config.max_steps,
             learning_rate=config.learning_rate,
             lr_scheduler_type="linear",
-            warmup_steps=float(config.warmup_ratio),  # transformers 5: a float below 1 is a fraction of the steps
+            warmup_steps=float(
+                config.warmup_ratio
+            ),  # transformers 5: a float below 1 is a fraction of the steps
             per_device_train_batch_size=config.batch_size,
             gradient_accumulation_steps=config.gradient_accumulation_steps,
             max_length=config.max_length,
             seed=seed,
             data_seed=seed,
-            use_cpu=not on_gpu,
+            use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
             activation_checkpointing=False,
             save_strategy="no",
-            report_to=[],
+            report_to=report_to,
             logging_steps=1,
             disable_tqdm=cli.quiet(),
         )
-        trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer, peft_config=peft_config)
+        trainer = _pretokenized(DPOTrainer)(
+            model=model,
+            ref_model=reference,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )
+        accelerator = trainer.accelerator
+        launch.refuse_lora_under_zero3(accelerator, config.lora)
         if cli.quiet():  # with tqdm off the Trainer prints every log dict instead; -q means silence
             from transformers import PrinterCallback
 
             trainer.remove_callback(PrinterCallback)
-        with contextlib.redirect_stdout(sys.stderr):  # the trainer prints its logs; stdout is for records only
+        with contextlib.redirect_stdout(
+            sys.stderr
+        ):  # the trainer prints its logs; stdout is for records only
             trainer.train()
         history = [entry for entry in trainer.state.log_history if "loss" in entry]
+        from farmkit.methods.sft import trained_tokens
+
+        budget.add(trained=trained_tokens(trainer) or 0)
+        metric_rows = from_trainer_log("dpo", history, **budget.row())
+        for row in metric_rows:  # the running total where TRL logged it
+            row["training_tokens"] = int(row.get("num_tokens") or budget.training_tokens)
         metrics_path = Path(scratch) / "metrics.jsonl"
-        metrics_path.write_text("".join(json.dumps(entry) + "\n" for entry in history))
-        if trainer.accelerator.is_main_process:
-            meta = policy_meta("farm-dpo", sft, fmt.resolved(tokenizer), seed, config_dict(config), inputs or [],
-                               pairs={"used": len(pairs), **{key: value for key, value in (counts or {}).items() if key != "used"}})
-            save_policy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, output, meta, extra_files=[metrics_path])
-    return history[-1] if history else {}
+        figures: dict[str, Any] = {"training_tokens": budget.training_tokens}
+        # every process takes part in gathering ZeRO-3's shards; the main one alone writes
+        with launch.full_weights(accelerator, trainer.model_wrapped) as whole:
+            if accelerator.is_main_process:
+                if gold is not None and metric_rows:
+                    figures.update(gold.evaluate(whole, tokenizer, extra_meta_label(extra_meta)))
+                    metric_rows[-1].update(
+                        {key: value for key, value in figures.items() if key.startswith("gold")}
+                    )
+                write_metrics(metrics_path, metric_rows)
+                meta = model_meta(
+                    tool,
+                    "policy",
+                    sft,
+                    fmt.resolved(tokenizer),
+                    seed,
+                    config_dict(config),
+                    inputs or [],
+                    pairs={
+                        "used": len(pairs),
+                        **{key: value for key, value in (counts or {}).items() if key != "used"},
+                    },
+                    launch=launch.launch_record(accelerator),
+                    budget=budget.block(pairs_trained=len(rows)),
+                    gold=gold.block() if gold is not None else None,
+                    **(extra_meta or {}),
+                )
+                save_model_folder(
+                    output, plain_model(whole), tokenizer, meta, extra_files=[metrics_path]
+                )
+        accelerator.wait_for_everyone()
+    return {**(history[-1] if history else {}), **figures}
+
+
+def extra_meta_label(extra_meta: dict[str, Any] | None) -> str:
+    """What the gold judge calls the evaluated policy: online DPO's round, else DPO's end."""
+    number = (extra_meta or {}).get("round")
+    return f"round-{number}" if number else "end"

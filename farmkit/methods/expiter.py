@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from farmkit import distributed
 from farmkit.io import FarmError
 from farmkit.methods.bon import BestOfNConfig, ScoredPrompt, mean_rewards, sample_and_score
+from farmkit.methods.tracking import tracker_dir
+from farmkit.metrics import METRICS_FILE, metrics_row, write_metrics
+from farmkit.runs import read_metrics
+from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 
@@ -21,7 +27,11 @@ log = logging.getLogger("farmkit")
 def winners(scored: Sequence[ScoredPrompt], n: int) -> list[dict[str, str]]:
     """The best of the first n samples of each prompt, as demonstrations for SFT."""
     return [
-        {"instruction": p.record["instruction"], "input": p.record.get("input") or "", "output": p.samples[p.best(n)].text}
+        {
+            "instruction": p.record["instruction"],
+            "input": p.record.get("input") or "",
+            "output": p.samples[p.best(n)].text,
+        }
         for p in scored
     ]
 
@@ -36,13 +46,18 @@ def expert_iteration(
     rounds: int = 1,
     meta_extra: dict[str, Any] | None = None,
     device: str = "auto",
+    gold: Any = None,
 ) -> dict[str, Any]:
     """Run `rounds` rounds of best-of-n + SFT from `policy` and write the final policy to `output_dir`.
 
-    Round r samples with seed sampling.seed + r - 1 and trains with seed sft_config.seed + r - 1, so
-    later rounds do not repeat the first round's draws. `sft_config` is a farmkit.methods.sft.SFTConfig.
-    Returns {"rounds": [per-round figures], "output_dir": ...}.
+    Round r samples with seed derive_seed(sampling.seed, "expiter round", r) and trains with
+    derive_seed(sft_config.seed, "expiter round", r): no round repeats another's draws, nor those of a
+    run with the next seed. `sft_config` is a farmkit.methods.sft.SFTConfig.
+    `gold`: a farmkit.methods.gold.GoldEvaluator that judges each round's policy (its figures go on
+    the round's last metrics row). meta.json's `budget` counts the run (farmkit.methods.budget).
+    Returns {"rounds": [per-round figures], "output_dir": ..., "budget": ...}.
     """
+    from farmkit.methods.budget import Budget, reward_model_labels
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import train_sft
 
@@ -55,28 +70,121 @@ def expert_iteration(
     target = Path(output_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     history: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    steps_before = 0
+    budget = Budget(reward_model_labels(reward_model))
     current = str(policy)
-    # intermediate rounds' policies live beside the target and go away with the run
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.rounds.", dir=target.parent) as workdir:
+    # intermediate rounds' policies live beside the target and go away with the run; under a
+    # launcher every process reads them from the one folder the main process made
+    workdir = distributed.broadcast(
+        tempfile.mkdtemp(prefix=f".{target.name}.rounds.", dir=target.parent)
+        if distributed.is_main()
+        else None
+    )
+    try:
         for number in range(1, rounds + 1):
-            round_sampling = replace(sampling, ns=(1, n), seed=sampling.seed + number - 1)
+            round_sampling = replace(
+                sampling, ns=(1, n), seed=derive_seed(sampling.seed, "expiter round", number)
+            )
+            round_training = replace(
+                sft_config, seed=derive_seed(sft_config.seed, "expiter round", number)
+            )
             scored = sample_and_score(current, scorer, prompts, round_sampling, device=device)
+            # response tokens, the end token included (as the rollouts count them)
+            budget.add(
+                sampled=sum(s.completion_tokens + s.finished for p in scored for s in p.samples)
+            )
             rewards = mean_rewards(scored, (1, n))
-            figures = {"round": number, "policy": str(policy) if number == 1 else f"round {number - 1}", "prompts": len(scored), "n": n,
-                       "sampling_seed": round_sampling.seed, "mean_reward_first_sample": rewards[1], f"mean_reward_best_of_{n}": rewards[n]}
-            log.info("round %d: mean reward %.4f for the first sample, %.4f for the best of %d", number, rewards[1], rewards[n], n)
+            figures = {
+                "round": number,
+                "policy": str(policy) if number == 1 else f"round {number - 1}",
+                "prompts": len(scored),
+                "n": n,
+                "sampling_seed": round_sampling.seed,
+                "training_seed": round_training.seed,
+                "mean_reward_first_sample": rewards[1],
+                f"mean_reward_best_of_{n}": rewards[n],
+            }
+            log.info(
+                "round %d: mean reward %.4f for the first sample, %.4f for the best of %d",
+                number,
+                rewards[1],
+                rewards[n],
+                n,
+            )
             destination = target if number == rounds else Path(workdir) / f"round-{number}"
             meta = {
                 "tool": "farm-expiter",
                 "base_model": str(policy),
                 "expert_iteration": {
-                    "rounds_total": rounds, "reward_model": scorer.path, "best_of_n": asdict(sampling),
+                    "rounds_total": rounds,
+                    "reward_model": scorer.path,
+                    "best_of_n": asdict(sampling),
                     "rounds": [*history, figures],
                 },
             }
             meta.update(meta_extra or {})
-            summary = train_sft(current, winners(scored, n), destination, replace(sft_config, seed=sft_config.seed + number - 1), meta_extra=meta)
+            summary = train_sft(
+                current,
+                winners(scored, n),
+                destination,
+                round_training,
+                meta_extra=meta,
+                tracker_dir=tracker_dir(target) / f"round-{number}",
+            )
             figures["sft"] = {key: summary.get(key) for key in ("examples", "steps", "train_loss")}
             history.append(figures)
-            current = str(destination)
-    return {"rounds": history, "output_dir": str(target)}
+            current = str(destination)  # train_sft returns once the main process has written it
+            trained_before = budget.training_tokens
+            budget.add(trained=summary.get("training_tokens") or 0)
+            judged = (
+                gold.evaluate_folder(destination, f"round-{number}") if gold is not None else {}
+            )
+            # the SFT rows of every round, steps counted over all rounds, with the round's rewards
+            round_rows = [
+                metrics_row(
+                    "expiter",
+                    row["step"] + steps_before,
+                    row["loss"],
+                    **{k: v for k, v in row.items() if k not in ("method", "step", "loss")},
+                    round=number,
+                    reward=rewards[1],
+                    best_of_n_reward=rewards[n],
+                    n=n,
+                    labels_used=budget.labels_used,
+                    tokens_sampled=budget.tokens_sampled,
+                    training_tokens=trained_before
+                    + int(row.get("num_tokens") or summary.get("training_tokens") or 0),
+                )
+                for row in (
+                    read_metrics(destination) if (destination / METRICS_FILE).is_file() else []
+                )
+            ]
+            if round_rows:  # the round's last row: its totals (SFT logs every few steps)
+                round_rows[-1].update(judged, training_tokens=budget.training_tokens)
+            rows += round_rows
+            steps_before += summary.get("steps") or 0
+        if distributed.is_main() and (target / METRICS_FILE).is_file():
+            write_metrics(target / METRICS_FILE, rows)
+        if distributed.is_main():
+            # the run's budget (and gold judge) are known once the last round has trained: its
+            # meta.json gets them, replaced in one rename
+            from farmkit.models import read_meta
+
+            meta = read_meta(target)
+            meta["budget"] = budget.block(rounds=rounds)
+            if gold is not None:
+                meta["gold"] = gold.block()
+            write_json_atomically(target / "meta.json", meta)
+    finally:
+        if distributed.is_main():
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {"rounds": history, "output_dir": str(target), "budget": budget.block(rounds=rounds)}
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    import json
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)

@@ -1,13 +1,15 @@
 """PPO as AlpacaFarm ran it: maximize the reward model's score minus a fixed-coefficient, per-token
 KL penalty to the SFT model.
 
-Four networks: the policy and a frozen reference (both from the SFT model), the frozen reward model,
-and a value model initialized from the reward model (its scalar head read at every token). The score
-is added at the last response token, advantages come from GAE with gamma = lambda = 1 and are
-whitened over the whole rollout batch with padding left out (on every process together under
-accelerate). Clipped policy and value losses, gradient clipping, a learning rate that decays
-linearly to 0. A step = one rollout batch, then `ppo_epochs` passes over it in minibatches.
-Checkpoints every K steps are policy folders; the newest also holds what `--resume` needs.
+Four networks: the policy and a frozen reference (both from the SFT model, in one precision), the
+frozen reward model, and a value model whose body is the reward model (its scalar head, or a zero
+head, read at every token). The score is added at the last response token (the KL estimate is k1,
+AlpacaFarm's clamped k1, or k3), rewards are optionally whitened, advantages come from GAE with
+gamma = lambda = 1 and are whitened over the whole rollout batch with padding left out (on every
+process together under accelerate). Clipped policy and value losses, gradient clipping, a learning
+rate that warms up and decays linearly to 0. A step = one rollout batch (farmkit.methods.rollouts),
+then `ppo_epochs` passes over it in minibatches. Checkpoints every K steps are policy folders; the
+newest also holds what `--resume` needs (under LoRA, the adapters, which go back onto the SFT model).
 """
 
 from __future__ import annotations
@@ -21,140 +23,301 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.io import FarmError
-from farmkit.methods.config import config_dict, help_field
-from farmkit.models import TEMPLATES
+from farmkit.methods.config import (
+    KL_ESTIMATORS,
+    GoldArgs,
+    RolloutConfig,
+    TrackingArgs,
+    config_dict,
+    help_field,
+    shared_field,
+)
+from farmkit.metrics import dumps as metrics_dumps
+from farmkit.metrics import metrics_row
+from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
-UNFINISHED = ("truncate", "penalty")
+VALUE_HEADS = ("reward", "zero")
 METRICS_FILE = "metrics.jsonl"
 TRAINER_STATE = "trainer"
 
 
 @dataclass
-class PPOConfig:
-    steps: int = help_field(100, "PPO steps: each samples one rollout batch and trains `ppo-epochs` passes over it.")
-    rollout_batch_size: int = help_field(64, "Prompts sampled per step, over all processes (AlpacaFarm: 512).")
-    minibatch_size: int = help_field(16, "Rollouts per optimizer step, over all processes (AlpacaFarm: 256).")
-    micro_batch_size: int = help_field(4, "Rollouts per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.")
+class PPOConfig(RolloutConfig, TrackingArgs, GoldArgs):
+    steps: int = help_field(
+        100, "PPO steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
+    )
+    rollout_batch_size: int = help_field(
+        64, "Prompts sampled per step, over all processes (AlpacaFarm: 512)."
+    )
+    minibatch_size: int = help_field(
+        16, "Rollouts per optimizer step, over all processes (AlpacaFarm: 256)."
+    )
+    micro_batch_size: int = help_field(
+        4,
+        "Rollouts per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
+    )
     ppo_epochs: int = help_field(2, "Passes over each rollout batch.")
-    learning_rate: float = help_field(1e-5, "Peak learning rate of the policy and the value model (AdamW); decays linearly to 0 by the last step.")
-    kl_coef: float = help_field(0.0067, "Fixed coefficient of the per-token KL penalty to the SFT model (AlpacaFarm: 0.002-0.0067 with simulated preferences, 0.02 with human ones).")
-    temperature: float = help_field(0.7, "Sampling temperature of the rollouts (log-probabilities use the same temperature).")
-    max_response_tokens: int = help_field(300, "Longest response sampled, in tokens.")
-    unfinished: str = help_field("truncate", "A response that hits max-response-tokens without its end token: 'truncate' (AlpacaFarm's default) scores the truncated text as it is; 'penalty' replaces its score with unfinished-penalty.", UNFINISHED)
-    unfinished_penalty: float = help_field(-1.0, "The score given to an unfinished response under --unfinished penalty.")
+    # of the policy and the value model; decays linearly to 0 by the last step
+    learning_rate: float = shared_field("learning_rate", 1e-5)
+    kl_coef: float = help_field(
+        0.0067,
+        "Fixed coefficient of the per-token KL penalty to the SFT model (AlpacaFarm: 0.002-0.0067 with simulated preferences, 0.02 with human ones, at temperature 1).",
+    )
+    kl_estimator: str = help_field(
+        "k1",
+        "Per-token KL estimate in the penalty: k1 = log pi - log pi_ref (unbiased); clamped = k1 floored at 0 (AlpacaFarm's, biased upwards); k3 = (r - 1) - log r, r = pi_ref / pi (unbiased, never negative).",
+        KL_ESTIMATORS,
+    )
+    whiten_rewards: bool = help_field(
+        False,
+        "Divide the per-token rewards (score and KL penalty) by their standard deviation over the rollout batch before GAE, mean kept (AlpacaFarm: on).",
+    )
+    value_head: str = help_field(
+        "reward",
+        "Head of the value model, whose body is the reward model: 'reward' reuses the reward model's scoring head (values start at its scores); 'zero' starts a zero head (AlpacaFarm).",
+        VALUE_HEADS,
+    )
     gamma: float = help_field(1.0, "Discount of GAE (AlpacaFarm: 1).")
     lam: float = help_field(1.0, "Lambda of GAE (AlpacaFarm: 1).")
     clip_range: float = help_field(0.2, "PPO clipping of the probability ratio: 1 +/- this.")
-    value_clip_range: float = help_field(0.2, "Clipping of the value prediction around its rollout value.")
+    value_clip_range: float = help_field(
+        0.2, "Clipping of the value prediction around its rollout value."
+    )
     value_loss_coef: float = help_field(0.1, "Weight of the value loss in the total loss.")
-    max_grad_norm: float = help_field(1.0, "Gradient clipping: largest total gradient norm.")
-    checkpoint_every: int = help_field(20, "Write a policy checkpoint every K steps (0: none). Performance often peaks early, then over-optimization sets in.")
-    checkpoint_dir: str | None = help_field(None, "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.")
-    resume: bool = help_field(False, "Continue from the newest checkpoint in the checkpoint folder.")
-    reward_batch_size: int = help_field(16, "Texts per reward-model forward pass.")
-    lora: bool = help_field(False, "Train LoRA adapters (policy and value model) instead of all weights; the saved policy has them merged.")
-    lora_rank: int = help_field(16, "LoRA rank.")
-    lora_alpha: int = help_field(32, "LoRA alpha.")
-    template: str = help_field("auto", "Prompt template (auto: what the SFT model's meta.json says, else chat if its tokenizer has one).", TEMPLATES)
+    offload_frozen: bool = help_field(
+        False,
+        "Keep the frozen reference and reward models in CPU memory and copy each layer's weights to the GPU only while it runs (accelerate's cpu_offload): they then take about one layer of GPU memory each, at the price of copying their weights in every forward pass (see README, Scaling out).",
+    )
+    checkpoint_every: int = help_field(
+        20,
+        "Write a policy checkpoint every K steps (0: none). Performance often peaks early, then over-optimization sets in.",
+    )
+    checkpoint_dir: str | None = help_field(
+        None,
+        "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.",
+    )
+    resume: bool = help_field(
+        False, "Continue from the newest checkpoint in the checkpoint folder."
+    )
+    # LoRA adapters on the policy and the value model; the KL reference is the policy without them
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "rollout_batch_size", "minibatch_size", "micro_batch_size", "ppo_epochs", "max_response_tokens", "reward_batch_size", "lora_rank"):
+        super().__post_init__()
+        for name in (
+            "steps",
+            "rollout_batch_size",
+            "minibatch_size",
+            "micro_batch_size",
+            "ppo_epochs",
+            "lora_rank",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
         if self.rollout_batch_size % self.minibatch_size:
             raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
-        if self.learning_rate <= 0 or self.temperature <= 0:
-            raise ValueError("learning-rate and temperature must be positive")
-        if self.kl_coef < 0 or self.clip_range <= 0 or self.value_clip_range <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("kl-coef must be >= 0; clip-range, value-clip-range and max-grad-norm > 0")
+        if self.learning_rate <= 0:
+            raise ValueError("learning-rate must be positive")
+        if self.kl_coef < 0 or self.clip_range <= 0 or self.value_clip_range <= 0:
+            raise ValueError("kl-coef must be >= 0; clip-range and value-clip-range > 0")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError("gamma and lam must lie in [0, 1]")
         if self.checkpoint_every < 0:
             raise ValueError("checkpoint-every must be >= 0")
 
 
-def checkpoint_folder(output: str, config: PPOConfig) -> Path:
-    return Path(config.checkpoint_dir) if config.checkpoint_dir else Path(f"{str(output).rstrip('/')}-checkpoints")
+def checkpoint_folder(output: str, config: Any) -> Path:
+    return (
+        Path(config.checkpoint_dir)
+        if config.checkpoint_dir
+        else Path(f"{str(output).rstrip('/')}-checkpoints")
+    )
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
     """The newest step-N folder that still holds a trainer state."""
-    found = sorted(path for path in folder.glob("step-*") if (path / TRAINER_STATE / "state.json").is_file())
+    found = sorted(
+        path for path in folder.glob("step-*") if (path / TRAINER_STATE / "state.json").is_file()
+    )
     return found[-1] if found else None
 
 
-def train_ppo(sft: str, reward_model: str, prompts: list[dict[str, Any]], output: str, config: PPOConfig,
-              seed: int = 0, inputs: list[str] | None = None) -> dict[str, Any]:
+def resume_point(output: str, config: Any) -> tuple[Path, Path | None, int, Path | None]:
+    """(checkpoint folder, checkpoint resumed from or None, its step or 0, its trainer state or None)
+    for a config with steps, checkpoint_dir, resume and lora (farm-ppo, farm-rloo, farm-grpo).
+
+    LoRA trains adapters on the SFT weights, which stay the KL reference (adapters off), also on
+    resume: the adapters are restored onto SFT, never added afresh to a merged checkpoint, so a run
+    resumes the way it was started (with or without --lora)."""
+    checkpoints = checkpoint_folder(output, config)
+    resume_from = latest_checkpoint(checkpoints) if config.resume else None
+    if config.resume and resume_from is None:
+        raise FarmError(f"--resume: no checkpoint with a trainer state in {checkpoints}")
+    start_step = (
+        json.loads((resume_from / TRAINER_STATE / "state.json").read_text())["step"]
+        if resume_from
+        else 0
+    )
+    if start_step > config.steps:
+        raise FarmError(
+            f"--resume: {resume_from} is at step {start_step}, past --steps {config.steps}"
+        )
+    state = resume_from / TRAINER_STATE if resume_from else None
+    if state is not None and config.lora != (state / "policy-adapter").is_dir():
+        raise FarmError(
+            f"--resume: {resume_from} was written by a run {'without' if config.lora else 'with'} --lora; resume it the same way"
+        )
+    return checkpoints, resume_from, start_step, state
+
+
+def train_ppo(
+    sft: str,
+    reward_model: str,
+    prompts: list[dict[str, Any]],
+    output: str,
+    config: PPOConfig,
+    seed: int = 0,
+    inputs: list[str] | None = None,
+) -> dict[str, Any]:
     """Train a policy with PPO and write it to `output`; returns the last step's metrics."""
     import torch
-    from accelerate import Accelerator
 
+    from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
+    from farmkit.methods.budget import Budget, reward_model_labels
+    from farmkit.methods.gold import check_processes, make_gold
     from farmkit.methods.reward import RewardScorer
-    from farmkit.methods.rl_common import (
-        clipped_policy_loss,
-        clipped_value_loss,
-        generalized_advantages,
-        kl_penalized_rewards,
-        masked_mean,
-        masked_whiten,
-    )
-    from farmkit.models import PromptFormat, load_causal_lm, load_reward_model
+    from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
+    from farmkit.models import PromptFormat
 
-    accelerator = Accelerator()
+    accelerator = launch.make_accelerator(**tracking.accelerator_kwargs(config.report_to, output))
+    if config.gold:
+        check_processes()
+    tracking.start(accelerator, "farm-ppo", config_dict(config))
     device = str(accelerator.device)
     world, rank = accelerator.num_processes, accelerator.process_index
     if not accelerator.is_main_process:
         log.setLevel(logging.ERROR)  # one process speaks for all
     if config.rollout_batch_size % world or config.minibatch_size % world:
-        raise FarmError("rollout-batch-size and minibatch-size must be multiples of the number of processes")
-    local_rollouts, local_minibatch = config.rollout_batch_size // world, max(1, config.minibatch_size // world)
+        raise FarmError(
+            "rollout-batch-size and minibatch-size must be multiples of the number of processes"
+        )
+    local_rollouts, local_minibatch = (
+        config.rollout_batch_size // world,
+        max(1, config.minibatch_size // world),
+    )
+    # a minibatch is this many micro-batches; gradients accumulate over them (accelerate, or DeepSpeed's engine)
+    accumulation = -(-local_minibatch // config.micro_batch_size)
+    accelerator.gradient_accumulation_steps = accumulation
+    stage = launch.zero_stage(accelerator)
+    if stage and config.resume:
+        raise FarmError(
+            "--resume under DeepSpeed: checkpoints hold no DeepSpeed optimizer state; resume with DDP or one process"
+        )
+    if stage == 3 and config.lora:
+        raise FarmError(
+            "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
+        )
 
-    checkpoints = checkpoint_folder(output, config)
-    resume_from = latest_checkpoint(checkpoints) if config.resume else None
-    if config.resume and resume_from is None:
-        raise FarmError(f"--resume: no checkpoint with a trainer state in {checkpoints}")
+    checkpoints, resume_from, start_step, state = resume_point(output, config)
     torch.manual_seed(seed)
-
-    policy, tokenizer = load_causal_lm(resume_from or sft, device=device, dtype="float32")
-    reference = None
-    if not config.lora:
-        reference, _ = load_causal_lm(sft, device=device)
-        reference.requires_grad_(False)
-    scorer = RewardScorer(reward_model, device=device, batch_size=config.reward_batch_size)
+    with launch.no_zero3_init(accelerator):
+        policy, reference, tokenizer = load_policy_and_reference(
+            sft,
+            device,
+            reference=not config.lora,
+            start_from=None if config.lora else resume_from,
+            reference_device="cpu" if config.offload_frozen else None,
+        )
+        scorer = RewardScorer(
+            reward_model,
+            device=device,
+            batch_size=config.reward_batch_size,
+            offload=config.offload_frozen,
+        )
+        if scorer.tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise FarmError(
+                "the value model starts from the reward model, so the reward model and the SFT model must share a tokenizer"
+            )
+        if state is not None and not config.lora:
+            value_model = load_value_model(state / "value", device, "reward")
+        else:
+            value_model = load_value_model(reward_model, device, config.value_head)
     scorer.network.requires_grad_(False)
-    value_source = resume_from / TRAINER_STATE / "value" if resume_from else reward_model
-    value_model, _ = load_reward_model(value_source, device=device, dtype="float32")
-    if scorer.tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise FarmError("the value model starts from the reward model, so the reward model and the SFT model must share a tokenizer")
     value_model.config.pad_token_id = tokenizer.pad_token_id
     if config.lora:
-        policy = P.add_lora(policy, config.lora_rank, config.lora_alpha)
-        value_model = P.add_lora(value_model, config.lora_rank, config.lora_alpha, task_type="SEQ_CLS")
+        policy = P.add_lora(
+            policy,
+            config.lora_rank,
+            config.lora_alpha,
+            adapter=state / "policy-adapter" if state else None,
+        )
+        value_model = P.add_lora(
+            value_model,
+            config.lora_rank,
+            config.lora_alpha,
+            task_type="SEQ_CLS",
+            adapter=state / "value-adapter" if state else None,
+        )
     for network in (policy, reference, scorer.network, value_model):
         if network is not None:
             P.disable_dropout(network)
             network.eval()  # no dropout: rollout and update see the same function
 
     fmt = PromptFormat.for_model(sft, config.template)
-    policy_prompts = [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts]
+    # token ids, each prompt cut to what the context holds beside max_new_tokens (warned once)
+    policy_prompts = P.fit_rollout_prompts(
+        policy,
+        tokenizer,
+        [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
+        config.max_new_tokens,
+    )
+    gold = make_gold(
+        config.gold,
+        config.gold_prompts,
+        config.gold_size,
+        prompts,
+        sft,
+        template=config.template,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=seed,
+        device=device,
+        batch_size=config.reward_batch_size,
+        start_network=reference,
+        tool="farm-ppo",
+    )
 
-    parameters = [p for model in (policy, value_model) for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate)
+    parameters = [
+        p for model in (policy, value_model) for p in model.parameters() if p.requires_grad
+    ]
+    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, eps=config.adam_eps)
     updates_per_step = config.ppo_epochs * (local_rollouts // local_minibatch)
-    total_updates = config.steps * updates_per_step
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: max(0.0, 1.0 - update / total_updates))
-    start_step = 0
-    if resume_from is not None:
-        state = json.loads((resume_from / TRAINER_STATE / "state.json").read_text())
-        start_step = state["step"]
-        if not config.lora:  # fresh adapters on merged weights cannot reuse the old optimizer moments
-            optimizer.load_state_dict(torch.load(resume_from / TRAINER_STATE / "optimizer.pt", weights_only=True))
-        scheduler.load_state_dict(torch.load(resume_from / TRAINER_STATE / "scheduler.pt", weights_only=True))
+    schedule = rl_common.linear_schedule(
+        config.warmup_steps * updates_per_step, config.steps * updates_per_step
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    if state is not None:
+        optimizer.load_state_dict(torch.load(state / "optimizer.pt", weights_only=True))
+        scheduler.load_state_dict(torch.load(state / "scheduler.pt", weights_only=True))
         log.info("resuming from %s (step %d)", resume_from, start_step)
-    # the scheduler stays unprepared: accelerate would step it once per process
-    policy, value_model, optimizer = accelerator.prepare(policy, value_model, optimizer)
+    # one module, one optimizer: DeepSpeed prepares a single model. The scheduler stays unprepared:
+    # accelerate would step it once per process
+    launch.configure_deepspeed(
+        accelerator, config.micro_batch_size, accumulation, config.max_grad_norm
+    )
+    model, optimizer = accelerator.prepare(P.PolicyAndValue(policy, value_model), optimizer)
+    trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
+    if reference is not None and reference.dtype != trained_dtype:
+        reference.to(
+            trained_dtype
+        )  # DeepSpeed's mixed precision casts the policy: the KL compares like with like
+    if reference is not None and config.offload_frozen:
+        launch.offload_frozen(reference, device)  # in the precision it compares in
+    parameters = [p for p in model.parameters() if p.requires_grad]
 
     def reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
         return accelerator.reduce(tensor, reduction="sum") if world > 1 else tensor
@@ -162,146 +325,327 @@ def train_ppo(sft: str, reward_model: str, prompts: list[dict[str, Any]], output
     def reference_logits(chunk: P.Rollout) -> torch.Tensor:
         if reference is not None:
             return P.response_logits(reference, chunk, config.temperature)
-        with accelerator.unwrap_model(policy).disable_adapter():
+        policy = accelerator.unwrap_model(model).policy
+        with policy.disable_adapter():
             return P.response_logits(policy, chunk, config.temperature)
 
-    meta_common = dict(tool="farm-ppo", base_model=sft, template=fmt.resolved(tokenizer), seed=seed,
-                       config=config_dict(config), inputs=[*(inputs or [])])
+    meta_common = dict(
+        tool="farm-ppo",
+        base_model=sft,
+        template=fmt.resolved(tokenizer),
+        seed=seed,
+        config=config_dict(config),
+        inputs=[*(inputs or [])],
+        launch=launch.launch_record(accelerator),
+    )
     metrics_path = checkpoints / METRICS_FILE
+    last: dict[str, Any] = _last_metrics(metrics_path, start_step) if start_step else {}
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         checkpoints.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, start_step)
-    order = _prompt_order(len(prompts), config.steps * local_rollouts * world, seed)
+    order = prompt_order(len(prompts), config.steps * local_rollouts * world, seed)
+    budget = Budget(reward_model_labels(reward_model), last)
     started = time.time()
-    last: dict[str, Any] = {}
     for step in range(start_step, config.steps):
-        batch_indices = order[step * config.rollout_batch_size : (step + 1) * config.rollout_batch_size][rank::world]
-        torch.manual_seed((seed * 1_000_003 + step * 1_009 + rank) % 2**63)
-        rollout = P.sample_rollout(accelerator.unwrap_model(policy), tokenizer, [policy_prompts[i] for i in batch_indices],
-                                   config.temperature, config.max_response_tokens)
-        mask = rollout.response_mask
+        batch_indices = order[
+            step * config.rollout_batch_size : (step + 1) * config.rollout_batch_size
+        ][rank::world]
+        with launch.for_generation(accelerator, model) as unwrapped:
+            batch = sample_and_score(
+                unwrapped.policy,
+                tokenizer,
+                scorer,
+                prompts,
+                policy_prompts,
+                batch_indices,
+                temperature=config.temperature,
+                max_new_tokens=config.max_new_tokens,
+                unfinished=config.unfinished,
+                unfinished_penalty=config.unfinished_penalty,
+                seed=derive_seed(seed, "ppo rollout", step, rank),
+            )
+        rollout, mask = batch.rollout, batch.rollout.response_mask
         with torch.no_grad():
             old_logprobs, ref_logprobs, old_values, entropies = [], [], [], []
             for start in range(0, len(batch_indices), config.micro_batch_size):
                 chunk = rollout.rows(slice(start, start + config.micro_batch_size))
-                logits = P.response_logits(policy, chunk, config.temperature)
+                logits, values = model(chunk, config.temperature)
                 old_logprobs.append(P.token_logprobs(logits, chunk.response_ids))
                 entropies.append(P.entropy(logits))
                 ref_logprobs.append(P.token_logprobs(reference_logits(chunk), chunk.response_ids))
-                old_values.append(P.response_values(value_model, chunk))
+                old_values.append(values)
             old_logprobs, ref_logprobs = torch.cat(old_logprobs), torch.cat(ref_logprobs)
             old_values, entropies = torch.cat(old_values) * mask, torch.cat(entropies)
-            texts = P.decode_responses(tokenizer, rollout)
-            raw_scores = torch.tensor(scorer.score([(prompts[i]["instruction"], prompts[i].get("input"), text)
-                                                    for i, text in zip(batch_indices, texts, strict=True)]), device=mask.device)
-            scores = raw_scores.clone()
-            if config.unfinished == "penalty":
-                scores[~rollout.finished] = config.unfinished_penalty
-            rewards, kl = kl_penalized_rewards(scores, old_logprobs, ref_logprobs, mask, config.kl_coef)
-            advantages, returns = generalized_advantages(rewards, old_values, mask, config.gamma, config.lam)
-            advantages = masked_whiten(advantages, mask, reduce=reduce_sum)
+            rewards, kl = rl_common.kl_penalized_rewards(
+                batch.scores, old_logprobs, ref_logprobs, mask, config.kl_coef, config.kl_estimator
+            )
+            if config.whiten_rewards:
+                rewards = rl_common.masked_whiten(
+                    rewards, mask, shift_mean=False, reduce=reduce_sum
+                )
+            advantages, returns = rl_common.generalized_advantages(
+                rewards, old_values, mask, config.gamma, config.lam
+            )
+            advantages = rl_common.masked_whiten(advantages, mask, reduce=reduce_sum)
 
         totals: dict[str, float] = {}
         for epoch in range(config.ppo_epochs):
-            generator = torch.Generator().manual_seed(seed * 7_919 + step * 31 + epoch)
+            generator = torch.Generator().manual_seed(
+                derive_seed(seed, "ppo minibatches", step, epoch)
+            )
             permutation = torch.randperm(len(batch_indices), generator=generator)
             for start in range(0, len(batch_indices), local_minibatch):
                 rows = permutation[start : start + local_minibatch]
                 tokens = mask[rows].sum().clamp(min=1)
-                optimizer.zero_grad()
                 for micro in range(0, len(rows), config.micro_batch_size):
                     index = rows[micro : micro + config.micro_batch_size].to(mask.device)
                     chunk = rollout.rows(index)
-                    logprobs = P.token_logprobs(P.response_logits(policy, chunk, config.temperature), chunk.response_ids)
-                    values = P.response_values(value_model, chunk)
-                    policy_loss, policy_stats = clipped_policy_loss(logprobs, old_logprobs[index], advantages[index], chunk.response_mask, config.clip_range, tokens)
-                    value_loss, value_stats = clipped_value_loss(values, old_values[index], returns[index], chunk.response_mask, config.value_clip_range, tokens)
-                    accelerator.backward(policy_loss + config.value_loss_coef * value_loss)
-                    for name, value in {"policy_loss": policy_loss, "value_loss": value_loss, **policy_stats, **value_stats}.items():
-                        totals[name] = totals.get(name, 0.0) + float(value.detach()) / updates_per_step
-                accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
-                optimizer.step()
+                    with accelerator.accumulate(model):
+                        logits, values = model(chunk, config.temperature)
+                        logprobs = P.token_logprobs(logits, chunk.response_ids)
+                        policy_loss, policy_stats = rl_common.clipped_policy_loss(
+                            logprobs,
+                            old_logprobs[index],
+                            advantages[index],
+                            chunk.response_mask,
+                            config.clip_range,
+                            tokens,
+                        )
+                        value_loss, value_stats = rl_common.clipped_value_loss(
+                            values,
+                            old_values[index],
+                            returns[index],
+                            chunk.response_mask,
+                            config.value_clip_range,
+                            tokens,
+                        )
+                        # the losses are already divided by the whole minibatch's tokens: undo the
+                        # launcher's division by the number of micro-batches
+                        accelerator.backward(
+                            (policy_loss + config.value_loss_coef * value_loss) * accumulation
+                        )
+                        if accelerator.sync_gradients:
+                            accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+                        optimizer.step()  # a no-op until the minibatch's last micro-batch
+                        optimizer.zero_grad()
+                    for name, value in {
+                        "policy_loss": policy_loss,
+                        "value_loss": value_loss,
+                        **policy_stats,
+                        **value_stats,
+                    }.items():
+                        totals[name] = (
+                            totals.get(name, 0.0) + float(value.detach()) / updates_per_step
+                        )
                 scheduler.step()
 
-        sequences = torch.ones_like(raw_scores)
         local = {
-            "reward": raw_scores.sum(), "score": scores.sum(), "kl": kl.sum(),
-            "response_length": mask.sum(), "unfinished": (~rollout.finished).float().sum(),
+            "reward": batch.rewards.sum(),
+            "score": batch.scores.sum(),
+            "kl": kl.sum(),
+            "response_length": mask.sum(),
+            "unfinished": (~rollout.finished).float().sum(),
+            "prompt_tokens": rollout.prompt_mask.sum(),
         }
         summed = {name: float(reduce_sum(value.detach().float())) for name, value in local.items()}
-        count = float(reduce_sum(sequences.sum()))
+        count = float(reduce_sum(torch.tensor(float(len(batch_indices)), device=mask.device)))
+        budget.add(
+            sampled=summed["response_length"],
+            trained=(summed["prompt_tokens"] + summed["response_length"]) * config.ppo_epochs,
+        )
+        done = step + 1
         last = {
             "step": step + 1,
             "reward": summed["reward"] / count,
             "score": summed["score"] / count,
             "kl": summed["kl"] / count,
-            "entropy": float(masked_mean(entropies, mask, reduce_sum)),
+            "entropy": float(rl_common.masked_mean(entropies, mask, reduce_sum)),
             "response_length": summed["response_length"] / count,
             "unfinished_fraction": summed["unfinished"] / count,
-            **{name: float(reduce_sum(torch.tensor(value, device=mask.device))) / world for name, value in totals.items()},
+            **{
+                name: float(reduce_sum(torch.tensor(value, device=mask.device))) / world
+                for name, value in totals.items()
+            },
             "learning_rate": scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - started, 2),
+            **budget.row(),
         }
+        if gold is not None and checkpoint_step(done, config):
+            with launch.for_generation(accelerator, model) as unwrapped:
+                last.update(gold.evaluate(unwrapped.policy, tokenizer, f"step-{done}"))
+        last = metrics_row(
+            "ppo",
+            last.pop("step"),
+            last["policy_loss"] + config.value_loss_coef * last["value_loss"]
+            if "policy_loss" in last
+            else None,
+            **last,
+        )
         if accelerator.is_main_process:
             with open(metrics_path, "a") as handle:
-                handle.write(json.dumps(last) + "\n")
-            log.info("step %d/%d  reward %.4f  kl %.4f  entropy %.3f  length %.1f  value loss %.4f  clip %.3f",
-                     step + 1, config.steps, last["reward"], last["kl"], last["entropy"], last["response_length"],
-                     last["value_loss"], last["clip_fraction"])
-        done = step + 1
-        if config.checkpoint_every and done % config.checkpoint_every == 0 and done < config.steps:
-            _write_checkpoint(accelerator, policy, value_model, optimizer, scheduler, tokenizer,
-                              checkpoints / f"step-{done:06d}", P.policy_meta(**meta_common, step=done), done)
+                handle.write(metrics_dumps(last))
+            log.info(
+                "step %d/%d  reward %.4f  kl %.4f  entropy %.3f  length %.1f  value loss %.4f  clip %.3f",
+                step + 1,
+                config.steps,
+                last["reward"],
+                last["kl"],
+                last["entropy"],
+                last["response_length"],
+                last["value_loss"],
+                last["clip_fraction"],
+            )
+        tracking.log(accelerator, last, step + 1)
+        if checkpoint_step(done, config) and done < config.steps:
+            _write_checkpoint(
+                accelerator,
+                model,
+                optimizer,
+                scheduler,
+                tokenizer,
+                checkpoints / f"step-{done:06d}",
+                P.policy_meta(**meta_common, step=done, **run_blocks(budget, gold)),
+                done,
+            )
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        P.save_policy(accelerator.unwrap_model(policy), tokenizer, output,
-                      P.policy_meta(**meta_common, step=config.steps), extra_files=[metrics_path])
+    with launch.full_weights(accelerator, model) as whole:
+        if accelerator.is_main_process:
+            P.save_policy(
+                whole.policy,
+                tokenizer,
+                output,
+                P.policy_meta(**meta_common, step=config.steps, **run_blocks(budget, gold)),
+                extra_files=[metrics_path],
+            )
+    tracking.finish(accelerator)
+    accelerator.wait_for_everyone()
     return last
 
 
-def _prompt_order(n_prompts: int, needed: int, seed: int) -> list[int]:
-    """Prompt indices for all steps: successive seeded shuffles of the prompts (epochs)."""
-    import random
+def checkpoint_step(done: int, config: Any) -> bool:
+    """Whether step `done` ends with a checkpoint (every checkpoint-every steps) or the run."""
+    every = config.checkpoint_every
+    return done == config.steps or bool(every and done % every == 0)
 
-    rng = random.Random(seed)
-    order: list[int] = []
-    while len(order) < needed:
-        epoch = list(range(n_prompts))
-        rng.shuffle(epoch)
-        order.extend(epoch)
-    return order
+
+def run_blocks(budget: Any, gold: Any) -> dict[str, Any]:
+    """meta.json's `budget` (and `gold`, with a gold judge) of a run so far."""
+    return {"budget": budget.block(), "gold": gold.block() if gold is not None else None}
+
+
+def load_value_model(source: str | Path, device: str, head: str) -> Any:
+    """The value model: the reward model's network (body and, with head 'reward', its scoring head;
+    with 'zero', that head's weights set to 0, so every value starts at 0 as in AlpacaFarm)."""
+    import torch
+
+    from farmkit.methods.policy import score_head
+    from farmkit.methods.rollouts import TRAINING_DTYPE
+    from farmkit.models import load_reward_model
+
+    value_model, _ = load_reward_model(source, device=device, dtype=TRAINING_DTYPE)
+    if head == "zero":
+        with torch.no_grad():
+            for parameter in score_head(value_model).parameters():
+                parameter.zero_()
+    return value_model
+
+
+def _last_metrics(path: Path, step: int) -> dict[str, Any]:
+    """The metrics of `step` as the interrupted run wrote them (a resumed run that has nothing left)."""
+    entries = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
+    return next((entry for entry in reversed(entries) if entry["step"] == step), {})
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Forget metrics past the step a run restarts from (they belong to the run that crashed)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= step
+    ]
     path.write_text("".join(line + "\n" for line in kept))
 
 
-def _write_checkpoint(accelerator: Any, policy: Any, value_model: Any, optimizer: Any, scheduler: Any, tokenizer: Any,
-                      folder: Path, meta: dict[str, Any], step: int) -> None:
+def _write_checkpoint(
+    accelerator: Any,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    tokenizer: Any,
+    folder: Path,
+    meta: dict[str, Any],
+    step: int,
+) -> None:
     """A loadable policy folder; its trainer/ subfolder (value model, optimizer, scheduler, step) is
-    what --resume reads, and is removed from the previous checkpoint to save disk."""
-    import torch
-
-    from farmkit.methods.policy import plain_model, save_policy
+    what --resume reads, and is removed from the previous checkpoint to save disk. Under DeepSpeed the
+    folder holds the policy alone (the optimizer state is split the engine's way; --resume refuses it)."""
+    from farmkit.methods.launch import full_weights, zero_stage
 
     accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
-        return
+    with full_weights(accelerator, model) as whole:
+        if accelerator.is_main_process:
+            _save_checkpoint(
+                whole,
+                optimizer,
+                scheduler,
+                tokenizer,
+                folder,
+                meta,
+                step,
+                with_state=not zero_stage(accelerator),
+            )
+    accelerator.wait_for_everyone()
+
+
+def _save_checkpoint(
+    whole: Any,
+    optimizer: Any,
+    scheduler: Any,
+    tokenizer: Any,
+    folder: Path,
+    meta: dict[str, Any],
+    step: int,
+    with_state: bool,
+) -> None:
+    import torch
+
+    from farmkit.methods.policy import save_policy
 
     def trainer_state(tmp: Path) -> None:
         state = tmp / TRAINER_STATE
-        plain_model(accelerator.unwrap_model(value_model)).save_pretrained(state / "value")
-        tokenizer.save_pretrained(state / "value")
+        state.mkdir(
+            parents=True, exist_ok=True
+        )  # a method without a value model saves no folder in it
+        for name, unwrapped in (("policy", whole.policy), ("value", whole.value)):
+            if unwrapped is None:  # a method without a value model (farm-rloo, farm-grpo)
+                continue
+            if hasattr(
+                unwrapped, "peft_config"
+            ):  # the adapters alone: resume puts them back on SFT / RM
+                unwrapped.save_pretrained(state / f"{name}-adapter")
+            elif name == "value":
+                unwrapped.save_pretrained(state / "value")
+                tokenizer.save_pretrained(state / "value")
         torch.save(optimizer.state_dict(), state / "optimizer.pt")
         torch.save(scheduler.state_dict(), state / "scheduler.pt")
         (state / "state.json").write_text(json.dumps({"step": step}) + "\n")
 
     previous = latest_checkpoint(folder.parent)
-    save_policy(accelerator.unwrap_model(policy), tokenizer, folder, meta, extra_files=[folder.parent / METRICS_FILE], extra=trainer_state)
+    save_policy(
+        whole.policy,
+        tokenizer,
+        folder,
+        meta,
+        extra_files=[folder.parent / METRICS_FILE],
+        extra=trainer_state if with_state else None,
+    )
     if previous is not None and previous != folder:
         shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
     log.info("checkpoint: %s", folder)

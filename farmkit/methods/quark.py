@@ -3,16 +3,17 @@
 Each round: sample responses to a fresh set of prompts (round 0 from the SFT model as it is, later
 rounds from the policy conditioned on the best-quantile control token), score them with the reward
 model, rank them into quantiles, and train on them: the log-likelihood of each kept response given
-its prompt and its quantile's control token, minus kl_coef * KL(policy || SFT) per token. The pool
-is emptied after every round (AlpacaFarm's choice over Quark's growing pool). With keep=top only the
-best quantile is trained on (AlpacaFarm's variant); keep=all trains on every quantile with its own
-token, as the original Quark does. The saved policy samples with the best-quantile token, which
-meta.json records as `sampling_control_token` (farm-sample adds it through PromptFormat).
+its prompt and its quantile's control token, minus kl_coef * KL(policy || SFT) per token, both of the
+policy at the rollout temperature (as AlpacaFarm). The pool is emptied after every round (AlpacaFarm's
+choice over Quark's growing pool). With keep=top only the best quantile is trained on (AlpacaFarm's
+variant); keep=all trains on every quantile with its own token, as the original Quark does. The saved
+policy samples with the best-quantile token, which meta.json records as `sampling_control_token`
+(farm-sample adds it through PromptFormat). Under `accelerate launch` each process samples its share
+of a round; every process ranks the whole round and trains on its share of each batch.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import tempfile
@@ -21,12 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.methods.config import config_dict, help_field
-from farmkit.models import TEMPLATES
+from farmkit.io import FarmError
+from farmkit.methods.config import (
+    GoldArgs,
+    RolloutConfig,
+    TrackingArgs,
+    config_dict,
+    help_field,
+    shared_field,
+)
+from farmkit.metrics import metrics_row, write_metrics
+from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 KEEP = ("top", "all")
-UNFINISHED = ("truncate", "penalty")
+CONTROL = ("condition", "none")
+LR_SCHEDULES = ("linear", "constant")
 
 
 def quantile_token(quantile: int) -> str:
@@ -35,35 +46,72 @@ def quantile_token(quantile: int) -> str:
 
 
 @dataclass
-class QuarkConfig:
-    rounds: int = help_field(4, "Rounds of sample, score, rank, train; the rollout pool is reset every round.")
-    prompts_per_round: int = help_field(64, "Prompts sampled per round.")
+class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
+    rounds: int = help_field(
+        4, "Rounds of sample, score, rank, train; the rollout pool is reset every round."
+    )
+    prompts_per_round: int = help_field(
+        64, "Prompts sampled per round, over all processes (AlpacaFarm: 512, one sample each)."
+    )
     samples_per_prompt: int = help_field(4, "Responses sampled per prompt per round.")
-    num_quantiles: int = help_field(5, "Reward quantiles the responses of a round are ranked into.")
-    keep: str = help_field("top", "Train on the top quantile only (AlpacaFarm's variant) or on all quantiles, each with its own control token (original Quark).", KEEP)
-    epochs_per_round: int = help_field(2, "Passes over a round's kept responses.")
-    learning_rate: float = help_field(1e-5, "Learning rate (AdamW, constant).")
-    batch_size: int = help_field(8, "Responses per optimizer step.")
-    kl_coef: float = help_field(0.05, "Weight of the per-token KL(policy || SFT) penalty.")
-    temperature: float = help_field(0.7, "Sampling temperature of the rollouts.")
-    max_response_tokens: int = help_field(300, "Longest response sampled, in tokens.")
-    unfinished: str = help_field("truncate", "A response that hits max-response-tokens without its end token: 'truncate' scores the truncated text as it is; 'penalty' scores it unfinished-penalty.", UNFINISHED)
-    unfinished_penalty: float = help_field(-1.0, "The score of an unfinished response under --unfinished penalty.")
-    generation_batch_size: int = help_field(16, "Prompts per generate() call.")
-    reward_batch_size: int = help_field(16, "Texts per reward-model forward pass.")
-    template: str = help_field("auto", "Prompt template (auto: what the SFT model's meta.json says, else chat if its tokenizer has one).", TEMPLATES)
+    num_quantiles: int = help_field(
+        5,
+        "Reward quantiles the responses of a round are ranked into (the Quark paper's 5; AlpacaFarm's script leaves the count to the caller).",
+    )
+    keep: str = help_field(
+        "top",
+        "Train on the top quantile only (AlpacaFarm's variant) or on all quantiles, each with its own control token (original Quark).",
+        KEEP,
+    )
+    control_token: str = help_field(
+        "condition",
+        "'condition': train each kept response behind its quantile's control token and sample later rounds (and the saved policy) behind the best one (Quark); 'none': no control tokens at all, the top quantile is trained on the plain prompt (what AlpacaFarm's top-quantile code trains on; needs --keep top).",
+        CONTROL,
+    )
+    epochs_per_round: int = help_field(
+        2, "Passes over a round's kept responses (when steps-per-round is 0)."
+    )
+    steps_per_round: int = help_field(
+        0,
+        "Optimizer steps per round, each on batch-size kept responses drawn in a shuffled cycle (AlpacaFarm: 1 step of 256); 0: epochs-per-round passes instead.",
+    )
+    learning_rate: float = shared_field("learning_rate", 1e-5)
+    lr_schedule: str = help_field(
+        "linear",
+        "Learning rate over the rounds: 'linear' decays it to 0 by the end, after warmup-steps rounds of warm-up (AlpacaFarm); 'constant' keeps it.",
+        LR_SCHEDULES,
+    )
+    batch_size: int = help_field(8, "Responses per optimizer step, over all processes.")
+    kl_coef: float = help_field(
+        0.05, "Weight of the per-token KL(policy || SFT) penalty (AlpacaFarm's script: 0.05)."
+    )
+    generation_batch_size: int = shared_field("generation_batch_size", 16)
+    device: str = shared_field("device", "auto")
 
     def __post_init__(self) -> None:
-        for name in ("rounds", "prompts_per_round", "samples_per_prompt", "epochs_per_round", "batch_size",
-                     "max_response_tokens", "generation_batch_size", "reward_batch_size"):
+        super().__post_init__()
+        for name in (
+            "rounds",
+            "prompts_per_round",
+            "samples_per_prompt",
+            "epochs_per_round",
+            "batch_size",
+            "generation_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1")
         if self.num_quantiles < 2:
             raise ValueError("num-quantiles must be at least 2")
         if self.prompts_per_round * self.samples_per_prompt < self.num_quantiles:
-            raise ValueError("a round needs at least one response per quantile: raise prompts-per-round or samples-per-prompt")
-        if self.learning_rate <= 0 or self.temperature <= 0 or self.kl_coef < 0:
-            raise ValueError("learning-rate and temperature must be positive, kl-coef >= 0")
+            raise ValueError(
+                "a round needs at least one response per quantile: raise prompts-per-round or samples-per-prompt"
+            )
+        if self.learning_rate <= 0 or self.kl_coef < 0 or self.steps_per_round < 0:
+            raise ValueError("learning-rate must be positive, kl-coef and steps-per-round >= 0")
+        if self.control_token == "none" and self.keep == "all":
+            raise ValueError(
+                "--keep all trains each quantile behind its own control token: it needs --control-token condition"
+            )
 
 
 def assign_quantiles(scores: list[float], num_quantiles: int) -> list[int]:
@@ -76,108 +124,313 @@ def assign_quantiles(scores: list[float], num_quantiles: int) -> list[int]:
     return quantiles
 
 
-def train_quark(sft: str, reward_model: str, prompts: list[dict[str, Any]], output: str, config: QuarkConfig,
-                seed: int = 0, inputs: list[str] | None = None) -> list[dict[str, Any]]:
+def training_batches(
+    kept: list, batch_size: int, epochs: int, steps: int, rng: random.Random
+) -> list[list]:
+    """The round's batches: `epochs` shuffled passes, or with `steps` > 0 exactly that many batches
+    drawn from a shuffled cycle over the kept responses."""
+    batches: list[list] = []
+    pool: list = []
+    if steps == 0:
+        for _ in range(epochs):
+            pool = rng.sample(kept, len(kept))
+            batches.extend(
+                pool[start : start + batch_size] for start in range(0, len(pool), batch_size)
+            )
+        return batches
+    while len(batches) < steps:
+        batch: list = []
+        while len(batch) < batch_size:
+            if not pool:
+                pool = rng.sample(kept, len(kept))
+            batch.append(pool.pop())
+        batches.append(batch)
+    return batches
+
+
+def train_quark(
+    sft: str,
+    reward_model: str,
+    prompts: list[dict[str, Any]],
+    output: str,
+    config: QuarkConfig,
+    seed: int = 0,
+    inputs: list[str] | None = None,
+) -> list[dict[str, Any]]:
     """Train with Quark and write the policy folder to `output`; returns the per-round metrics."""
     import torch
+    from accelerate.utils import gather_object
 
+    from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
+    from farmkit.methods.budget import Budget, reward_model_labels
+    from farmkit.methods.gold import check_processes, make_gold
     from farmkit.methods.reward import RewardScorer
-    from farmkit.methods.rl_common import masked_mean
-    from farmkit.models import PromptFormat, choose_device, load_causal_lm
+    from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
+    from farmkit.models import PromptFormat, choose_device
 
-    device = choose_device()
+    if launch.deepspeed_launched() and config.device != "auto":
+        # Accelerator(cpu=True) would drop DeepSpeed without a word; the run would not be what was launched
+        raise FarmError(
+            "--device: under DeepSpeed the engine places the model; leave --device auto"
+        )
+    accelerator = launch.make_accelerator(
+        cpu=config.device == "cpu",
+        device_placement=False,
+        **tracking.accelerator_kwargs(config.report_to, output),
+    )
+    if launch.zero_stage(accelerator) == 3:
+        # ZeRO-2 keeps the weights whole on every process; ZeRO-3 would split them, and Quark's
+        # sampling and save do not gather them
+        raise FarmError(
+            "farm-quark does not run under ZeRO-3: launch it with ZeRO-2 (accelerate_zero2.yaml), "
+            "DDP (accelerate_multi_gpu.yaml) or as one process"
+        )
+    tracking.start(accelerator, "farm-quark", config_dict(config))
+    if config.gold:
+        check_processes()
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if world > 1 and config.device not in ("auto", "cpu"):
+        raise FarmError(
+            "--device: under accelerate launch every process uses its own device; leave --device auto"
+        )
+    device = str(accelerator.device) if world > 1 else choose_device(config.device)
+    if not accelerator.is_main_process:
+        log.setLevel(logging.ERROR)  # one process speaks for all
     torch.manual_seed(seed)
-    model, tokenizer = load_causal_lm(sft, device=device, dtype="float32")
-    reference, _ = load_causal_lm(sft, device=device)
-    reference.requires_grad_(False)
+    model, reference, tokenizer = load_policy_and_reference(sft, device)
     scorer = RewardScorer(reward_model, device=device, batch_size=config.reward_batch_size)
     scorer.network.requires_grad_(False)
-    tokens = [quantile_token(q) for q in range(config.num_quantiles)]
-    tokenizer.add_special_tokens({"additional_special_tokens": tokens})
-    model.resize_token_embeddings(len(tokenizer))  # new rows start at the mean embedding
-    token_ids = tokenizer.convert_tokens_to_ids(tokens)
+    tokens = (
+        [quantile_token(q) for q in range(config.num_quantiles)]
+        if config.control_token == "condition"
+        else []
+    )
+    fmt = PromptFormat.for_model(sft, config.template)
+    # token ids, each prompt cut to what the context holds beside max_new_tokens and the control
+    # token that follows it (warned once)
+    plain_prompts = P.fit_rollout_prompts(
+        model,
+        tokenizer,
+        [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
+        config.max_new_tokens,
+        reserve=1 if tokens else 0,
+    )
+    # each control token starts as the token it follows, the last of the prompt (see add_control_tokens)
+    prompt_end = plain_prompts[0][-1]
+    token_ids = P.add_control_tokens(model, tokenizer, tokens, prompt_end) if tokens else []
     reference_vocab = reference.get_output_embeddings().weight.shape[0]
     for network in (model, reference, scorer.network):
         P.disable_dropout(network)
         network.eval()
+    gold = make_gold(
+        config.gold,
+        config.gold_prompts,
+        config.gold_size,
+        prompts,
+        sft,
+        template=config.template,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=seed,
+        device=device,
+        batch_size=config.generation_batch_size,
+        start_network=reference,
+        tool="farm-quark",
+    )
+    budget = Budget(reward_model_labels(reward_model))
 
-    fmt = PromptFormat.for_model(sft, config.template)
-    plain_prompts = [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts]
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
-    rng = random.Random(seed)
-    order: list[int] = []
+    def prompt_length(index: int) -> int:
+        return len(plain_prompts[index])  # token ids, already fitted to the context
+
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        eps=config.adam_eps,
+    )
+    schedule = (
+        rl_common.linear_schedule(config.warmup_steps, config.rounds)
+        if config.lr_schedule == "linear"
+        else (lambda _: 1.0)
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, schedule
+    )  # stepped once per round, as AlpacaFarm
+    # under DeepSpeed the engine's batch is this process's share of a training batch, one step each
+    launch.configure_deepspeed(accelerator, -(-config.batch_size // world), 1, config.max_grad_norm)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
+    if reference.dtype != trained_dtype:
+        reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy: like with like
+    order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
     history: list[dict[str, Any]] = []
     started = time.time()
     for round_number in range(config.rounds):
-        while len(order) < config.prompts_per_round:
-            epoch = list(range(len(prompts)))
-            rng.shuffle(epoch)
-            order.extend(epoch)
-        chosen, order = order[: config.prompts_per_round], order[config.prompts_per_round :]
+        chosen = order[
+            round_number * config.prompts_per_round : (round_number + 1) * config.prompts_per_round
+        ]
         chosen = [index for index in chosen for _ in range(config.samples_per_prompt)]
         # round 0 samples the SFT model itself; later rounds ask the policy for its best quantile
-        control = tokens[0] if round_number > 0 else ""
+        control = token_ids[:1] if round_number > 0 and tokens else []
+        conditioned_prompts = [prompt + control for prompt in plain_prompts]
         pool = []
-        for start in range(0, len(chosen), config.generation_batch_size):
+        for start in range(
+            rank * config.generation_batch_size, len(chosen), world * config.generation_batch_size
+        ):
             indices = chosen[start : start + config.generation_batch_size]
-            torch.manual_seed((seed * 1_000_003 + round_number * 1_009 + start) % 2**63)
-            rollout = P.sample_rollout(model, tokenizer, [plain_prompts[i] + control for i in indices],
-                                       config.temperature, config.max_response_tokens)
-            texts = P.decode_responses(tokenizer, rollout)
-            scores = scorer.score([(prompts[i]["instruction"], prompts[i].get("input"), text) for i, text in zip(indices, texts, strict=True)])
+            batch = sample_and_score(
+                accelerator.unwrap_model(model),
+                tokenizer,
+                scorer,
+                prompts,
+                conditioned_prompts,
+                indices,
+                temperature=config.temperature,
+                max_new_tokens=config.max_new_tokens,
+                unfinished=config.unfinished,
+                unfinished_penalty=config.unfinished_penalty,
+                seed=derive_seed(seed, "quark rollout", round_number, start),
+                suppress=token_ids,  # a response never holds a control token
+            )
+            rollout = batch.rollout
             for row, index in enumerate(indices):
-                response = rollout.response_ids[row][rollout.response_mask[row].bool()].tolist()
-                finished = bool(rollout.finished[row])
-                score = float(scores[row]) if finished or config.unfinished == "truncate" else config.unfinished_penalty
-                pool.append({"prompt": index, "response": response, "reward": float(scores[row]), "score": score})
+                pool.append(
+                    {
+                        "position": start + row,
+                        "prompt": index,
+                        "reward": float(batch.rewards[row]),
+                        "score": float(batch.scores[row]),
+                        "response": rollout.response_ids[row][
+                            rollout.response_mask[row].bool()
+                        ].tolist(),
+                    }
+                )
+        if (
+            world > 1
+        ):  # every process ranks the whole round, in the order one process would have sampled it
+            pool = sorted(gather_object(pool), key=lambda item: item["position"])
         quantiles = assign_quantiles([item["score"] for item in pool], config.num_quantiles)
-        kept = [(item, q) for item, q in zip(pool, quantiles, strict=True) if config.keep == "all" or q == 0]
-        top = [item["score"] for item, q in zip(pool, quantiles, strict=True) if q == 0]
+        kept = [
+            (item, q)
+            for item, q in zip(pool, quantiles, strict=True)
+            if config.keep == "all" or q == 0
+        ]
+        by_quantile = [
+            [item["score"] for item, q in zip(pool, quantiles, strict=True) if q == quantile]
+            for quantile in range(config.num_quantiles)
+        ]
 
         losses, kls = [], []
-        for epoch in range(config.epochs_per_round):
-            random.Random(seed * 7_919 + round_number * 31 + epoch).shuffle(kept)
-            for start in range(0, len(kept), config.batch_size):
-                batch = kept[start : start + config.batch_size]
-                prompt_ids = [tokenizer(plain_prompts[item["prompt"]], add_special_tokens=False)["input_ids"] for item, _ in batch]
-                responses = [item["response"] for item, _ in batch]
-                conditioned = P.rollout_from_lists([ids + [token_ids[q]] for ids, (_, q) in zip(prompt_ids, batch, strict=True)],
-                                                   responses, tokenizer.pad_token_id, device)
-                plain = P.rollout_from_lists(prompt_ids, responses, tokenizer.pad_token_id, device)
-                mask = conditioned.response_mask
-                logits = P.response_logits(model, conditioned, 1.0)
-                nll = -masked_mean(P.token_logprobs(logits, conditioned.response_ids), mask)
-                with torch.no_grad():
-                    reference_logp = torch.log_softmax(P.response_logits(reference, plain, 1.0), dim=-1)
-                # the SFT model has no control tokens: compare over its vocabulary only
-                policy_logp = torch.log_softmax(logits[..., :reference_vocab], dim=-1)
-                kl = masked_mean((policy_logp.exp() * (policy_logp - reference_logp)).sum(-1), mask)
-                loss = nll + config.kl_coef * kl
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                losses.append(float(nll.detach()))
-                kls.append(float(kl.detach()))
+        rng = random.Random(derive_seed(seed, "quark batches", round_number))
+        for batch_items in training_batches(
+            kept, config.batch_size, config.epochs_per_round, config.steps_per_round, rng
+        ):
+            # a process left without rows repeats one, so that every process joins the gradient all-reduce
+            budget.add(
+                trained=sum(
+                    prompt_length(item["prompt"]) + bool(token_ids) + len(item["response"])
+                    for item, _ in batch_items
+                )
+            )
+            local = batch_items[rank::world] or batch_items[:1]
+            prompt_ids = [plain_prompts[item["prompt"]] for item, _ in local]
+            responses = [item["response"] for item, _ in local]
+            conditioned = P.rollout_from_lists(
+                [ids + token_ids[q : q + 1] for ids, (_, q) in zip(prompt_ids, local, strict=True)],
+                responses,
+                tokenizer.pad_token_id,
+                device,
+            )
+            plain = P.rollout_from_lists(prompt_ids, responses, tokenizer.pad_token_id, device)
+            mask = conditioned.response_mask
+            # responses are sampled over the SFT model's vocabulary (control tokens suppressed), and
+            # scored over it: the likelihood and the KL are those of the policy that sampled
+            logits = P.response_logits(model, conditioned, config.temperature)[
+                ..., :reference_vocab
+            ]
+            nll = -rl_common.masked_mean(P.token_logprobs(logits, conditioned.response_ids), mask)
+            with torch.no_grad():
+                reference_logp = torch.log_softmax(
+                    P.response_logits(reference, plain, config.temperature), dim=-1
+                )
+            policy_logp = torch.log_softmax(logits, dim=-1)
+            kl = rl_common.masked_mean(
+                (policy_logp.exp() * (policy_logp - reference_logp)).sum(-1), mask
+            )
+            optimizer.zero_grad()
+            accelerator.backward(nll + config.kl_coef * kl)
+            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            losses.append(float(nll.detach()))
+            kls.append(float(kl.detach()))
+        learning_rate = scheduler.get_last_lr()[0]
+        scheduler.step()
+        budget.add(sampled=sum(len(item["response"]) for item in pool))
+        quantile_scores = [sum(scores) / len(scores) for scores in by_quantile]
         metrics = {
             "round": round_number + 1,
             "reward": sum(item["reward"] for item in pool) / len(pool),
             "score": sum(item["score"] for item in pool) / len(pool),
-            "top_quantile_score": sum(top) / len(top),
+            "top_quantile_score": quantile_scores[0],
+            "quantile_scores": quantile_scores,
             "response_length": sum(len(item["response"]) for item in pool) / len(pool),
             "trained_on": len(kept),
+            "optimizer_steps": len(losses),
+            "learning_rate": learning_rate,
             "nll": sum(losses) / max(1, len(losses)),
             "kl": sum(kls) / max(1, len(kls)),
             "elapsed_s": round(time.time() - started, 2),
+            **budget.row(),
         }
+        if gold is not None:  # each round's policy, sampled as the saved one samples
+            metrics.update(
+                gold.evaluate(
+                    accelerator.unwrap_model(model),
+                    tokenizer,
+                    f"round-{round_number + 1}",
+                    control=tokens[0] if tokens else None,
+                    suppress=token_ids,
+                )
+            )
+        # step: optimizer steps over all rounds; loss: the round's mean objective
+        metrics = metrics_row(
+            "quark",
+            sum(entry["optimizer_steps"] for entry in history) + len(losses),
+            metrics["nll"] + config.kl_coef * metrics["kl"] if losses else None,
+            **metrics,
+        )
         history.append(metrics)
-        log.info("round %d/%d  reward %.4f  top quantile %.4f  nll %.4f  kl %.4f", round_number + 1, config.rounds,
-                 metrics["reward"], metrics["top_quantile_score"], metrics["nll"], metrics["kl"])
+        tracking.log(accelerator, metrics, round_number + 1)
+        log.info(
+            "round %d/%d  reward %.4f  top quantile %.4f  nll %.4f  kl %.4f",
+            round_number + 1,
+            config.rounds,
+            metrics["reward"],
+            metrics["top_quantile_score"],
+            metrics["nll"],
+            metrics["kl"],
+        )
 
-    meta = P.policy_meta("farm-quark", sft, fmt.resolved(tokenizer), seed, config_dict(config), inputs or [],
-                         sampling_control_token=tokens[0], control_tokens=tokens)
-    with tempfile.TemporaryDirectory(prefix="farm-quark-") as scratch:
-        metrics_path = Path(scratch) / "metrics.jsonl"
-        metrics_path.write_text("".join(json.dumps(entry) + "\n" for entry in history))
-        P.save_policy(model, tokenizer, output, meta, extra_files=[metrics_path])
+    tracking.finish(accelerator)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        meta = P.policy_meta(
+            "farm-quark",
+            sft,
+            fmt.resolved(tokenizer),
+            seed,
+            config_dict(config),
+            inputs or [],
+            sampling_control_token=tokens[0] if tokens else None,
+            control_tokens=tokens or None,
+            launch=launch.launch_record(accelerator),
+            budget=budget.block(rounds=len(history)),
+            gold=gold.block() if gold is not None else None,
+        )
+        with tempfile.TemporaryDirectory(prefix="farm-quark-") as scratch:
+            metrics_path = Path(scratch) / "metrics.jsonl"
+            write_metrics(metrics_path, history)
+            P.save_policy(
+                accelerator.unwrap_model(model), tokenizer, output, meta, extra_files=[metrics_path]
+            )
     return history

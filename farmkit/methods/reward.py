@@ -9,7 +9,6 @@ hard chosen/rejected pairs. The loop runs on one CPU, one GPU, or many under `ac
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -19,8 +18,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from farmkit.io import FarmError, atomic_path
-from farmkit.methods.config import help_field
+from farmkit.io import FarmError
+from farmkit.methods import tracking
+from farmkit.methods.config import ModelArgs, TrackingArgs, help_field, shared_field
+from farmkit.metrics import MetricsWriter
 from farmkit.models import PromptFormat, read_meta, resolve, response_end
 from farmkit.records import Comparison
 
@@ -29,26 +30,37 @@ METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(ModelArgs, TrackingArgs):
     """Hyperparameters of reward-model training; farm-rm-train's options carry the same help text."""
 
-    eval_fraction: float = help_field(0.1, "Share of prompts held out to report pairwise accuracy (every pair of a held-out prompt goes with it).")
-    ties: str = help_field("drop", "Ties (preference 1.5): drop them, or train on them with target 0.5.", choices=("drop", "half"))
-    epochs: float = help_field(1.0, "Passes over the training pairs.")
-    max_steps: int = help_field(-1, "Optimizer steps; > 0 overrides --epochs.")
-    learning_rate: float = help_field(1e-5, "Peak learning rate (linear warmup, then linear decay to 0).")
-    batch_size: int = help_field(8, "Pairs per optimizer step per process (each pair is two sequences).")
-    max_length: int = help_field(512, "Tokens per text; a longer text loses its beginning, never the response end.")
-    warmup_ratio: float = help_field(0.03, "Fraction of the steps spent warming the learning rate up.")
-    weight_decay: float = help_field(0.0, "AdamW weight decay.")
-    lora: bool = help_field(False, "Train LoRA adapters and the head instead of every weight (merged before saving).")
-    lora_r: int = help_field(16, "LoRA rank.")
-    lora_alpha: int = help_field(32, "LoRA scaling numerator (alpha / r scales the adapter).")
-    train_layers: int = help_field(-1, "Train only the head and the top K transformer blocks (0: the head alone; -1: every weight).")
-    template: str = help_field("auto", "Prompt template: auto (the model's own: meta.json, else its chat template), chat or alpaca.",
-                               choices=("auto", "chat", "alpaca"))
+    eval_fraction: float = help_field(
+        0.1,
+        "Share of prompts held out to report pairwise accuracy (every pair of a held-out prompt goes with it).",
+    )
+    ties: str = help_field(
+        "drop",
+        "Ties (preference 1.5): drop them, or train on them with target 0.5.",
+        choices=("drop", "half"),
+    )
+    epochs: float = shared_field("epochs", 1.0)
+    max_steps: int = shared_field("max_steps", -1)
+    learning_rate: float = shared_field("learning_rate", 1e-5)  # linear warmup, linear decay to 0
+    batch_size: int = help_field(
+        8, "Pairs per optimizer step per process (each pair is two sequences)."
+    )
+    max_length: int = help_field(
+        512, "Tokens per text; a longer text loses its beginning, never the response end."
+    )
+    warmup_ratio: float = shared_field("warmup_ratio", 0.03)
+    weight_decay: float = shared_field("weight_decay", 0.0)
+    lora: bool = shared_field("lora", False)  # the head trains in full
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
+    train_layers: int = help_field(
+        -1,
+        "Train only the head and the top K transformer blocks (0: the head alone; -1: every weight).",
+    )
     eval_every: int = help_field(0, "Held-out evaluation every K steps (0: at the end only).")
-    seed: int = help_field(0, "Seed for the held-out split, the head's initialisation and shuffling.")
 
     def __post_init__(self) -> None:
         if not 0 <= self.eval_fraction < 1:
@@ -58,71 +70,187 @@ class RewardConfig:
         if self.epochs <= 0 and self.max_steps <= 0:
             raise ValueError("give epochs > 0 or max_steps > 0")
         if self.lora and self.train_layers >= 0:
-            raise ValueError("--lora and --train-layers are two ways of training fewer weights; pick one")
+            raise ValueError(
+                "--lora and --train-layers are two ways of training fewer weights; pick one"
+            )
         if self.learning_rate <= 0 or self.batch_size < 1 or self.max_length < 8:
             raise ValueError("learning_rate must be > 0, batch_size >= 1 and max_length >= 8")
-        if self.train_layers < -1 or self.eval_every < 0 or self.lora_r < 1 or not 0 <= self.warmup_ratio < 1:
-            raise ValueError("train_layers must be >= -1, eval_every >= 0, lora_r >= 1 and warmup_ratio in [0, 1)")
+        if (
+            self.train_layers < -1
+            or self.eval_every < 0
+            or self.lora_rank < 1
+            or not 0 <= self.warmup_ratio < 1
+        ):
+            raise ValueError(
+                "train_layers must be >= -1, eval_every >= 0, lora-rank >= 1 and warmup_ratio in [0, 1)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
 # Text and scoring, shared by training, farm-score, best-of-n and the RL methods
 
 
-def reward_text(tokenizer: Any, prompt_format: PromptFormat, instruction: str, input: str | None, output: str) -> str:
-    """What a reward model reads: the formatted prompt, the response, and end-of-sequence."""
-    return prompt_format.prompt(tokenizer, instruction, input) + output + response_end(tokenizer)
+def reward_text(
+    tokenizer: Any,
+    prompt_format: PromptFormat,
+    instruction: str,
+    input: str | None,
+    output: str,
+    finished: bool = True,
+    messages: list[dict[str, str]] | None = None,
+) -> str:
+    """What a reward model reads: the formatted prompt (the whole conversation for a multi-turn one),
+    the response, and end-of-sequence unless the response was cut off before it (the model can then
+    tell the two apart)."""
+    return (
+        prompt_format.prompt(tokenizer, instruction, input, messages=messages)
+        + output
+        + (response_end(tokenizer) if finished else "")
+    )
 
 
-def reward_format(model_path: str | os.PathLike, tokenizer: Any, template: str | None = None) -> PromptFormat:
+def reward_format(
+    model_path: str | os.PathLike, tokenizer: Any, template: str | None = None
+) -> PromptFormat:
     """The prompt format of a model folder with `auto` resolved and no control token (a reward model
     judges responses, it is never sampled from)."""
     return PromptFormat(template=PromptFormat.for_model(model_path, template).resolved(tokenizer))
 
 
 def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
-    # the response and end-of-sequence sit at the end: truncation removes the start of long prompts
-    tokenizer.truncation_side = "left"
+    """Token ids of each text, its last `max_length` kept: the response and its end token sit at the
+    end, so truncation removes the start of long prompts. A long text is tokenized through a window
+    of characters (as generation does), never whole."""
+    from farmkit.generation import CHARS_PER_TOKEN_WINDOW
+
     if not texts:
         return []
-    return tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+    window = max_length * CHARS_PER_TOKEN_WINDOW
+    encoded = tokenizer([text[-window:] for text in texts], add_special_tokens=False)["input_ids"]
+    for index, text in enumerate(texts):
+        ids, wide = encoded[index], window
+        while len(ids) <= max_length and len(text) > wide:  # too few tokens in the window: widen it
+            wide *= 4
+            ids = tokenizer(text[-wide:], add_special_tokens=False)["input_ids"]
+        encoded[index] = ids[-max_length:]
+    return encoded
+
+
+def last_token_index(attention_mask: Any) -> Any:
+    """Position of each row's last real token (a trailing end-of-sequence token included), read from
+    the attention mask, so it holds for left and right padding alike."""
+    import torch
+
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return (positions * attention_mask.long()).argmax(dim=1)
+
+
+def _score_head(network: Any) -> Any:
+    inner = getattr(network, "module", network)  # DDP, DeepSpeed; peft forwards the attribute
+    head = getattr(inner, "score", None)
+    if head is None:
+        raise FarmError(
+            f"{type(inner).__name__}: no `score` head; a reward model must be a sequence classifier with one label"
+        )
+    return head
+
+
+def sequence_rewards(network: Any, input_ids: Any, attention_mask: Any) -> Any:
+    """Rewards (a 1-d tensor) of padded token sequences: the scalar head read at each row's last real
+    token. The model's own pooling takes the last token that differs from the pad id, which skips an
+    end-of-sequence token that shares it (SmolLM2, or any model whose pad farmkit sets to eos): a
+    finished and a cut-off response would then score alike."""
+    import torch
+
+    captured: list[Any] = []
+    hook = _score_head(network).register_forward_hook(
+        lambda _module, _inputs, output: captured.append(output)
+    )
+    try:
+        # positions skip left padding, so a row scores the same whichever side it is padded on
+        positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        network(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=False,
+        )
+    finally:
+        hook.remove()
+    per_position = captured[-1][..., 0]
+    rows = torch.arange(per_position.shape[0], device=per_position.device)
+    return per_position[rows, last_token_index(attention_mask).to(per_position.device)]
 
 
 def _forward(network: Any, tokenizer: Any, sequences: Sequence[list[int]], device: Any) -> Any:
-    """Rewards (a 1-d tensor) for token sequences, through the model's own last-token pooling, so that
-    any caller that runs the model directly gets the same numbers."""
     batch = tokenizer.pad({"input_ids": list(sequences)}, padding=True, return_tensors="pt")
-    return network(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits[:, 0]
+    return sequence_rewards(
+        network, batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    )
 
 
 class RewardScorer:
     """A loaded reward model that scores (instruction, input, output) triples in batches."""
 
-    def __init__(self, model: str | os.PathLike, device: str = "auto", batch_size: int = 16):
-        from farmkit.models import load_reward_model
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        device: str = "auto",
+        batch_size: int = 16,
+        offload: bool = False,
+    ):
+        """`offload`: keep the weights in CPU memory and stream each layer to `device` as it runs
+        (launch.offload_frozen), in the precision `device` would load them in."""
+        import torch
+
+        from farmkit.models import choose_device, choose_dtype, load_reward_model
         from farmkit.sampling import generator_name
 
         self.name = generator_name(str(model))
         self.path = resolve(model)
-        self.network, self.tokenizer = load_reward_model(self.path, device=device)
+        self.device = choose_device(device)
+        self.offloaded = offload
+        if offload:
+            from farmkit.methods.launch import offload_frozen
+
+            dtype = "bfloat16" if choose_dtype(self.device) == torch.bfloat16 else "float32"
+            self.network, self.tokenizer = load_reward_model(self.path, device="cpu", dtype=dtype)
+            offload_frozen(self.network, self.device)
+        else:
+            self.network, self.tokenizer = load_reward_model(self.path, device=device)
         self.network.eval()
         self.format = reward_format(self.path, self.tokenizer)
         self.max_length = int(read_meta(self.path).get("config", {}).get("max_length") or 1024)
         self.batch_size = batch_size
 
-    def score(self, items: Sequence[tuple[str, str | None, str]], progress: Any = None) -> list[float]:
-        """Rewards in the order of `items`; batches group texts of similar length."""
+    def score(
+        self,
+        items: Sequence[tuple[str, str | None, str]],
+        progress: Any = None,
+        finished: Sequence[bool] | None = None,
+    ) -> list[float]:
+        """Rewards in the order of `items`; batches group texts of similar length. `finished[i]` False
+        marks a response cut off before its end token: it is scored without one."""
         import torch
 
-        texts = [reward_text(self.tokenizer, self.format, instruction, input, output) for instruction, input, output in items]
+        ends = [True] * len(items) if finished is None else list(finished)
+        if len(ends) != len(items):
+            raise ValueError(f"{len(items)} items but {len(ends)} finished flags")
+        texts = [
+            reward_text(self.tokenizer, self.format, instruction, input, output, end)
+            for (instruction, input, output), end in zip(items, ends, strict=True)
+        ]
         encoded = _encode(self.tokenizer, texts, self.max_length)
         order = sorted(range(len(encoded)), key=lambda index: -len(encoded[index]))
         rewards = [0.0] * len(encoded)
-        device = next(self.network.parameters()).device
+        # offloaded weights are placeholders until a layer runs: the inputs go to where it runs
+        device = self.device if self.offloaded else next(self.network.parameters()).device
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 indices = order[start : start + self.batch_size]
-                values = _forward(self.network, self.tokenizer, [encoded[i] for i in indices], device)
+                values = _forward(
+                    self.network, self.tokenizer, [encoded[i] for i in indices], device
+                )
                 for index, value in zip(indices, values.float().tolist(), strict=True):
                     rewards[index] = value
                 if progress is not None:
@@ -134,7 +262,9 @@ class RewardScorer:
 # Training
 
 
-def split_held_out(items: Sequence[Comparison], fraction: float, seed: int) -> tuple[list[Comparison], list[Comparison]]:
+def split_held_out(
+    items: Sequence[Comparison], fraction: float, seed: int
+) -> tuple[list[Comparison], list[Comparison]]:
     """Hold out a seeded share of the prompts (every comparison of a held-out prompt goes with it, so
     held-out accuracy measures prompts the model has not seen)."""
     prompts = sorted({(item.instruction, item.input) for item in items})
@@ -163,9 +293,25 @@ def _pair_stats(reward_1: Any, reward_2: Any, target: Any) -> tuple[int, int]:
 class _Pairs:
     """Tokenized comparisons; a batch is the output_1 texts followed by the output_2 texts."""
 
-    def __init__(self, tokenizer: Any, prompt_format: PromptFormat, items: Sequence[Comparison], max_length: int):
-        first = [reward_text(tokenizer, prompt_format, c.instruction, c.input, c.output_1) for c in items]
-        second = [reward_text(tokenizer, prompt_format, c.instruction, c.input, c.output_2) for c in items]
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_format: PromptFormat,
+        items: Sequence[Comparison],
+        max_length: int,
+    ):
+        first = [
+            reward_text(
+                tokenizer, prompt_format, c.instruction, c.input, c.output_1, messages=c.messages
+            )
+            for c in items
+        ]
+        second = [
+            reward_text(
+                tokenizer, prompt_format, c.instruction, c.input, c.output_2, messages=c.messages
+            )
+            for c in items
+        ]
         self.first = _encode(tokenizer, first, max_length)
         self.second = _encode(tokenizer, second, max_length)
         self.targets = [c.target for c in items]
@@ -181,14 +327,16 @@ class _Pairs:
         import torch
 
         batch = self.tokenizer.pad(
-            {"input_ids": [self.first[i] for i in indices] + [self.second[i] for i in indices]}, padding=True, return_tensors="pt"
+            {"input_ids": [self.first[i] for i in indices] + [self.second[i] for i in indices]},
+            padding=True,
+            return_tensors="pt",
         )
         batch["target"] = torch.tensor([self.targets[i] for i in indices], dtype=torch.float32)
         return dict(batch)
 
 
 def _rewards(network: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
-    logits = network(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0].float()
+    logits = sequence_rewards(network, batch["input_ids"], batch["attention_mask"]).float()
     half = logits.shape[0] // 2
     return logits[:half], logits[half:]
 
@@ -198,15 +346,22 @@ def _evaluate(accelerator: Any, network: Any, loader: Any) -> dict[str, float]:
 
     network.eval()
     losses, correct, decided, pairs = [], 0, 0, 0
-    with torch.inference_mode():
+    # no_grad, not inference_mode: ZeRO-3 gathers weights into tensors that training then reuses
+    with torch.no_grad():
         for batch in loader:
             reward_1, reward_2 = _rewards(network, batch)
-            reward_1, reward_2, target = accelerator.gather_for_metrics((reward_1, reward_2, batch["target"]))
+            reward_1, reward_2, target = accelerator.gather_for_metrics(
+                (reward_1, reward_2, batch["target"])
+            )
             losses.append(float(bradley_terry_loss(reward_1, reward_2, target)) * len(target))
             right, counted = _pair_stats(reward_1, reward_2, target)
             correct, decided, pairs = correct + right, decided + counted, pairs + len(target)
     network.train()
-    return {"eval_loss": sum(losses) / max(pairs, 1), "eval_accuracy": correct / decided if decided else float("nan"), "eval_pairs": pairs}
+    return {
+        "eval_loss": sum(losses) / max(pairs, 1),
+        "eval_accuracy": correct / decided if decided else float("nan"),
+        "eval_pairs": pairs,
+    }
 
 
 def train_reward_model(
@@ -219,18 +374,24 @@ def train_reward_model(
     """Train a Bradley-Terry reward model from `model`'s backbone and write it to `output_dir`
     (weights, tokenizer, meta.json, metrics.jsonl), whole or not at all. Returns the summary."""
     import torch
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
     from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
 
     from farmkit.cli import progress
-    from farmkit.models import load_tokenizer, package_versions, write_meta
+    from farmkit.methods import launch
+    from farmkit.modelio import model_folder, model_meta
+    from farmkit.models import load_tokenizer, write_meta
 
     if not items:
         raise FarmError("no comparisons to train on")
     gpu = torch.cuda.is_available()
-    accelerator = Accelerator(cpu=not gpu, mixed_precision="bf16" if gpu and torch.cuda.is_bf16_supported() else "no")
+    # joins the launcher's processes and honours a DeepSpeed launch (see launch.use_cpu)
+    accelerator = launch.make_accelerator(
+        mixed_precision="bf16" if gpu and torch.cuda.is_bf16_supported() else "no",
+        **tracking.accelerator_kwargs(config.report_to, output_dir),
+    )
+    launch.refuse_lora_under_zero3(accelerator, config.lora)
     set_seed(config.seed)
     path = resolve(model)
     tokenizer = load_tokenizer(path, padding_side="right")
@@ -239,7 +400,9 @@ def train_reward_model(
     try:
         # the load report lists the new head as missing, which is the point: silence it
         with _transformers_quiet():
-            network = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+            network = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, dtype=torch.float32
+            )
     except OSError as exc:
         raise FarmError(f"{model}: cannot load the backbone ({exc})") from None
     network.config.pad_token_id = tokenizer.pad_token_id
@@ -247,7 +410,12 @@ def train_reward_model(
         from peft import LoraConfig, get_peft_model
 
         # the scalar head is new: it trains in full beside the adapters (peft keeps it for SEQ_CLS)
-        lora = LoraConfig(task_type="SEQ_CLS", r=config.lora_r, lora_alpha=config.lora_alpha, target_modules="all-linear")
+        lora = LoraConfig(
+            task_type="SEQ_CLS",
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            target_modules="all-linear",
+        )
         network = get_peft_model(network, lora)
     elif config.train_layers >= 0:
         _freeze_below(network, config.train_layers)
@@ -255,28 +423,61 @@ def train_reward_model(
     train_pairs = _Pairs(tokenizer, prompt_format, train_items, config.max_length)
     eval_pairs = _Pairs(tokenizer, prompt_format, held_out, config.max_length)
     shuffler = torch.Generator().manual_seed(config.seed)
-    train_loader = DataLoader(train_pairs, batch_size=config.batch_size, shuffle=True, generator=shuffler, collate_fn=train_pairs.collate)
-    eval_loader = DataLoader(eval_pairs, batch_size=config.batch_size, collate_fn=eval_pairs.collate)
+    train_loader = DataLoader(
+        train_pairs,
+        batch_size=config.batch_size,
+        shuffle=True,
+        generator=shuffler,
+        collate_fn=train_pairs.collate,
+    )
+    eval_loader = DataLoader(
+        eval_pairs, batch_size=config.batch_size, collate_fn=eval_pairs.collate
+    )
     steps_per_epoch = math.ceil(len(train_pairs) / (config.batch_size * accelerator.num_processes))
-    total_steps = config.max_steps if config.max_steps > 0 else max(1, math.ceil(config.epochs * steps_per_epoch))
-    optimizer = torch.optim.AdamW([p for p in network.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=config.weight_decay)
-    schedule = get_linear_schedule_with_warmup(optimizer, int(config.warmup_ratio * total_steps), total_steps)
-    network, optimizer, train_loader, eval_loader, schedule = accelerator.prepare(network, optimizer, train_loader, eval_loader, schedule)
+    total_steps = (
+        config.max_steps
+        if config.max_steps > 0
+        else max(1, math.ceil(config.epochs * steps_per_epoch))
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in network.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+    )
+    schedule = get_linear_schedule_with_warmup(
+        optimizer, int(config.warmup_ratio * total_steps), total_steps
+    )
+    # DeepSpeed's batch size is the loop's; no gradient clipping, as in the plain loop
+    launch.configure_deepspeed(accelerator, config.batch_size, 1, 0.0)
+    network, optimizer, train_loader, eval_loader, schedule = accelerator.prepare(
+        network, optimizer, train_loader, eval_loader, schedule
+    )
 
     if not accelerator.is_main_process:  # one process reports for all
         log.setLevel(logging.WARNING)
-    log.info("training a reward model on %d pairs (%d held out), %d steps", len(train_pairs), len(eval_pairs), total_steps)
-    summary: dict[str, Any] = {"train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs), "steps": total_steps}
+    log.info(
+        "training a reward model on %d pairs (%d held out), %d steps",
+        len(train_pairs),
+        len(eval_pairs),
+        total_steps,
+    )
+    summary: dict[str, Any] = {
+        "train_pairs": len(train_pairs),
+        "eval_pairs": len(eval_pairs),
+        "steps": total_steps,
+    }
+    tracking.start(accelerator, "farm-rm-train", asdict(config))
     with contextlib.ExitStack() as stack:
-        folder = stack.enter_context(atomic_path(output_dir)) if accelerator.is_main_process else None
-        metrics = None
-        if folder is not None:
-            folder.unlink()
-            folder.mkdir()
-            metrics = stack.enter_context(open(folder / METRICS_FILE, "w"))
+        main = accelerator.is_main_process
+        folder = stack.enter_context(model_folder(output_dir, main_process=main))
+        metrics = stack.enter_context(MetricsWriter(folder / METRICS_FILE, "reward", enabled=main))
         started, step, window = time.time(), 0, []
         network.train()
-        bar = progress(total=total_steps, desc="reward model") if accelerator.is_main_process else None
+        bar = (
+            progress(total=total_steps, desc="reward model")
+            if accelerator.is_main_process
+            else None
+        )
         while step < total_steps:
             for batch in train_loader:
                 reward_1, reward_2 = _rewards(network, batch)
@@ -287,44 +488,70 @@ def train_reward_model(
                 optimizer.zero_grad()
                 step += 1
                 right, counted = _pair_stats(reward_1.detach(), reward_2.detach(), batch["target"])
-                row = {"step": step, "epoch": round(step / steps_per_epoch, 4), "loss": float(loss.detach()), "accuracy": right / counted if counted else None,
-                       "learning_rate": schedule.get_last_lr()[0], "seconds": round(time.time() - started, 2)}
+                row = {
+                    "step": step,
+                    "epoch": round(step / steps_per_epoch, 4),
+                    "loss": float(loss.detach()),
+                    "accuracy": right / counted if counted else None,
+                    "learning_rate": schedule.get_last_lr()[0],
+                    "elapsed_s": round(time.time() - started, 2),
+                }
                 window.append(row["loss"])
-                if config.eval_every and step % config.eval_every == 0 and step < total_steps and len(eval_pairs):
+                if (
+                    config.eval_every
+                    and step % config.eval_every == 0
+                    and step < total_steps
+                    and len(eval_pairs)
+                ):
                     row.update(_evaluate(accelerator, network, eval_loader))
                 if step == total_steps and len(eval_pairs):
                     row.update(_evaluate(accelerator, network, eval_loader))
                     summary.update({k: row[k] for k in ("eval_loss", "eval_accuracy")})
-                if metrics is not None:
-                    metrics.write(json.dumps(row) + "\n")
-                    metrics.flush()
+                metrics.write(**row)
+                tracking.log(accelerator, row, step)
                 if bar is not None:
                     bar.update(1)
                 if step >= total_steps:
                     break
         if bar is not None:
             bar.close()
-        summary["first_loss"], summary["final_loss"] = window[0], sum(window[-10:]) / len(window[-10:])
+        summary["first_loss"], summary["final_loss"] = (
+            window[0],
+            sum(window[-10:]) / len(window[-10:]),
+        )
         summary["seconds"] = round(time.time() - started, 1)
+        tracking.finish(accelerator)
         accelerator.wait_for_everyone()
-        if folder is not None:
-            metrics.close()
-            trained = accelerator.unwrap_model(network)
-            if config.lora:
-                trained = trained.merge_and_unload()
-            trained.save_pretrained(folder)
+        # every process takes part: under ZeRO-3 each holds a shard, gathered whole to save
+        with launch.full_weights(accelerator, network) as trained:
+            if main:
+                metrics.close()
+                if config.lora:
+                    trained = trained.merge_and_unload()
+                trained.save_pretrained(folder)
+        if main:
             tokenizer.save_pretrained(folder)
-            meta = {
-                "tool": "farm-rm-train", "kind": "reward_model", "base_model": str(model),
-                "prompt_template": prompt_format.template, "seed": config.seed, "config": asdict(config),
-                "inputs": {}, "versions": package_versions(), "training": summary,
-            }
+            meta = model_meta(
+                "farm-rm-train",
+                "reward_model",
+                model,
+                prompt_format.template,
+                config.seed,
+                asdict(config),
+                {},
+                training=summary,
+                launch=launch.launch_record(accelerator),
+            )
             meta.update(meta_extra or {})
             write_meta(folder, meta)
     if "eval_accuracy" in summary:
-        log.info("held-out pairwise accuracy %.3f on %d pairs (loss %.4f)", summary["eval_accuracy"], len(eval_pairs), summary["eval_loss"])
+        log.info(
+            "held-out pairwise accuracy %.3f on %d pairs (loss %.4f)",
+            summary["eval_accuracy"],
+            len(eval_pairs),
+            summary["eval_loss"],
+        )
     return summary
-
 
 
 def _freeze_below(network: Any, keep: int) -> None:
@@ -332,13 +559,17 @@ def _freeze_below(network: Any, keep: int) -> None:
     backbone = getattr(network, network.base_model_prefix, None)
     blocks = getattr(backbone, "layers", None)
     if blocks is None:
-        raise FarmError(f"{type(network).__name__}: no `layers` list of transformer blocks; use --lora instead of --train-layers")
+        raise FarmError(
+            f"{type(network).__name__}: no `layers` list of transformer blocks; use --lora instead of --train-layers"
+        )
     network.requires_grad_(False)
     network.score.requires_grad_(True)
     if keep > 0:
         for block in list(blocks)[-keep:]:
             block.requires_grad_(True)
-        if getattr(backbone, "norm", None) is not None:  # the final norm sits between the top block and the head
+        if (
+            getattr(backbone, "norm", None) is not None
+        ):  # the final norm sits between the top block and the head
             backbone.norm.requires_grad_(True)
 
 

@@ -19,7 +19,9 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum()
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
+def masked_mean(
+    values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None
+) -> torch.Tensor:
     """Mean over the entries where mask is 1, over all processes when `reduce` sums across them."""
     total = torch.stack([masked_sum(values, mask), mask.sum().to(values.dtype)])
     if reduce is not None:
@@ -27,13 +29,17 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None 
     return total[0] / total[1].clamp(min=1)
 
 
-def masked_var(values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None) -> torch.Tensor:
+def masked_var(
+    values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None
+) -> torch.Tensor:
     """Population variance over the masked entries (all processes with `reduce`)."""
     mean = masked_mean(values, mask, reduce)
     return masked_mean((values - mean) ** 2, mask, reduce)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, reduce: Reduce | None = None) -> torch.Tensor:
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, reduce: Reduce | None = None
+) -> torch.Tensor:
     """Normalize to unit variance (and zero mean when shift_mean) using only the masked entries.
 
     Padding neither enters the statistics nor keeps a value: masked-out entries come back as 0.
@@ -54,20 +60,59 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     return (positions * mask.long()).max(dim=1).values
 
 
+def kl_estimate(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from the sampled tokens' log-probabilities.
+
+    k1: log pi - log pi_ref, unbiased, negative on some tokens. clamped: k1 floored at 0 (AlpacaFarm's),
+    biased upwards. k3: (r - 1) - log r with r = pi_ref / pi, unbiased and never negative (Schulman's
+    "Approximating KL divergence", 2020)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "clamped":
+        return log_ratio.clamp(min=0.0)
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
 def kl_penalized_rewards(
-    scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, kl_coef: float
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    estimator: str = "k1",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token rewards: -kl_coef * (log pi - log pi_ref) on every response token, plus the reward
-    model's score on the last one. Returns (rewards, per-token KL), both zero on padding."""
-    kl = (logprobs - ref_logprobs) * mask
+    """Per-token rewards: -kl_coef * KL estimate (see kl_estimate) on every response token, plus the
+    reward model's score on the last one. Returns (rewards, per-token KL estimate), both zero on padding."""
+    kl = kl_estimate(logprobs, ref_logprobs, estimator) * mask
     rewards = -kl_coef * kl
     rows = torch.arange(mask.shape[0], device=mask.device)
     rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)
     return rewards * mask, kl
 
 
+def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
+    """Learning-rate factor after `done` scheduler steps: rises linearly to 1 over `warmup` steps, then
+    falls linearly to 0 at `total` (what AlpacaFarm's PPO and Quark ran)."""
+
+    def factor(done: int) -> float:
+        if done < warmup:
+            return (done + 1) / warmup
+        return max(0.0, 1.0 - (done - warmup) / max(1, total - warmup))
+
+    return factor
+
+
 def generalized_advantages(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over each response (padding after the end carries no reward and no value).
 
@@ -89,7 +134,12 @@ def generalized_advantages(
 
 
 def clipped_policy_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float, tokens: Any = None
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    tokens: Any = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's pessimistic surrogate: mean over tokens of max(-A r, -A clip(r, 1-clip, 1+clip)),
     r = pi/pi_old. `tokens` is the count to divide by (the whole minibatch's, when it is split into
@@ -108,7 +158,12 @@ def clipped_policy_loss(
 
 
 def clipped_value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float, tokens: Any = None
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    tokens: Any = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """0.5 * mean over tokens of max((V - R)^2, (V_clipped - R)^2), V_clipped kept within `clip` of
     the rollout's value. Returns (loss, stats)."""
@@ -118,11 +173,16 @@ def clipped_value_loss(
     clipped_error = (clipped_values - returns) ** 2
     loss = 0.5 * masked_sum(torch.maximum(unclipped_error, clipped_error), mask) / count
     with torch.no_grad():
-        stats = {"value_clip_fraction": masked_sum((clipped_error > unclipped_error).float(), mask) / count}
+        stats = {
+            "value_clip_fraction": masked_sum((clipped_error > unclipped_error).float(), mask)
+            / count
+        }
     return loss, stats
 
 
-def response_mask(response_ids: torch.Tensor, eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def response_mask(
+    response_ids: torch.Tensor, eos_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask, finished): 1 on each response token up to and including the first end-of-sequence
     token, 0 after it (padding, which may share the eos id); finished says whether the row ended."""
     is_eos = response_ids == eos_token_id

@@ -20,7 +20,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from farmkit import distributed
 from farmkit.io import FarmError
+from farmkit.methods.config import ModelArgs, TrackingArgs, shared_field
+from farmkit.metrics import METRICS_FILE, from_trainer_log, write_metrics
 from farmkit.records import Comparison
 
 log = logging.getLogger("farmkit")
@@ -31,30 +34,56 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(ModelArgs, TrackingArgs):
     """Every setting of an SFT run; farm-sft's options carry the same help text."""
 
-    epochs: float = field(default=3.0, metadata={"help": "Passes over the demonstrations (AlpacaFarm's SFT: 3)."})
-    max_steps: int = field(default=-1, metadata={"help": "Stop after this many optimizer steps (overrides --epochs; -1: no limit)."})
-    learning_rate: float = field(default=2e-5, metadata={"help": "Peak learning rate (AlpacaFarm's SFT: 2e-5; LoRA wants about 1e-4 to 1e-3)."})
+    epochs: float = shared_field("epochs", 3.0)  # AlpacaFarm's SFT: 3
+    max_steps: int = shared_field("max_steps", -1)
+    learning_rate: float = shared_field("learning_rate", 2e-5)  # AlpacaFarm's SFT: 2e-5
     batch_size: int = field(default=8, metadata={"help": "Sequences per device per forward pass."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Forward passes per optimizer step (effective batch = batch size x this x processes)."})
-    warmup_ratio: float = field(default=0.03, metadata={"help": "Fraction of the steps spent warming the learning rate up."})
-    lr_scheduler: str = field(default="cosine", metadata={"help": "Learning-rate schedule (a transformers scheduler name: cosine, linear, constant...)."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    max_length: int = field(default=512, metadata={"help": "Longest training sequence in tokens (prompt + response); longer ones are cut at the end."})
-    template: str = field(default="auto", metadata={"help": "Prompt template: auto (the one the model folder records, else its chat template, else alpaca), chat or alpaca.",
-                                                    "choices": ("auto", "chat", "alpaca")})
-    seed: int = field(default=0, metadata={"help": "Seed for initialisation, shuffling and dropout."})
-    lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter (peft) instead of all weights; it is merged before saving."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (alpha / r scales the adapter)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."})
-    save_steps: int = field(default=0, metadata={"help": "Write a resumable checkpoint every this many steps into DIR.checkpoints (0: none)."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the newest checkpoint in DIR.checkpoints, if there is one."})
-    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every this many steps."})
-    device: str = field(default="auto", metadata={"help": "auto (a GPU if present, else the CPU), cpu, cuda, cuda:1..."})
-    deepspeed: str | None = field(default=None, metadata={"help": "DeepSpeed config: zero2, zero3 (shipped) or a JSON file; use with accelerate launch."})
+    gradient_accumulation_steps: int = shared_field("gradient_accumulation_steps", 1)
+    warmup_ratio: float = shared_field("warmup_ratio", 0.03)
+    lr_scheduler: str = field(
+        default="cosine",
+        metadata={
+            "help": "Learning-rate schedule (a transformers scheduler name: cosine, linear, constant...)."
+        },
+    )
+    weight_decay: float = shared_field("weight_decay", 0.0)
+    max_length: int = field(
+        default=512,
+        metadata={
+            "help": "Longest training sequence in tokens (prompt + response); longer ones are cut at the end."
+        },
+    )
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
+    lora_dropout: float = field(
+        default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."}
+    )
+    save_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Write a resumable checkpoint every this many steps into DIR.checkpoints (0: none)."
+        },
+    )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue from the newest checkpoint in DIR.checkpoints, if there is one."
+        },
+    )
+    logging_steps: int = field(
+        default=10, metadata={"help": "Log the training loss every this many steps."}
+    )
+    device: str = shared_field("device", "auto")
+    deepspeed: str | None = field(
+        default=None,
+        metadata={
+            "help": "DeepSpeed config: zero2, zero3 (shipped) or a JSON file; use with accelerate launch."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.epochs <= 0 and self.max_steps <= 0:
@@ -71,21 +100,25 @@ class SFTConfig:
             raise ValueError("template must be auto, chat or alpaca")
         if self.save_steps < 0:
             raise ValueError("save_steps must be >= 0")
-        if self.lora and self.lora_r < 1:
-            raise ValueError("lora_r must be at least 1")
+        if self.lora and self.lora_rank < 1:
+            raise ValueError("lora-rank must be at least 1")
 
 
 # ---------------------------------------------------------------------------------------------
 # Turning records into demonstrations
 
 
+def _example(item: Comparison, output: str, **extra: str) -> dict:
+    """One SFT example from a comparison; a multi-turn prompt's messages only where it has them."""
+    example = {"instruction": item.instruction, "input": item.input, "output": output, **extra}
+    if item.messages:
+        example["messages"] = item.messages
+    return example
+
+
 def feedme_examples(items: Iterable[Comparison]) -> list[dict[str, str]]:
     """Binary FeedME: the preferred output of each comparison as a demonstration (ties left out)."""
-    return [
-        {"instruction": item.instruction, "input": item.input, "output": item.chosen}
-        for item in items
-        if item.target != 0.5
-    ]
+    return [_example(item, item.chosen) for item in items if item.target != 0.5]
 
 
 def conditioning_examples(
@@ -96,8 +129,8 @@ def conditioning_examples(
     for item in items:
         if item.target == 0.5:
             continue
-        examples.append({"instruction": item.instruction, "input": item.input, "output": item.chosen, "control": positive})
-        examples.append({"instruction": item.instruction, "input": item.input, "output": item.rejected, "control": negative})
+        examples.append(_example(item, item.chosen, control=positive))
+        examples.append(_example(item, item.rejected, control=negative))
     return examples
 
 
@@ -106,20 +139,35 @@ def training_text(tokenizer: Any, prompt_format: Any, example: dict[str, Any]) -
     followed by the end-of-sequence token so that the model learns to stop."""
     from farmkit.models import response_end
 
-    prompt = prompt_format.prompt(tokenizer, example["instruction"], example.get("input") or "", control=example.get("control"))
+    prompt = prompt_format.prompt(
+        tokenizer,
+        example["instruction"],
+        example.get("input") or "",
+        control=example.get("control"),
+        messages=example.get("messages"),
+    )
     return prompt, example["output"] + response_end(tokenizer)
+
+
+def training_ids(
+    tokenizer: Any, prompt_format: Any, example: dict[str, Any]
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids) of one demonstration. The prompt is tokenized on its own and without
+    special tokens, exactly as generation tokenizes it, so a method trains on the very context the
+    model later samples from; the completion is the output and its end token. SFT and DPO use this."""
+    prompt, completion = training_text(tokenizer, prompt_format, example)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"], tokenizer(
+        completion, add_special_tokens=False
+    )["input_ids"]
 
 
 def tokenize_examples(
     tokenizer: Any, prompt_format: Any, examples: Sequence[dict[str, Any]], max_length: int
 ) -> list[dict[str, list[int]]]:
-    """Token ids and completion masks. The prompt is tokenized on its own, exactly as generation
-    tokenizes it, so the model is trained on the very context it later samples from."""
+    """Token ids and completion masks (see `training_ids`); a sequence is cut at max_length."""
     rows = []
     for example in examples:
-        prompt, completion = training_text(tokenizer, prompt_format, example)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        prompt_ids, completion_ids = training_ids(tokenizer, prompt_format, example)
         input_ids = (prompt_ids + completion_ids)[:max_length]
         mask = ([0] * len(prompt_ids) + [1] * len(completion_ids))[:max_length]
         if any(mask):
@@ -127,7 +175,13 @@ def tokenize_examples(
     return rows
 
 
-def completion_loss(model: Any, tokenizer: Any, prompt_format: Any, examples: Sequence[dict[str, Any]], max_length: int = 512) -> float:
+def completion_loss(
+    model: Any,
+    tokenizer: Any,
+    prompt_format: Any,
+    examples: Sequence[dict[str, Any]],
+    max_length: int = 512,
+) -> float:
     """Mean cross-entropy per response token of `model` on the demonstrations (prompt tokens excluded)."""
     import torch
 
@@ -141,7 +195,10 @@ def completion_loss(model: Any, tokenizer: Any, prompt_format: Any, examples: Se
             labels[0, torch.tensor(row["completion_mask"], device=device) == 0] = -100
             logits = model(input_ids=ids).logits[:, :-1]
             losses = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+                logits.reshape(-1, logits.shape[-1]).float(),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
             )
             total += float(losses)
             count += int((labels[:, 1:] != -100).sum())
@@ -163,14 +220,20 @@ def _deepspeed_config(name: str | None) -> str | None:
     raise FarmError(f"DeepSpeed config {name!r}: expected zero2, zero3 or a JSON file")
 
 
-def _is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def checkpoint_dir(output_dir: str | os.PathLike) -> Path:
     """Where resumable checkpoints of a run writing `output_dir` live (beside it, removed on success)."""
     target = Path(output_dir)
     return target.with_name(target.name + ".checkpoints")
+
+
+def trained_tokens(trainer: Any) -> int | None:
+    """Tokens TRL's trainer read in its training forward passes (prompt and response, padding left
+    out, every epoch counted): its running total, else the last logged num_tokens."""
+    total = getattr(trainer, "_total_train_tokens", None)
+    if isinstance(total, int | float) and total > 0:
+        return int(total)
+    logged = [entry["num_tokens"] for entry in trainer.state.log_history if "num_tokens" in entry]
+    return int(logged[-1]) if logged else None
 
 
 def _add_control_tokens(model: Any, tokenizer: Any, examples: Sequence[dict[str, Any]]) -> None:
@@ -180,7 +243,9 @@ def _add_control_tokens(model: Any, tokenizer: Any, examples: Sequence[dict[str,
     vocabulary = tokenizer.get_vocab()
     new = [token for token in controls if token not in vocabulary]
     if new:
-        tokenizer.add_special_tokens({"extra_special_tokens": new}, replace_extra_special_tokens=False)
+        tokenizer.add_special_tokens(
+            {"extra_special_tokens": new}, replace_extra_special_tokens=False
+        )
         model.resize_token_embeddings(len(tokenizer))
 
 
@@ -190,6 +255,7 @@ def train_sft(
     output_dir: str | os.PathLike,
     config: SFTConfig,
     meta_extra: dict[str, Any] | None = None,
+    tracker_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `model` on demonstrations and write an HF folder with meta.json at `output_dir`.
 
@@ -204,11 +270,12 @@ def train_sft(
     from trl import SFTConfig as TRLConfig
     from trl import SFTTrainer
 
+    from farmkit.methods import launch
+    from farmkit.modelio import model_folder, model_meta
     from farmkit.models import (
         PromptFormat,
         choose_device,
         load_causal_lm,
-        package_versions,
         read_meta,
         resolve,
         write_meta,
@@ -220,7 +287,9 @@ def train_sft(
     device = choose_device(config.device)
     on_gpu = device.startswith("cuda")
     # fp32 master weights on the CPU; the Trainer moves them to this process's device (one GPU per rank)
-    network, tokenizer = load_causal_lm(path, device="cpu", dtype="float32")
+    # loaded whole even where an earlier round's Trainer set up ZeRO-3 in this process
+    with launch.whole_models():
+        network, tokenizer = load_causal_lm(path, device="cpu", dtype="float32")
     tokenizer.padding_side = "right"
     # a base model's own sampling control token must not leak into demonstrations that carry none
     prompt_format = replace(PromptFormat.for_model(path, config.template), control=None)
@@ -229,14 +298,19 @@ def train_sft(
     _add_control_tokens(network, tokenizer, examples)
     rows = tokenize_examples(tokenizer, prompt_format, examples, config.max_length)
     if not rows:
-        raise FarmError(f"every demonstration's prompt is longer than max_length={config.max_length}")
+        raise FarmError(
+            f"every demonstration's prompt is longer than max_length={config.max_length}"
+        )
 
     peft_config = None
     if config.lora:
         from peft import LoraConfig
 
         peft_config = LoraConfig(
-            task_type="CAUSAL_LM", r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+            task_type="CAUSAL_LM",
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
             target_modules="all-linear",
         )
         # New control tokens keep their initial embeddings under LoRA: TRL computes the loss from the
@@ -244,10 +318,20 @@ def train_sft(
         # initial rows are distinct random draws, so the adapters still learn to tell them apart.
 
     checkpoints = checkpoint_dir(output_dir)
+    had_checkpoints = checkpoints.exists()
     quiet = log.getEffectiveLevel() > logging.INFO
+    from farmkit.methods import tracking
+
+    report_to, callbacks = tracking.trainer_reporting(
+        config.report_to,
+        tracker_dir or tracking.tracker_dir(output_dir),
+        main_process=distributed.is_main(),
+    )
     with warnings.catch_warnings():
         # TRL's own config still sets transformers' deprecated gradient_checkpointing alias
-        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*gradient_checkpointing.*", category=FutureWarning
+        )
         args = TRLConfig(
             output_dir=str(checkpoints),
             num_train_epochs=config.epochs,
@@ -263,24 +347,41 @@ def train_sft(
             seed=config.seed,
             data_seed=config.seed,
             logging_steps=config.logging_steps,
+            logging_first_step=True,  # metrics.jsonl gets a row even from a short run
             save_strategy="steps" if config.save_steps else "no",
             save_steps=config.save_steps or 500,
-            report_to="none",
+            report_to=report_to,
             disable_tqdm=quiet,
-            use_cpu=not on_gpu,
+            use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
             gradient_checkpointing=False,
             deepspeed=_deepspeed_config(config.deepspeed),
             dataset_num_proc=None,
         )
     trainer = SFTTrainer(
-        model=network, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, peft_config=peft_config
+        model=network,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=callbacks,
     )
+    accelerator = trainer.accelerator
+    try:
+        launch.refuse_lora_under_zero3(accelerator, config.lora)
+    except FarmError:
+        if not had_checkpoints:  # the Trainer made its output folder: a refused run leaves nothing
+            shutil.rmtree(checkpoints, ignore_errors=True)
+        raise
     if quiet:
         trainer.remove_callback(PrinterCallback)
     resume_from = None
     if config.resume:
-        found = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])) if checkpoints.is_dir() else []
+        found = (
+            sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+            if checkpoints.is_dir()
+            else []
+        )
         if found:
             resume_from = str(found[-1])
             log.info("resuming from %s", resume_from)
@@ -293,10 +394,8 @@ def train_sft(
 
     # Every rank takes part in saving (ZeRO-3 gathers shards); rank 0 alone finishes the folder.
     target = Path(output_dir)
-    partial = target.with_name(f".{target.name}.partial")
     if config.lora:
         trainer.model = trainer.model.merge_and_unload()
-    trainer.save_model(str(partial))
     summary = {
         "output_dir": str(target),
         "examples": len(rows),
@@ -304,26 +403,38 @@ def train_sft(
         "train_loss": result.training_loss,
         "losses": losses,
         "prompt_template": template,
+        "training_tokens": trained_tokens(trainer),
     }
-    if _is_main_process():
-        tokenizer.padding_side = "left"
-        tokenizer.save_pretrained(partial)
-        meta = {
-            "tool": "farm-sft",
-            "kind": "policy",
-            "base_model": str(Path(model).resolve()) if Path(str(model)).is_dir() else str(model),
-            "base_model_meta": read_meta(path) or None,
-            "prompt_template": template,
-            "seed": config.seed,
-            "config": asdict(config),
-            "inputs": {},
-            "versions": package_versions(),
-            "training": {key: summary[key] for key in ("examples", "steps", "train_loss")},
-        }
-        meta.update(meta_extra or {})
-        write_meta(partial, meta)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
+    main = accelerator.is_main_process
+    with model_folder(target, main_process=main) as folder:
+        if launch.zero_stage(accelerator) == 3:
+            # the Trainer's own save writes a ZeRO checkpoint, not weights, unless the config asks
+            # for gathered weights: gather them here whatever the config says
+            with launch.full_weights(accelerator, trainer.model_wrapped) as whole:
+                if main:
+                    whole.save_pretrained(folder)
+        else:
+            trainer.save_model(str(folder))
+        if main:
+            tokenizer.padding_side = "left"
+            tokenizer.save_pretrained(folder)
+            meta = model_meta(
+                "farm-sft",
+                "policy",
+                model,
+                template,
+                config.seed,
+                asdict(config),
+                {},
+                base_model_meta=read_meta(path) or None,
+                training={key: summary[key] for key in ("examples", "steps", "train_loss")},
+                launch=launch.launch_record(accelerator),
+            )
+            meta.update(meta_extra or {})
+            write_meta(folder, meta)
+            write_metrics(folder / METRICS_FILE, from_trainer_log("sft", trainer.state.log_history))
+    if main:
         shutil.rmtree(checkpoints, ignore_errors=True)
+    # no process reads the folder (expert iteration's next round) before the main one has renamed it
+    accelerator.wait_for_everyone()
     return summary

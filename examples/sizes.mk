@@ -1,0 +1,76 @@
+# Size presets of examples/Makefile, one table: a row per variable, a column per SIZE. The CPU
+# presets (ci, demo) run the paper's steps at toy scale; `full` is AlpacaFarm's (Dubois et al., 2023,
+# appendix: SFT 3 epochs, reward model and DPO 1 epoch, PPO ~400 steps with rollout batch 512,
+# best-of-16). A variable set on the command line or in the environment wins over its row.
+# -1 steps means "by epochs"; $$(X) is "whatever X is".
+#
+#                         ci        demo                  full
+N_SFT.sizes             := 24        300                   10000     # demonstrations for SFT
+N_PREF.sizes            := 8         40                    10000     # instructions with 2 samples each, annotated
+N_UNLABELED.sizes       := 8         24                    20000     # prompts for PPO, Quark and expert iteration
+N_VAL.sizes             := 6         20                    2000      # evaluation prompts
+MAX_NEW_TOKENS.sizes    := 16        32                    300
+TRAIN_BATCH.sizes       := 8         8                     16
+GEN_BATCH.sizes         := 16        32                    64
+SFT_STEPS.sizes         := 4         16                    -1        # full: 3 epochs
+RM_STEPS.sizes          := 4         10                    -1        # full: 1 epoch
+METHOD_STEPS.sizes      := 2         6                     -1        # DPO, FeedME, reward conditioning, expert iteration
+DPO_LR.sizes            := 1e-6      1e-5                  1e-6      # farm-dpo --learning-rate (see below)
+BON_N.sizes             := 2         4                     16
+PPO_STEPS.sizes         := 2         12                    400
+PPO_LR.sizes            := 1e-5      5e-5                  1e-5      # farm-ppo --learning-rate (see below)
+ROLLOUT_BATCH.sizes     := 4         8                     512       # PPO rollouts per step, Quark prompts per round
+QUARK_ROUNDS.sizes      := 1         6                     10
+QUARK_LR.sizes          := 1e-5      5e-5                  1e-5      # farm-quark --learning-rate (see below)
+QUARK_CONTROL.sizes     := none      none                  condition # farm-quark --control-token (see the Makefile)
+BOOTSTRAP.sizes         := 100       1000                  1000      # farm-winrate's bootstrap resamples
+BACKEND.sizes           := hf        hf                    vllm      # farm-sample's backend
+OVEROPT_NS.sizes        := 1,2,4     1,2,4,8,16,32,64      1,2,4,8,16,32,64,128,256  # best-of-n sweep of `make overopt`, smallest first
+OO_N_PREF.sizes         := 8         400                   $$(N_PREF)       # pairs both overopt reward models learn from (1 epoch)
+OO_N_UNLABELED.sizes    := 8         64                    $$(N_UNLABELED)  # overopt PPO prompts
+OO_N_VAL.sizes          := 6         40                    $$(N_VAL)        # overopt evaluation prompts (max(OVEROPT_NS) samples each)
+OVEROPT_PPO_STEPS.sizes := 2         12                    400
+OVEROPT_PPO_EVERY.sizes := 1         3                     40        # a PPO checkpoint every so many steps
+EB_STEPS.sizes          := 2         6                     400       # methods-at-equal-budget: PPO, RLOO and GRPO steps
+EB_EVERY.sizes          := 1         2                     40        # a gold-judged checkpoint every so many steps
+EB_K.sizes              := 2         4                     4         # RLOO and GRPO samples per prompt (divides ROLLOUT_BATCH)
+EB_ODPO_ROUNDS.sizes    := 2         2                     4         # online DPO rounds, N_PREF labels over all of them
+EB_BON_NS.sizes         := 1,2       1,2,4                 1,4,16    # best-of-n sweep, smallest first
+
+# The demo column gives PPO and Quark enough updates for their mechanism to show within the
+# 20-minute budget: at the tools' default 1e-5, 3 PPO steps and 2 Quark rounds left the policies where
+# SFT was (PPO's KL -0.003 per token, Quark's 0.0015; training reward +0.270 -> +0.041 and
+# +0.323 -> +0.306). At 5e-5, 12 steps and 6 rounds on the same SFT model and reward model, Quark's
+# rollout reward rose (+0.323 -> +0.522, KL 0.26 per token) and PPO's KL grew from 0 and stayed
+# between 0.10 and 0.40 per token from step 4 on, its reward flat (+0.270 -> +0.318); neither
+# collapsed (README, The demo). DPO at AlpacaFarm's 1e-6 for 6 steps left the policy where it was
+# (implicit reward margin 0.04 at step 6, val answers identical to SFT's, 20 of 20); at 1e-5 its
+# margin on its pairs reached 0.38 by step 6. The full column keeps the tools' defaults.
+#
+# On a GPU machine the full run is
+#   make demo SIZE=full MODEL=/models/llama-7b-sft-base DATA=alpaca_data.jsonl POOL=sim_ann EVAL_POOL=sim_eval GPUS=8
+# with sampling on vLLM (BACKEND=vllm, the full preset's default) and an OpenAI-compatible endpoint
+# for the LLM judges (OPENAI_BASE_URL, OPENAI_API_KEY); GOLD is then a stronger pool or human labels.
+# Each training tool gets a launch it accepts and that fits a 7B model on 80 GB cards (README,
+# "Scaling out": per-GPU memory by calculation, 8 GPUs): DeepSpeed ZeRO-2 for SFT, the reward model,
+# DPO, expert iteration and Quark (Quark refuses ZeRO-3; under DDP it would hold ~154 GB per GPU);
+# ZeRO-3 for PPO (under ZeRO-2 its four models hold ~80 GB per GPU before activations, under ZeRO-3
+# ~56 GB). One step at a time (JOBS=1): each launch takes every GPU. LAUNCH or a tool's own
+# *_LAUNCH on the command line wins.
+
+column.ci := 1
+column.demo := 2
+column.full := 3
+ifeq ($(column.$(SIZE)),)
+$(error SIZE must be ci, demo or full (got '$(SIZE)'))
+endif
+# every row's value in SIZE's column, unless the variable is set already (command line, environment)
+$(foreach row,$(patsubst %.sizes,%,$(filter %.sizes,$(.VARIABLES))),$(eval $(row) ?= $(word $(column.$(SIZE)),$($(row).sizes))))
+
+ifeq ($(SIZE),full)
+GPUS ?= 8
+CONFIGS ?= $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../farmkit/configs)
+LAUNCH ?= accelerate launch --config_file $(CONFIGS)/accelerate_zero2.yaml --num_processes $(GPUS)
+PPO_LAUNCH ?= accelerate launch --config_file $(CONFIGS)/accelerate_zero3.yaml --num_processes $(GPUS)
+JOBS ?= 1
+endif

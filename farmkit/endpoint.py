@@ -1,0 +1,462 @@
+"""The one client for OpenAI-compatible endpoints, shared by farm-annotate's `openai` judges and
+farm-sample's `openai` backend: where the endpoint is and which key it gets, how requests are
+retried, which errors stop a run, and how an endpoint's words are reported without the key.
+
+It speaks HTTP/1.1 over asyncio streams with kept-alive connections (httpx where a proxy is set) and
+parses replies with orjson: the `openai` package's per-request machinery cost milliseconds of CPU per
+reply, which held throughput below the endpoint's limit at short latencies.
+
+Errors fall in three kinds:
+- `EndpointFatal`: retrying cannot fix it (connection refused, host unknown or no connection within
+  the connect timeout, before the endpoint ever answered in this run; 401/403; 404 unknown model or
+  route): the caller stops the run at once.
+- transient (429, 408, 5xx, timeouts, dropped connections, a 200 whose body is not a well-formed
+  completion): retried with exponential backoff that honours Retry-After, then `EndpointFailed`.
+- other 4xx (a request the endpoint rejects): `EndpointFailed` at once, for this request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+MAX_BACKOFF = 60.0
+# seconds to open a connection (TLS included): a healthy endpoint takes well under one; a host that
+# never answers (blackholed, firewalled) is told apart from a slow reply in seconds, not a timeout
+CONNECT_TIMEOUT = 10.0
+FRAGMENT = 8  # a run of this many characters of the key is taken for the key
+# key shapes of the common providers, and bearer tokens, whatever the configured key is
+_KEY_SHAPES = re.compile(
+    r"\b(?:sk|pk|rk|hf|gsk|xai|key)[-_][\w*.-]{6,}|\bBearer\s+\S+|\bAIza[\w-]{10,}", re.IGNORECASE
+)
+
+
+def configured() -> tuple[str | None, str | None]:
+    """(base URL, API key) from OPENAI_BASE_URL and OPENAI_API_KEY; None where unset."""
+    return os.environ.get("OPENAI_BASE_URL") or None, os.environ.get("OPENAI_API_KEY") or None
+
+
+class EndpointFatal(Exception):
+    """An error no retry can fix: the run stops."""
+
+
+class EndpointFailed(Exception):
+    """A request that failed for good (its retries spent, or rejected as it stands). `usage` holds the
+    (prompt, completion) tokens its attempts reported: malformed replies may still have been billed.
+    `over_budget`: the caller's budget refused a retry."""
+
+    def __init__(self, message: str, usage: tuple[int, int] = (0, 0), over_budget: bool = False):
+        super().__init__(message)
+        self.usage, self.over_budget = usage, over_budget
+
+
+class Malformed(Exception):
+    """A 200 reply that is not a well-formed completion (treated as a transient failure); `usage` holds
+    the tokens it reports where it reports them, since the attempt may still be billed."""
+
+    def __init__(self, message: str, usage: tuple[int, int] = (0, 0)):
+        super().__init__(message)
+        self.usage = usage
+
+
+@dataclass
+class Reply:
+    text: str
+    finished: bool  # finish_reason "stop": not cut off by max_tokens
+    prompt_tokens: int  # summed over every attempt the endpoint reported usage for
+    completion_tokens: int
+    attempts: int
+    # the answering attempt gave no count (usage missing or null): the caller adds its own estimate
+    prompt_unreported: bool = False
+    completion_unreported: bool = False
+
+
+def redact(text: str, key: str | None = None) -> str:
+    """`text` with the key blanked: the whole key, any run of FRAGMENT or more of its characters (an
+    endpoint may echo part of a rejected key), and anything shaped like a common provider's key."""
+    key = configured()[1] if key is None else key
+    if key:
+        if len(key) < FRAGMENT:
+            text = text.replace(key, "***")
+        else:
+            grams = {key[i : i + FRAGMENT] for i in range(len(key) - FRAGMENT + 1)}
+            masked = [False] * len(text)
+            for start in range(len(text) - FRAGMENT + 1):
+                if text[start : start + FRAGMENT] in grams:
+                    masked[start : start + FRAGMENT] = [True] * FRAGMENT
+            if any(masked):
+                pieces, previous = [], False
+                for char, hidden in zip(text, masked, strict=True):
+                    if not hidden:
+                        pieces.append(char)
+                    elif not previous:
+                        pieces.append("***")
+                    previous = hidden
+                text = "".join(pieces)
+    return _KEY_SHAPES.sub("***", text)
+
+
+class EndpointClient:
+    """Requests to one endpoint over one connection pool. `stats` counts attempts sent, retries and
+    replies received, for the callers' summaries."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        *,
+        timeout: float,
+        max_retries: int,
+        backoff: float,
+        connections: int = 100,
+        connect_timeout: float | None = None,
+    ):
+        """`timeout`: seconds for a whole request; `connect_timeout`: seconds to open a connection
+        (default: CONNECT_TIMEOUT, or `timeout` where that is shorter)."""
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key
+        self.max_retries, self.backoff = max(0, int(max_retries)), float(backoff)
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:  # a local server needs none
+            headers["Authorization"] = f"Bearer {api_key}"
+        proxied = any(os.environ.get(name) for name in _PROXY_VARIABLES)
+        # streams are the lean path; httpx knows proxies
+        transport = _HttpxTransport if proxied else _StreamTransport
+        connect = min(
+            float(timeout), CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
+        )
+        self._transport = transport(
+            self.base_url, headers, float(timeout), max(1, int(connections)), connect
+        )
+        self.stats = {"requests": 0, "retries": 0, "answered": 0}
+
+    async def complete(
+        self,
+        body: dict[str, Any],
+        chat: bool = True,
+        before_retry: Callable[[int, int], bool] | None = None,
+    ) -> Reply:
+        """The reply to one chat completion (or, with chat=False, a text completion) request.
+        `before_retry(prompt_tokens, completion_tokens)`, given what the attempts so far reported,
+        says whether a retry may be sent (a budget: a malformed reply may have been billed)."""
+        path = "/chat/completions" if chat else "/completions"
+        payload = orjson.dumps(body)
+        attempts = self.max_retries + 1
+        prompt_tokens = completion_tokens = 0
+        last = ""
+        for attempt in range(attempts):
+            wait = None
+            self.stats["requests"] += 1
+            try:
+                response = await self._transport.post(path, payload)
+            except _ConnectFailed as exc:
+                if not self.stats["answered"]:
+                    # never reached at all: a wrong address, a server that is not running or a host
+                    # that does not answer, not a passing fault
+                    raise EndpointFatal(
+                        f"cannot connect to {self.base_url} ({self._reason(exc)}); "
+                        "check OPENAI_BASE_URL"
+                    ) from None
+                last = f"connection failed ({self._reason(exc)})"
+            except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+                last = "timed out"
+            except _Dropped as exc:  # dropped connection, protocol error
+                last = f"connection dropped ({self._reason(exc)})"
+            else:
+                self.stats["answered"] += 1
+                status = response.status_code
+                if status == 200:
+                    try:
+                        text, finished, prompt, completion = _parse(response.content, chat)
+                    except Malformed as exc:
+                        last = f"malformed reply: {exc}"
+                        prompt_tokens, completion_tokens = (
+                            prompt_tokens + exc.usage[0],
+                            completion_tokens + exc.usage[1],
+                        )
+                    else:
+                        return Reply(
+                            text,
+                            finished,
+                            prompt_tokens + (prompt or 0),
+                            completion_tokens + (completion or 0),
+                            attempt + 1,
+                            prompt is None,
+                            completion is None,
+                        )
+                elif status in (401, 403):
+                    raise EndpointFatal(
+                        f"the endpoint {self.base_url} refused the request (HTTP {status}: "
+                        f"{self._message(response)}); check OPENAI_API_KEY and OPENAI_BASE_URL"
+                    )
+                elif status == 404:
+                    raise EndpointFatal(
+                        f"the endpoint {self.base_url} has no model {body.get('model')!r} "
+                        f"(HTTP 404: {self._message(response)})"
+                    )
+                elif status in (408, 409, 429) or status >= 500:
+                    last = f"HTTP {status}: {self._message(response)}"
+                    wait = _retry_after(response.headers)
+                else:
+                    raise EndpointFailed(
+                        f"HTTP {status}: {self._message(response)}",
+                        (prompt_tokens, completion_tokens),
+                    )
+            if attempt + 1 < attempts:
+                if before_retry is not None and not before_retry(prompt_tokens, completion_tokens):
+                    raise EndpointFailed(
+                        f"{last}; not retried: the retry could exceed the budget",
+                        (prompt_tokens, completion_tokens),
+                        over_budget=True,
+                    )
+                self.stats["retries"] += 1
+                backoff = self.backoff * 2**attempt * (0.5 + random.random())
+                await asyncio.sleep(min(MAX_BACKOFF, wait if wait is not None else backoff))
+        raise EndpointFailed(
+            f"{last} (after {attempts} attempts)", (prompt_tokens, completion_tokens)
+        )
+
+    def _reason(self, exc: Exception) -> str:
+        return redact(str(exc) or type(exc).__name__, self.api_key)[:200]
+
+    def _message(self, response: Any) -> str:
+        """The endpoint's error message, short and without the key (OpenAI's quotes part of a rejected key)."""
+        try:
+            detail = orjson.loads(response.content)
+            detail = detail.get("error", detail) if isinstance(detail, dict) else detail
+            message = detail.get("message") if isinstance(detail, dict) else None
+            text = str(message) if message else response.content.decode("utf-8", "replace")
+        except orjson.JSONDecodeError:
+            text = response.content.decode("utf-8", "replace")
+        text = redact(" ".join(text.split()), self.api_key)
+        return text if len(text) <= 200 else text[:197] + "..."
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+
+_PROXY_VARIABLES = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+)
+
+
+class _ConnectFailed(Exception):
+    """No connection could be opened (refused, unknown host, unreachable, no answer in time)."""
+
+
+class _Dropped(Exception):
+    """The connection broke, or the reply was not HTTP."""
+
+
+@dataclass
+class _Response:
+    status_code: int
+    headers: dict[str, str]  # names in lower case
+    content: bytes
+
+
+class _StreamTransport:
+    """HTTP/1.1 over asyncio streams, with a pool of kept-alive connections: about a fifth of httpx's
+    CPU per request. Requests are small JSON posts, so only what chat completions need is spoken."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        timeout: float,
+        connections: int,
+        connect_timeout: float,
+    ):
+        import ssl
+        from urllib.parse import urlsplit
+
+        url = urlsplit(base_url)
+        self.host, self.prefix = url.hostname or "", url.path
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self.head = "".join(
+            f"{name}: {value}\r\n" for name, value in {**headers, "Host": url.netloc}.items()
+        )
+        self.timeout, self.connections, self.connect_timeout = timeout, connections, connect_timeout
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def post(self, path: str, payload: bytes) -> _Response:
+        request = (
+            f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Length: {len(payload)}\r\n\r\n".encode(
+                "latin-1"
+            )
+            + payload
+        )
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not (reader.at_eof() or writer.is_closing()):  # not closed by the server while idle
+                return await asyncio.wait_for(self._exchange(reader, writer, request), self.timeout)
+            writer.close()
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=self.ssl), self.connect_timeout
+            )
+        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+            raise _ConnectFailed(f"no connection within {self.connect_timeout:g} s") from None
+        except OSError as exc:  # refused, unknown host, unreachable, a failed TLS handshake
+            raise _ConnectFailed(str(exc) or type(exc).__name__) from None
+        return await asyncio.wait_for(self._exchange(reader, writer, request), self.timeout)
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+    ) -> _Response:
+        keep = False
+        try:
+            writer.write(request)
+            status_line = await reader.readline()
+            if not status_line:
+                raise _Dropped("the connection was closed before a reply")
+            status = int(status_line.split()[1])
+            headers = {}
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if "content-length" in headers:
+                content = await reader.readexactly(int(headers["content-length"]))
+                keep = headers.get("connection", "").lower() != "close"
+            elif headers.get("transfer-encoding", "").lower() == "chunked":
+                content = await _read_chunked(reader)
+                keep = headers.get("connection", "").lower() != "close"
+            else:
+                content = await reader.read()  # delimited by the server closing the connection
+            return _Response(status, headers, content)
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            # any OSError on an open connection (reset, aborted, a TLS record that fails: ssl.SSLError,
+            # a socket timeout) loses this reply, not the endpoint: retried as a dropped connection
+            raise _Dropped(str(exc) or type(exc).__name__) from None
+        finally:
+            if keep and len(self.idle) < self.connections:
+                self.idle.append((reader, writer))
+            else:
+                writer.close()
+
+    async def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    chunks = []
+    while size := int((await reader.readline()).split(b";")[0], 16):
+        chunks.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+    while (await reader.readline()) not in (b"\r\n", b"\n", b""):  # trailers
+        pass
+    return b"".join(chunks)
+
+
+class _HttpxTransport:
+    """httpx, for endpoints reached through a proxy (it reads the proxy variables)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        timeout: float,
+        connections: int,
+        connect_timeout: float,
+    ):
+        import httpx
+
+        self.base_url, self.httpx, self.connect_timeout = base_url, httpx, connect_timeout
+        self.client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        )
+
+    async def post(self, path: str, payload: bytes) -> _Response:
+        try:
+            response = await self.client.post(self.base_url + path, content=payload)
+        except self.httpx.ConnectError as exc:
+            raise _ConnectFailed(str(exc) or type(exc).__name__) from None
+        except self.httpx.ConnectTimeout:
+            raise _ConnectFailed(f"no connection within {self.connect_timeout:g} s") from None
+        except self.httpx.TimeoutException:
+            raise TimeoutError from None
+        except self.httpx.TransportError as exc:
+            raise _Dropped(str(exc) or type(exc).__name__) from None
+        return _Response(response.status_code, response.headers, response.content)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | None]:
+    """(text, finished, prompt tokens, completion tokens) of a 200 reply, or Malformed saying what is
+    wrong; a token count the reply does not give is None."""
+    try:
+        reply = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise Malformed(f"not JSON: {_snippet(content)}") from None
+    if not isinstance(reply, dict):
+        raise Malformed(f"not a JSON object: {_snippet(content)}")
+    usage = reply.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise Malformed(f"usage is not token counts: {_snippet(orjson.dumps(usage))}")
+    counts = [_count(usage.get(name)) for name in ("prompt_tokens", "completion_tokens")]
+    if any(count == -1 for count in counts):
+        raise Malformed(f"usage is not token counts: {_snippet(orjson.dumps(usage))}")
+    billed = (counts[0] or 0, counts[1] or 0)
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise Malformed(f"no choices: {_snippet(content)}", billed)
+    choice = choices[0]
+    text = choice.get("text")
+    if chat:
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            raise Malformed(f"no message: {_snippet(content)}", billed)
+    if not isinstance(text, str | None):
+        raise Malformed(f"the text is not a string: {_snippet(content)}", billed)
+    return text or "", choice.get("finish_reason") == "stop", counts[0], counts[1]
+
+
+def _count(value: Any) -> int | None:
+    """A usage count: an integer as given, a fraction rounded, None where the endpoint gives none
+    (the caller estimates it), -1 where it is not a count at all (a string, a negative number)."""
+    if value is None:
+        return None
+    if type(value) is int and value >= 0:
+        return value
+    if type(value) is float and math.isfinite(value) and value >= 0:
+        return round(value)
+    return -1
+
+
+def _snippet(content: bytes) -> str:
+    text = " ".join(content[:120].decode("utf-8", "replace").split())
+    return redact(text + ("..." if len(content) > 120 else ""))
+
+
+def _retry_after(headers: Any) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            continue  # an HTTP date: fall back to our own backoff
+    return None

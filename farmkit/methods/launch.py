@@ -1,0 +1,187 @@
+"""What the policy-gradient methods (PPO, Quark) need from accelerate beyond prepare(): the setup that
+really runs (recorded in meta.json), DeepSpeed's batch settings filled in from the method's own, and
+the trained module whole where ZeRO-3 splits it (to generate with it and to save it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+log = logging.getLogger("farmkit")
+
+
+def deepspeed_launched() -> bool:
+    """`accelerate launch --use_deepspeed` (or a DeepSpeed accelerate config) started this process."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def use_cpu(on_gpu: bool) -> bool:
+    """Whether to tell accelerate (or a Trainer's `use_cpu`) to run on the CPU. Without a GPU,
+    accelerate joins torchrun's processes only when told `cpu` (else each runs alone, samples
+    everything and writes the output); but `cpu` also drops DeepSpeed without a word, so a DeepSpeed
+    launch keeps it off (DeepSpeed then runs on the CPU by itself)."""
+    return not on_gpu and not deepspeed_launched()
+
+
+def make_accelerator(cpu: bool = False, **kwargs: Any) -> Any:
+    """An Accelerator that joins the launcher's processes (see `use_cpu`)."""
+    import torch
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=cpu or use_cpu(torch.cuda.is_available()), **kwargs)
+
+
+def zero_stage(accelerator: Any) -> int:
+    """DeepSpeed's ZeRO stage, 0 when DeepSpeed is not in use."""
+    plugin = accelerator.state.deepspeed_plugin
+    return int(plugin.zero_stage) if plugin is not None else 0
+
+
+def launch_record(accelerator: Any = None) -> dict[str, Any]:
+    """meta.json's `launch`: how the run was really distributed (not what a config file asked for):
+    distributed type, processes, ZeRO stage (0: no DeepSpeed) and mixed precision. Read from
+    `accelerator`, else from accelerate's state where a trainer set it up in this process, else
+    from the launcher's environment (a run that used no accelerate at all)."""
+    state = accelerator.state if accelerator is not None else _accelerate_state()
+    if state is None:
+        import torch
+
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        several = "MULTI_GPU" if torch.cuda.is_available() else "MULTI_CPU"
+        return {
+            "distributed_type": several if processes > 1 else "NO",
+            "num_processes": processes,
+            "zero_stage": 0,
+            "mixed_precision": "no",
+        }
+    plugin = state.deepspeed_plugin
+    return {
+        "distributed_type": str(state.distributed_type.value),
+        "num_processes": state.num_processes,
+        "zero_stage": int(plugin.zero_stage) if plugin is not None else 0,
+        "mixed_precision": str(state.mixed_precision),
+    }
+
+
+def _accelerate_state() -> Any:
+    """accelerate's AcceleratorState when an Accelerator (a Trainer's included) exists, else None."""
+    import sys
+
+    if "accelerate" not in sys.modules:
+        return None
+    from accelerate.state import AcceleratorState
+
+    return AcceleratorState() if AcceleratorState._shared_state else None
+
+
+def refuse_lora_under_zero3(accelerator: Any, lora: bool) -> None:
+    """Merging adapters whose base weights ZeRO-3 has split is not supported: say so up front."""
+    from farmkit.io import FarmError
+
+    if lora and zero_stage(accelerator) == 3:
+        raise FarmError(
+            "--lora under ZeRO-3 is not supported (merging split adapters is untested): "
+            "use ZeRO-2, DDP or one process"
+        )
+
+
+def configure_deepspeed(
+    accelerator: Any, micro_batch_size: int, accumulation_steps: int, max_grad_norm: float
+) -> None:
+    """Set DeepSpeed's batch and clipping settings to the method's own (there is no dataloader for
+    accelerate to read them from): the method's options win over the DeepSpeed config, with a warning."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    config = plugin.deepspeed_config
+    wanted = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": accumulation_steps,
+        "train_batch_size": micro_batch_size * accumulation_steps * accelerator.num_processes,
+        "gradient_clipping": max_grad_norm,
+    }
+    for key, value in wanted.items():
+        given = config.get(key, "auto")
+        if given != "auto" and given is not None and float(given) != float(value):
+            log.warning(
+                "DeepSpeed config: %s = %s replaced by %s (from the method's batch options)",
+                key,
+                given,
+                value,
+            )
+        config[key] = value
+
+
+@contextmanager
+def no_zero3_init(accelerator: Any) -> Iterator[None]:
+    """Load models whole: under a ZeRO-3 config with zero3_init, from_pretrained would split even the
+    frozen models (reference, reward model), which no engine then gathers for their forward passes."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        yield
+        return
+    with plugin.zero3_init_context_manager(enable=False), whole_models():
+        yield
+
+
+@contextmanager
+def whole_models() -> Iterator[None]:
+    """from_pretrained loads whole weights inside this block, even after a Trainer set up ZeRO-3 in
+    this process (transformers keeps a weak reference to that config, which outlives the Trainer:
+    a later load for sampling would come out split, with no engine to gather it)."""
+    import transformers.integrations.deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+@contextmanager
+def for_generation(accelerator: Any, model: Any) -> Iterator[Any]:
+    """The unwrapped module to sample from; under ZeRO-3 its weights gathered whole on every process
+    (each process generates a different number of tokens, so per-layer gathering would deadlock)."""
+    if zero_stage(accelerator) != 3:
+        yield accelerator.unwrap_model(model)
+        return
+    import deepspeed
+    from trl.models.utils import add_hooks, remove_hooks
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        remove_hooks(
+            model
+        )  # the engine's per-layer fetch and release, needless with the weights whole
+        try:
+            yield accelerator.unwrap_model(model)
+        finally:
+            add_hooks(model)
+
+
+@contextmanager
+def full_weights(accelerator: Any, model: Any) -> Iterator[Any]:
+    """The unwrapped module with every parameter whole, to save (ZeRO-3 keeps a shard per process;
+    every process must enter, the gathering is collective)."""
+    unwrapped = accelerator.unwrap_model(model)
+    if zero_stage(accelerator) != 3:
+        yield unwrapped
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(unwrapped.parameters()), modifier_rank=None):
+        yield unwrapped
+
+
+def offload_frozen(network: Any, execution_device: str) -> Any:
+    """Keep a frozen model's weights in CPU memory: each layer's weights are copied to
+    `execution_device` only while that layer runs, then dropped (accelerate's cpu_offload), so the
+    model takes about one layer of GPU memory instead of all of it, at the price of the copies."""
+    import torch
+    from accelerate import cpu_offload
+
+    network.to("cpu")
+    return cpu_offload(network, execution_device=torch.device(execution_device))

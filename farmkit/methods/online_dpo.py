@@ -1,0 +1,517 @@
+"""Online (iterative) DPO with a farm-annotate pool in the loop.
+
+Each round samples two answers per prompt from the current policy (at a temperature above 0), has a
+pool label the pairs through farmkit's annotation engine (its cache, its prices and the run's
+--max-cost), saves the labels as ordinary preference records, and trains DPO on them from the
+current policy with the SFT model as the frozen reference. The run lives in OUTPUT-checkpoints/
+beside OUTPUT (as farm-ppo's checkpoints): run.json (the settings its rounds were made with),
+metrics.jsonl (one line a round) and, for each round, round_<r>/:
+
+    preferences.jsonl   the round's labels (preference records, exactly as farm-annotate writes them)
+    labels.json         what labelling them took (requests, cache hits, price...), written after them
+    policy/             the policy after the round's DPO steps (a model folder, farmkit.modelio)
+    round.json          the round's metrics line, written last: the round is finished
+
+A rerun with the same settings takes finished rounds as they are, trains a round whose labels are
+saved from those labels (asking nothing), and labels the rest through the cache, so nothing is paid
+twice; more --rounds continue a finished run. At the end OUTPUT is written whole by farmkit.modelio's
+writer: the last round's policy (weights, tokenizer), metrics.jsonl and meta.json with the run's
+budget accounting (and, with --gold, each round's gold figures in metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farmkit.io import FarmError, RecordWriter, read_records
+from farmkit.methods.config import config_dict, help_field, shared_field
+from farmkit.methods.dpo import DPOConfig
+from farmkit.metrics import metrics_row, write_metrics
+from farmkit.models import META_FILE
+from farmkit.seeds import derive_seed, stable_hash
+
+log = logging.getLogger("farmkit")
+
+TOOL = "farm-online-dpo"
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"  # what the rounds in OUTPUT were made with; a rerun must match it
+DEFAULT_POOL = "sim_ann_offline"
+
+
+@dataclass
+class OnlineDPOConfig(DPOConfig):
+    rounds: int = help_field(
+        3, "Rounds of sample -> label -> train; a rerun with more rounds continues the run."
+    )
+    prompts_per_round: int = help_field(
+        64, "Prompts sampled per round (two answers each: one pair to label per prompt)."
+    )
+    # sampling temperature of the two answers: above 0, or the two would mostly agree
+    temperature: float = shared_field("temperature", 1.0)
+    max_new_tokens: int = shared_field("max_new_tokens", 300)
+    generation_batch_size: int = shared_field("generation_batch_size", 32)
+    epochs: float = shared_field("epochs", 1.0)  # passes over each round's pairs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lora:
+            raise ValueError(
+                "--lora is not available: a round continues the previous round's policy, whose "
+                "adapters off would be the reference instead of the SFT model"
+            )
+        if self.rounds < 1 or self.prompts_per_round < 1:
+            raise ValueError("rounds and prompts-per-round must be at least 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be positive: two greedy answers are the same answer")
+        if self.max_new_tokens < 1 or self.generation_batch_size < 2:
+            raise ValueError("max-new-tokens must be >= 1 and generation-batch-size >= 2")
+
+
+@dataclass
+class Annotation:
+    """How the pool is run: farm-annotate's options."""
+
+    pool: str = DEFAULT_POOL
+    cache: str | None = "default"  # a SQLite file, "default" or None (no cache)
+    max_cost: float | None = None  # USD, over the whole run (all rounds, all reruns)
+    prices: str | None = None
+    flip_rate: float | None = None
+    both_orders: bool = False
+    models: tuple[str, ...] = ()
+    device: str = "auto"
+
+    def load_pool(self) -> Any:
+        from farmkit.annotate.pools import load_pool
+
+        pool = load_pool(self.pool).with_models(list(self.models))
+        if self.flip_rate is not None:
+            pool.flip_rate = self.flip_rate
+        return pool
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def round_seed(seed: int, number: int) -> int:
+    return derive_seed(seed, "online-dpo round", number)
+
+
+def fingerprint(
+    sft: str, prompts_hash: str, config: OnlineDPOConfig, annotation: Annotation, seed: int
+) -> dict[str, Any]:
+    """What decides a round's samples, labels and training; --rounds, --max-cost, the cache and the
+    price table do not (a rerun may change them)."""
+    settings = {
+        key: value
+        for key, value in config_dict(config).items()
+        # nor does the gold judge, which only watches
+        if key not in ("rounds", "generation_batch_size", "gold", "gold_prompts", "gold_size")
+    }
+    return {
+        "sft": str(Path(sft).resolve()) if Path(sft).is_dir() else sft,
+        "prompts": prompts_hash,
+        "seed": seed,
+        "config": settings,
+        "pool": annotation.pool,
+        "flip_rate": annotation.flip_rate,
+        "both_orders": annotation.both_orders,
+        "models": list(annotation.models),
+    }
+
+
+def rounds_folder(output: str | os.PathLike) -> Path:
+    """Where a run's rounds live: OUTPUT-checkpoints beside OUTPUT (the policy folder)."""
+    return Path(f"{str(output).rstrip('/')}-checkpoints")
+
+
+def _check_run(out: Path, expected: dict[str, Any]) -> None:
+    if (out / RUN_FILE).is_file() or any(out.glob("round_*")):
+        raise FarmError(
+            f"{out}: holds the rounds of a run written before they moved to "
+            f"{rounds_folder(out).name}/; move round_*, {RUN_FILE} and {METRICS_FILE} there, or "
+            "use another -o"
+        )
+    output = rounds_folder(out)
+    found = _read_json(output / RUN_FILE)
+    if found is None:
+        if any(output.glob("round_*")):
+            raise FarmError(f"{output}: holds rounds but no {RUN_FILE}; use another -o")
+        output.mkdir(parents=True, exist_ok=True)
+        _write_json(output / RUN_FILE, expected)
+        return
+    if found != expected:
+        changed = sorted(
+            key
+            for key in set(found) | set(expected)
+            if json.dumps(found.get(key), sort_keys=True)
+            != json.dumps(expected.get(key), sort_keys=True)
+        )
+        raise FarmError(
+            f"{output}: its rounds were made with other settings ({', '.join(changed)}); "
+            "rerun with the same ones to continue, or write to another -o"
+        )
+
+
+def _sample_pairs(
+    policy: str,
+    sft: str,
+    records: list[dict[str, Any]],
+    config: OnlineDPOConfig,
+    seed: int,
+    generator: str,
+) -> tuple[list[Any], int]:
+    """Two answers per record from `policy`, as pair items for the engine; and the tokens sampled."""
+    import torch
+
+    from farmkit.annotate.pairs import Item
+    from farmkit.generation import DecodingConfig, generate
+    from farmkit.models import PromptFormat, load_causal_lm
+
+    model, tokenizer = load_causal_lm(policy, device="auto")
+    fmt = PromptFormat.for_model(sft, config.template)  # the prompt DPO trains on
+    prompts = [fmt.record_prompt(tokenizer, record) for record in records]
+    decoding = DecodingConfig(
+        n=2,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        batch_size=config.generation_batch_size,
+    )
+    samples = generate(model, tokenizer, prompts, decoding, seed=seed)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    items, tokens = [], 0
+    for record, (first, second) in zip(records, samples, strict=True):
+        pair = {
+            "instruction": record["instruction"],
+            "input": record.get("input") or "",
+            "output_1": first.text,
+            "output_2": second.text,
+            "generator_1": generator,
+            "generator_2": generator,
+            "sample_index_1": 0,
+            "sample_index_2": 1,
+        }
+        for key in ("id", "messages", "dataset"):
+            if key in record:
+                pair[key] = record[key]
+        items.append(Item(pair))
+        tokens += first.completion_tokens + second.completion_tokens
+    return items, tokens
+
+
+def _fitting(run: Any, items: list[Any], budget: float) -> tuple[list[Any], float]:
+    """The longest prefix of `items` whose expected price stays within `budget`, and that price."""
+    expected = run.estimate(items)["price"]
+    if expected <= budget:
+        return items, expected
+    count = int(len(items) * budget / expected) if expected > 0 else len(items)
+    while count > 0:
+        expected = run.estimate(items[:count])["price"]
+        if expected <= budget:
+            return items[:count], expected
+        count -= 1
+    return [], 0.0
+
+
+def _label(
+    items: list[Any],
+    annotation: Annotation,
+    pool: Any,
+    seed: int,
+    budget: float | None,
+    folder: Path,
+) -> dict[str, Any] | None:
+    """Label `items` with the pool into folder/preferences.jsonl; return what it took (labels.json),
+    or None when --max-cost leaves nothing to ask for."""
+    from farmkit.annotate.run import Run
+
+    with Run(
+        pool,
+        seed=seed,
+        both_orders=annotation.both_orders,
+        cache_path=annotation.cache,
+        prices_path=annotation.prices,
+        max_cost=budget,
+        device=annotation.device,
+    ) as run:
+        cut = False
+        if budget is not None:
+            fitting, _ = _fitting(run, items, budget)
+            if not fitting:
+                return None
+            cut = len(fitting) < len(items)
+            items = fitting
+        folder.mkdir(parents=True, exist_ok=True)
+        with RecordWriter(folder / "preferences.jsonl") as writer:
+            writer.write_all(run.records(items))
+        run.summary()
+        stats = run.annotator.stats
+        return {
+            "pairs": len(items),
+            "requests": stats.requests,
+            "judge_calls": sum(stats.replies.values()),
+            "cache_hits": stats.cache_hits,
+            "noised": stats.noised,
+            "identical": stats.identical,
+            "failures": stats.failures,
+            "skipped_budget": stats.skipped_budget,
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "price": stats.price,
+            "budget_cut": cut or stats.skipped_budget > 0,
+        }
+
+
+def _dpo_summary(policy: Path) -> dict[str, Any]:
+    """First and last logged DPO loss, reward margin and accuracy of a round's training."""
+    path = policy / METRICS_FILE
+    history = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    summary: dict[str, Any] = {"dpo_steps": len(history)}
+    for key, name in (
+        ("loss", "dpo_loss"),
+        ("rewards/margins", "reward_margin"),
+        ("rewards/accuracies", "reward_accuracy"),
+    ):
+        values = [entry[key] for entry in history if key in entry]
+        if values:
+            summary[f"{name}_first"], summary[name] = values[0], values[-1]
+    tokens = [entry["num_tokens"] for entry in history if "num_tokens" in entry]
+    if tokens:
+        summary["training_tokens"] = tokens[-1]
+    return summary
+
+
+def _write_run_metrics(path: Path, rounds: list[dict[str, Any]]) -> None:
+    """The one metrics schema of every trainer: a step is a round, its loss the round's last DPO
+    loss; labels_used, tokens_sampled and training_tokens are running totals over the run."""
+    totals = {"labels_used": 0, "tokens_sampled": 0, "training_tokens": 0}
+    elapsed = 0.0
+    rows = []
+    for entry in rounds:
+        for key in totals:
+            totals[key] += int(entry.get(key) or 0)
+        elapsed += float(entry.get("seconds") or 0)
+        figures = {k: v for k, v in entry.items() if k != "annotation" and k not in totals}
+        rows.append(
+            metrics_row(
+                "online-dpo",
+                entry["round"],
+                entry.get("dpo_loss"),
+                **figures,
+                **totals,
+                elapsed_s=round(elapsed, 3),
+            )
+        )
+    write_metrics(path, rows)
+
+
+def train_online_dpo(
+    sft: str,
+    records: list[dict[str, Any]],
+    output: str,
+    config: OnlineDPOConfig,
+    annotation: Annotation,
+    seed: int = 0,
+    inputs: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run (or continue) the rounds; returns the budget accounting written to meta.json."""
+    # One process only: not rank-aware (under a launcher every process would sample, pay the judges
+    # for the same pairs and write the rounds), and its DPO rounds would not be the DeepSpeed run
+    # launched. Refused before any work, never N copies of the run.
+    from farmkit.methods.launch import deepspeed_launched
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise FarmError(
+            f"farm-online-dpo runs as one process (launched with WORLD_SIZE={os.environ['WORLD_SIZE']}): "
+            "every process would sample, pay the judges and write the rounds; run it without "
+            "torchrun or accelerate launch"
+        )
+    if deepspeed_launched():
+        raise FarmError(
+            "farm-online-dpo does not run under DeepSpeed: run it as one process, without "
+            "accelerate launch --use_deepspeed"
+        )
+    from farmkit.methods.dpo import dpo_pairs, train_dpo
+    from farmkit.methods.rollouts import prompt_order
+    from farmkit.modelio import model_meta
+    from farmkit.models import PromptFormat, file_sha256, load_tokenizer, resolve
+
+    if not records:
+        raise FarmError("no prompts to train on")
+    started = time.perf_counter()
+    out = Path(output)
+    prompts_hash = stable_hash(
+        [[r["instruction"], r.get("input") or "", r.get("messages")] for r in records]
+    )
+    _check_run(out, fingerprint(sft, prompts_hash, config, annotation, seed))
+    pool = annotation.load_pool()
+    run_folder = rounds_folder(out)
+    # the gold judge watches every round's policy (--gold): made before anything is sampled
+    from farmkit.methods.gold import make_gold
+
+    gold = make_gold(
+        config.gold,
+        config.gold_prompts,
+        config.gold_size,
+        records,
+        sft,
+        template=config.template,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=seed,
+        device=annotation.device,
+        batch_size=config.generation_batch_size,
+        cache=annotation.cache,
+        tool=TOOL,
+    )
+    order = prompt_order(len(records), config.rounds * config.prompts_per_round, seed)
+    policy = sft
+    rounds: list[dict[str, Any]] = []
+    stopped = None
+    for number in range(1, config.rounds + 1):
+        folder = run_folder / f"round_{number}"
+        finished = _read_json(folder / "round.json")
+        if finished is not None:
+            rounds.append(finished)
+            if (folder / "policy" / META_FILE).is_file():
+                policy = str(folder / "policy")
+            log.info("round %d: finished before, taken as it is", number)
+            continue
+        round_started = time.perf_counter()
+        labels = _read_json(folder / "labels.json")
+        if labels is not None:
+            log.info("round %d: training on its saved labels (nothing asked)", number)
+        else:
+            spent = sum(r["annotation"]["price"] for r in rounds)
+            budget = None if annotation.max_cost is None else annotation.max_cost - spent
+            chosen = [
+                records[i]
+                for i in order[
+                    (number - 1) * config.prompts_per_round : number * config.prompts_per_round
+                ]
+            ]
+            items, sampled = _sample_pairs(
+                policy, sft, chosen, config, round_seed(seed, number), f"{TOOL}-round{number}"
+            )
+            labels = _label(items, annotation, pool, seed, budget, folder)
+            if labels is None:
+                stopped = (
+                    f"--max-cost: ${budget:.4f} left of ${annotation.max_cost:.4f} pays for no pair "
+                    f"of round {number}"
+                )
+                log.warning("%s; stopping before it", stopped)
+                break
+            labels["tokens_sampled"] = sampled
+            _write_json(folder / "labels.json", labels)
+        prefs = folder / "preferences.jsonl"
+        pairs, counts = dpo_pairs(list(read_records(prefs, "preference")), str(prefs))
+        entry: dict[str, Any] = {
+            "round": number,
+            "labels_used": labels["pairs"],  # paid for, ties and null verdicts included
+            "pairs_trained": len(pairs),
+            "ties": counts.get("tie", 0),
+            "nulls": counts.get("null", 0),
+            "annotator_requests": labels["requests"],
+            "judge_calls": labels["judge_calls"],
+            "cache_hits": labels["cache_hits"],
+            "price": labels["price"],
+            "tokens_sampled": labels["tokens_sampled"],
+            "annotation": labels,
+        }
+        if pairs:
+            trained = train_dpo(
+                sft,
+                pairs,
+                str(folder / "policy"),
+                config,
+                seed=round_seed(seed, number),
+                inputs=[str(prefs)],
+                counts=dict(counts),
+                start_from=policy,
+                tool=TOOL,
+                extra_meta={"round": number},
+                gold=gold,
+            )
+            policy = str(folder / "policy")
+            entry.update(_dpo_summary(folder / "policy"))
+            entry.update({key: value for key, value in trained.items() if key.startswith("gold_")})
+        else:
+            log.warning("round %d: no usable pair (every label a tie or null); not trained", number)
+        entry["seconds"] = round(time.perf_counter() - round_started, 3)
+        _write_json(folder / "round.json", entry)
+        rounds.append(entry)
+        _write_run_metrics(run_folder / METRICS_FILE, rounds)
+        loss = entry.get("dpo_loss")
+        log.info(
+            "round %d: %d labels used (%d trained on, %d ties, %d null), %d requests, "
+            "%d cache hits, $%.4f, dpo loss %s, reward margin %s",
+            number,
+            entry["labels_used"],
+            entry["pairs_trained"],
+            entry["ties"],
+            entry["nulls"],
+            entry["annotator_requests"],
+            entry["cache_hits"],
+            entry["price"],
+            "-" if loss is None else f"{entry['dpo_loss_first']:.4f} -> {loss:.4f}",
+            "-" if loss is None else f"{entry.get('reward_margin', float('nan')):.4f}",
+        )
+        if labels.get("budget_cut"):
+            stopped = f"--max-cost ${annotation.max_cost:.4f} reached in round {number}"
+            log.warning("%s; stopping after it", stopped)
+            break
+    _write_run_metrics(run_folder / METRICS_FILE, rounds)
+    if policy == sft:
+        raise FarmError(
+            f"{output}: no round was trained ({stopped or 'every label a tie or null'})"
+        )
+    # the shape of every method's budget (farmkit.methods.budget), then online DPO's own figures
+    budget = {
+        "labels_used": sum(r["labels_used"] for r in rounds),
+        "tokens_sampled": sum(r["tokens_sampled"] for r in rounds),
+        "training_tokens": sum(int(r.get("training_tokens") or 0) for r in rounds),
+        "wall_seconds": round(sum(r["seconds"] for r in rounds), 3),
+        "max_cost": annotation.max_cost,
+        "spent": sum(r["price"] for r in rounds),
+        "rounds": len(rounds),
+        "pairs_trained": sum(r.get("pairs_trained", 0) for r in rounds),
+        "annotator_requests": sum(r["annotator_requests"] for r in rounds),
+        "judge_calls": sum(r["judge_calls"] for r in rounds),
+        "cache_hits": sum(r["cache_hits"] for r in rounds),
+        "this_run_seconds": round(time.perf_counter() - started, 3),
+        "stopped": stopped,
+    }
+    tokenizer = load_tokenizer(resolve(sft))
+    meta = model_meta(
+        TOOL,
+        "policy",
+        sft,
+        PromptFormat.for_model(sft, config.template).resolved(tokenizer),
+        seed,
+        config_dict(config),
+        {path: file_sha256(path) for path in inputs or []},
+        pool=annotation.pool,
+        policy_round=int(Path(policy).parent.name.split("_")[1]),
+        budget=budget,
+        gold=gold.block() if gold is not None else None,
+    )
+    from farmkit.modelio import copy_model_folder
+
+    copy_model_folder(
+        policy, out, meta, skip=(METRICS_FILE,), extra_files=[run_folder / METRICS_FILE]
+    )
+    return budget

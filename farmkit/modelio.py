@@ -1,0 +1,148 @@
+"""Writing model folders: one writer and one meta.json layout for every tool that trains a model.
+
+A folder is written whole or not at all: the weights, tokenizer and meta.json go into a temporary
+sibling `.NAME.partial` (the same path in every process, since some savers need every rank: ZeRO-3
+gathers its shards), which the main process alone renames onto the target once meta.json is in it.
+
+meta.json always holds: tool, kind (policy, reward_model), base_model, prompt_template, seed, config
+(the resolved configuration), inputs (name -> SHA-256), versions (packages), provenance (farmkit's
+version and the configuration's hash), launch (distributed type, processes, ZeRO stage, precision); a tool adds its own keys beside them (training, pairs...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from farmkit import __version__
+from farmkit.io import FarmError
+from farmkit.models import META_FILE, file_sha256, package_versions, write_meta
+from farmkit.seeds import stable_hash
+
+META_KEYS = (
+    "tool",
+    "kind",
+    "base_model",
+    "prompt_template",
+    "seed",
+    "config",
+    "inputs",
+    "versions",
+    "provenance",
+)
+
+
+def model_meta(
+    tool: str,
+    kind: str,
+    base_model: str | os.PathLike,
+    prompt_template: str,
+    seed: int,
+    config: dict[str, Any],
+    inputs: Mapping[str, str] | Sequence[str] = (),
+    **extra: Any,
+) -> dict[str, Any]:
+    """meta.json of a model folder. `inputs` is {name: hash} or a list of paths to hash; `extra` keys
+    (None values left out) sit beside the common ones. `launch` (the setup that really ran, see
+    farmkit.methods.launch.launch_record) is read from accelerate's state unless given."""
+    from farmkit.methods.launch import launch_record
+
+    base = str(base_model)
+    hashes = (
+        dict(inputs)
+        if isinstance(inputs, Mapping)
+        else {str(path): file_sha256(path) for path in inputs}
+    )
+    meta = {
+        "tool": tool,
+        "kind": kind,
+        "base_model": str(Path(base).resolve()) if Path(base).is_dir() else base,
+        "prompt_template": prompt_template,
+        "seed": seed,
+        "config": config,
+        "inputs": hashes,
+        "versions": package_versions(),
+        "provenance": {
+            "tool": tool,
+            "version": __version__,
+            "config_hash": stable_hash(config)[:12],
+        },
+    }
+    meta.update({key: value for key, value in extra.items() if value is not None})
+    meta.setdefault("launch", launch_record())
+    return meta
+
+
+def partial_path(target: str | os.PathLike) -> Path:
+    target = Path(target)
+    return target.with_name(f".{target.name}.partial")
+
+
+@contextlib.contextmanager
+def model_folder(target: str | os.PathLike, main_process: bool = True) -> Iterator[Path]:
+    """Yield the temporary folder to fill; when the block succeeds, the main process checks that
+    meta.json is there and renames the folder onto `target` (replacing an older one). On failure the
+    temporary folder goes away and `target` is untouched. Other processes may write into the
+    temporary folder (a collective save) but never rename or remove it."""
+    target = Path(target)
+    partial = partial_path(target)
+    if main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    try:
+        yield partial
+        if main_process:
+            if not (partial / META_FILE).is_file():
+                raise FarmError(f"{target}: the model folder was written without {META_FILE}")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(partial, target)
+    except BaseException:
+        if main_process:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def save_model_folder(
+    target: str | os.PathLike,
+    model: Any,
+    tokenizer: Any,
+    meta: dict[str, Any],
+    extra_files: Sequence[str | os.PathLike] = (),
+    extra: Callable[[Path], None] | None = None,
+) -> None:
+    """Write a whole model folder from one process: weights, tokenizer, `extra_files`, what
+    `extra(folder)` adds (a trainer state to resume from) and meta.json."""
+    with model_folder(target) as folder:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        for path in extra_files:
+            if Path(path).exists():
+                shutil.copy(path, folder / Path(path).name)
+        if extra is not None:
+            extra(folder)
+        write_meta(folder, meta)
+
+
+def copy_model_folder(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    meta: dict[str, Any],
+    skip: Sequence[str] = (),
+    extra_files: Sequence[str | os.PathLike] = (),
+) -> None:
+    """Write `target` whole as a copy of the finished model folder `source` (its files, those named
+    in `skip` and its meta.json left out), with `extra_files` and a new meta.json: online DPO's last
+    round's policy becoming the run's output."""
+    with model_folder(target) as folder:
+        for path in Path(source).iterdir():
+            if path.is_file() and path.name not in (META_FILE, *skip):
+                shutil.copyfile(path, folder / path.name)
+        for path in extra_files:
+            if Path(path).exists():
+                shutil.copyfile(path, folder / Path(path).name)
+        write_meta(folder, meta)

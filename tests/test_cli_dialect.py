@@ -1,0 +1,378 @@
+"""One CLI dialect: an option several tools share has the same name, type, default and help in every
+tool that has it (farmkit.cli.SHARED), old names keep working for one release as hidden aliases that
+warn on stderr, and click stays out of the method configs."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+import tomllib
+from conftest import ROOT, run_tool
+
+from farmkit import cli as farm_cli
+from farmkit.methods.config import SHARED_HELP
+from farmkit.methods.dpo import DPOConfig
+from farmkit.methods.ppo import PPOConfig
+from farmkit.methods.quark import QuarkConfig
+from farmkit.methods.reward import RewardConfig
+from farmkit.methods.sft import SFTConfig
+
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+TRAINERS = (
+    "farm-sft",
+    "farm-rm-train",
+    "farm-dpo",
+    "farm-ppo",
+    "farm-quark",
+    "farm-expiter",
+    "farm-rloo",
+    "farm-grpo",
+    "farm-online-dpo",
+)
+# every tool that makes or picks a policy: each has a --gold judge (farmkit.methods.gold)
+POLICY_METHODS = (
+    "farm-ppo",
+    "farm-quark",
+    "farm-dpo",
+    "farm-expiter",
+    "farm-bon",
+    "farm-rloo",
+    "farm-grpo",
+    "farm-online-dpo",
+)
+RECORD_WRITERS = ("farm-sample", "farm-score", "farm-bon", "farm-annotate", "farm-convert")
+OLD_NAMES = ("--lora-r", "--max-response-tokens", "--output-dir", "--sample-batch-size")
+
+
+def command(script: str) -> click.Command:
+    module = importlib.import_module(SCRIPTS[script].split(":")[0])
+    return module.cli
+
+
+def commands() -> list[tuple[str, click.Command]]:
+    """Every command and subcommand, by the name its user types."""
+    found = []
+    for script in SCRIPTS:
+        top = command(script)
+        if isinstance(top, click.Group):
+            found += [(f"{script} {name}", sub) for name, sub in top.commands.items()]
+        else:
+            found.append((script, top))
+    return found
+
+
+def options(cmd: click.Command) -> list[click.Option]:
+    return [param for param in cmd.params if isinstance(param, click.Option)]
+
+
+def shared_name(option: click.Option) -> str | None:
+    """The SHARED concept an option stands for: by its parameter name or by one of its flags."""
+    if option.name in farm_cli.SHARED:
+        return option.name
+    flags = set(option.opts) | set(option.secondary_opts)
+    for name, spec in farm_cli.SHARED.items():
+        if flags & {flag for decl in spec.flags for flag in decl.split("/")}:
+            return name
+    return None
+
+
+def declared_flags(name: str) -> list[str]:
+    return [flag for decl in farm_cli.SHARED[name].flags for flag in decl.split("/")]
+
+
+def test_every_shared_option_reads_the_same_in_every_tool():
+    seen: dict[str, list[str]] = {}
+    for tool, cmd in commands():
+        for option in options(cmd):
+            name = shared_name(option)
+            if name is None:
+                continue
+            spec = farm_cli.SHARED[name]
+            where = f"{tool} {option.opts}"
+            seen.setdefault(name, []).append(tool)
+            assert option.opts + option.secondary_opts == declared_flags(name), where
+            if spec.own_help:  # the shared sentence first, then the tool's own
+                assert option.help.startswith(SHARED_HELP[name] + " "), where
+            else:
+                assert option.help == SHARED_HELP[name], where
+            if spec.type is not click.BOOL:
+                types = [kind.to_info_dict() for kind in (spec.type, *spec.other_types)]
+                assert option.type.to_info_dict() in types, where
+            else:
+                assert option.is_bool_flag, where
+            if not spec.own_default:
+                assert option.default == spec.default, where
+            assert option.show_default, where
+            assert isinstance(option, farm_cli.AliasedOption), where
+            assert set(spec.aliases) <= set(option.aliases), where
+    # the check above saw the options where they are meant to be (a renamed one would slip by)
+    expected = {
+        "num_samples": {"farm-sample", "farm-bon", "farm-expiter"},
+        "seed": {"farm-sample", "farm-bon", "farm-sft", "farm-dpo", "farm-ppo", "farm-quark"},
+        "template": {"farm-sample", "farm-bon", "farm-expiter", "farm-sft", "farm-rm-train"},
+        "device": {"farm-sample", "farm-bon", "farm-score", "farm-expiter", "farm-sft"},
+        "max_new_tokens": {"farm-sample", "farm-bon", "farm-expiter", "farm-ppo", "farm-quark"},
+        "generation_batch_size": {"farm-sample", "farm-bon", "farm-expiter", "farm-quark"},
+        "reward_batch_size": {"farm-score", "farm-bon", "farm-expiter", "farm-ppo"},
+        "lora_rank": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo"},
+        "lora": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", "farm-expiter"},
+        "epochs": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-expiter"},
+        "report_to": set(TRAINERS),
+        "gold": set(POLICY_METHODS),
+        "gold_prompts": set(POLICY_METHODS),
+        "gold_size": set(POLICY_METHODS),
+    }
+    for name, tools in expected.items():
+        assert tools <= set(seen.get(name, ())), (name, sorted(tools - set(seen.get(name, ()))))
+
+
+def test_no_tool_shows_an_old_name_and_every_o_is_output():
+    for tool, cmd in commands():
+        for option in options(cmd):
+            visible = set(option.opts) | set(option.secondary_opts)
+            assert not visible & set(OLD_NAMES), (tool, option.opts)
+            if "-o" in option.opts:
+                assert option.opts == ["-o", "--output"], tool
+        # with the command's own settings: click caches the help option the first context makes
+        help_text = cmd.get_help(click.Context(cmd, info_name=tool, **cmd.context_settings))
+        for old in OLD_NAMES:
+            assert old + " " not in help_text, (tool, old)
+
+
+@pytest.mark.parametrize("tool", TRAINERS)
+def test_trainers_write_the_model_folder_with_one_option(tool):
+    (output,) = [option for option in options(command(tool)) if "-o" in option.opts]
+    assert output.help == farm_cli.MODEL_DIR_HELP
+    assert output.required and "--output-dir" in output.aliases
+
+
+@pytest.mark.parametrize("tool", RECORD_WRITERS)
+def test_record_writers_share_the_output_option(tool):
+    (output,) = [option for option in options(command(tool)) if "-o" in option.opts]
+    (reference,) = [option for option in options(command("farm-sample")) if "-o" in option.opts]
+    assert (output.help, output.default) == (reference.help, reference.default)
+
+
+# (tool, arguments with an old option name, parameter, value it must get)
+ALIASES = [
+    ("farm-sft", ["m", "d", "-o", "out", "--lora-r", "4"], "lora_rank", 4),
+    ("farm-rm-train", ["m", "p", "--output-dir", "out", "--lora-r", "2"], "output_dir", "out"),
+    ("farm-dpo", ["m", "p", "--output-dir", "out"], "output", "out"),
+    ("farm-ppo", ["s", "r", "p", "-o", "out", "--max-response-tokens", "7"], "max_new_tokens", 7),
+    ("farm-quark", ["s", "r", "p", "-o", "o", "--max-response-tokens", "5"], "max_new_tokens", 5),
+    ("farm-sample", ["m", "p", "--batch-size", "5"], "batch_size", 5),
+    ("farm-bon", ["s", "r", "p", "--batch-size", "6"], "batch_size", 6),
+    (
+        "farm-expiter",
+        ["s", "r", "p", "-o", "o", "--sample-batch-size", "3"],
+        "sample_batch_size",
+        3,
+    ),
+    ("farm-score", ["r", "p", "--batch-size", "9"], "batch_size", 9),
+    ("farm-split", ["p", "--output-dir", "splits"], "output_dir", "splits"),
+]
+
+
+@pytest.mark.parametrize(("tool", "args", "name", "value"), ALIASES, ids=[a[0] for a in ALIASES])
+def test_old_names_still_work_and_warn(tool, args, name, value, capsys):
+    cmd = command(tool)
+    with cmd.make_context(tool, list(args)) as context:
+        assert context.params[name] == value
+    old = next(arg for arg in args if arg in (*OLD_NAMES, "--batch-size"))
+    err = capsys.readouterr().err
+    assert f"{tool}: warning: {old} is deprecated" in err
+    assert "use --" in err
+
+
+@pytest.mark.parametrize(
+    ("tool", "head", "name", "value"),
+    [
+        ("farm-sample", ["m", "p"], "n", 3),
+        ("farm-bon", ["s", "r", "p"], "ns", (3,)),
+        ("farm-expiter", ["s", "r", "p", "-o", "o"], "n", 3),
+    ],
+)
+def test_the_sample_count_is_n_or_num_samples_in_every_tool(tool, head, name, value):
+    cmd = command(tool)
+    for flag in ("-n", "--num-samples"):
+        with cmd.make_context(tool, [*head, flag, "3"]) as context:
+            assert context.params[name] == value
+    with pytest.raises(click.BadParameter):
+        cmd.make_context(tool, [*head, "-n", "0"])
+
+
+def test_best_of_n_takes_a_sweep_of_sample_counts():
+    cmd = command("farm-bon")
+    with cmd.make_context("farm-bon", ["s", "r", "p", "--num-samples", "1,4,16"]) as context:
+        assert context.params["ns"] == (1, 4, 16)
+    with cmd.make_context("farm-bon", ["s", "r", "p"]) as context:
+        assert context.params["ns"] == (16,)
+    with pytest.raises(click.BadParameter, match="every n must be at least 1"):
+        cmd.make_context("farm-bon", ["s", "r", "p", "-n", "4,0"])
+
+
+def test_a_reference_option_is_a_file_of_outputs_and_the_reference_generator_a_name():
+    """--reference means one thing: the FILE of reference outputs (farm-annotate). The reference's
+    name in preference records is --reference-generator (farm-winrate)."""
+    found = {}
+    for tool, cmd in commands():
+        for option in options(cmd):
+            for flag in ("--reference", "--reference-generator"):
+                if flag in option.opts:
+                    found.setdefault(flag, set()).add(tool)
+                    want = click.Path if flag == "--reference" else click.types.StringParamType
+                    assert isinstance(option.type, want), (tool, flag)
+    assert found == {"--reference": {"farm-annotate"}, "--reference-generator": {"farm-winrate"}}
+    winrate = command("farm-winrate")
+    (option,) = [opt for opt in options(winrate) if "--reference-generator" in opt.opts]
+    assert "--reference" in option.aliases
+    help_text = winrate.get_help(click.Context(winrate, **winrate.context_settings))
+    listed = [line.split()[0] for line in help_text.splitlines() if line.startswith("  -")]
+    assert "--reference-generator" in listed and "--reference" not in listed
+
+
+def test_farm_winrate_reference_still_works_and_warns(tmp_path):
+    record = {
+        "instruction": "Colour?",
+        "generator_1": "model",
+        "generator_2": "ref",
+        "output_1": "blue",
+        "output_2": "Blue.",
+        "preference": 1,
+    }
+    prefs = tmp_path / "prefs.jsonl"
+    prefs.write_text(json.dumps(record) + "\n")
+    common = [str(prefs), "--no-length-control", "--format", "csv"]
+    new = run_tool("farm-winrate", *common, "--reference-generator", "ref")
+    old = run_tool("farm-winrate", *common, "--reference", "ref")
+    assert new.returncode == old.returncode == 0, old.stderr.decode()
+    assert old.stdout == new.stdout
+    assert b"model,ref,100.0," in new.stdout  # oriented: ref moved to position 1, the model won
+    assert b"deprecated" not in new.stderr
+    warning = "farm-winrate: warning: --reference is deprecated"
+    assert old.stderr.decode().count(warning) == 1
+    assert "use --reference-generator" in old.stderr.decode()
+
+
+def test_the_new_name_wins_over_the_old_and_nothing_warns_without_old_names(capsys):
+    cmd = command("farm-ppo")
+    args = ["s", "r", "p", "-o", "o", "--max-response-tokens", "7", "--max-new-tokens", "9"]
+    with cmd.make_context("farm-ppo", list(args)) as context:
+        assert context.params["max_new_tokens"] == 9
+    with cmd.make_context("farm-ppo", ["s", "r", "p", "-o", "o", "--max-new-tokens", "9"]):
+        pass
+    assert capsys.readouterr().err.count("deprecated") == 1
+
+
+@pytest.mark.parametrize(
+    ("tool", "config_class"),
+    [
+        ("farm-sft", SFTConfig),
+        ("farm-rm-train", RewardConfig),
+        ("farm-dpo", DPOConfig),
+        ("farm-ppo", PPOConfig),
+        ("farm-quark", QuarkConfig),
+    ],
+)
+def test_config_files_flags_and_defaults_in_that_order(tool, config_class, tmp_path, capsys):
+    """--config values beat the defaults (now shown in --help as real defaults), a flag beats the
+    file even when it repeats the default, and an old key in the file still works, with a warning."""
+    cmd = command(tool)
+    heads = {"farm-ppo": ["s", "r", "p"], "farm-quark": ["s", "r", "p"]}.get(tool, ["m", "p"])
+    yaml_file = tmp_path / "config.yaml"
+    yaml_file.write_text("learning_rate: 0.125\nseed: 7\n")
+    base = [*heads, "-o", "out", "--config", str(yaml_file)]
+    with cmd.make_context(tool, list(base)) as context:
+        config = farm_cli.resolve_config(config_class, str(yaml_file), context.params)
+    assert (config.learning_rate, config.seed) == (0.125, 7)
+    with cmd.make_context(tool, [*base, "--seed", "0"]) as context:
+        config = farm_cli.resolve_config(config_class, str(yaml_file), context.params)
+    assert (config.learning_rate, config.seed) == (0.125, 0)
+    with cmd.make_context(tool, heads + ["-o", "out"]) as context:
+        config = farm_cli.resolve_config(config_class, None, context.params)
+    assert config == config_class()
+    old_key, field = (
+        ("max-response-tokens", "max_new_tokens")
+        if tool in ("farm-ppo", "farm-quark")
+        else ("lora_r", "lora_rank")
+    )
+    yaml_file.write_text(f"{old_key}: 3\n")
+    with cmd.make_context(tool, list(base)) as context:
+        config = farm_cli.resolve_config(config_class, str(yaml_file), context.params)
+    assert getattr(config, field) == 3
+    assert f"{old_key} (in {yaml_file}) is deprecated" in capsys.readouterr().err
+
+
+def test_every_method_config_inherits_model_args():
+    from farmkit.methods.config import ModelArgs
+
+    for config_class in (SFTConfig, RewardConfig, DPOConfig, PPOConfig, QuarkConfig):
+        assert issubclass(config_class, ModelArgs), config_class
+
+
+def test_click_stays_out_of_the_method_configs():
+    code = (
+        "import sys\n"
+        "import farmkit.methods.config, farmkit.methods.sft, farmkit.methods.dpo\n"
+        "import farmkit.methods.ppo, farmkit.methods.quark, farmkit.methods.reward\n"
+        "print('click' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True)
+    assert result.stdout.strip() == b"False"
+    source = (ROOT / "farmkit" / "methods" / "config.py").read_text()
+    assert "import click" not in source
+
+
+def test_an_old_name_on_the_command_line_warns_once_and_runs(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = run_tool("farm-score", "embedded", str(empty), "--batch-size", "2")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stderr.decode().count("--batch-size is deprecated") == 1
+    assert result.stdout == b""
+
+
+def _scalar_tags(folder) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for events in folder.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events.parent))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    return tags
+
+
+@pytest.mark.parametrize(
+    ("tool", "loss_tag"),
+    [("farm-rm-train", "loss"), ("farm-sft", "train/loss")],
+    ids=["accelerate-trackers", "trainer-report-to"],
+)
+def test_report_to_tensorboard_writes_event_files_offline(
+    tool, loss_tag, tiny_model_path, tmp_path
+):
+    pytest.importorskip("tensorboard")
+    if tool == "farm-rm-train":
+        row = {"instruction": "Colour?", "output_1": "blue", "output_2": "seven", "preference": 1}
+    else:
+        row = {"instruction": "Colour?", "input": "", "output": "Blue."}
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join([json.dumps(row)] * 4) + "\n")
+    output = tmp_path / "model"
+    offline = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    common = ["--max-steps", "2", "--batch-size", "2", "--report-to", "tensorboard", "-q"]
+    if tool == "farm-sft":
+        common += ["--logging-steps", "1"]
+    result = run_tool(
+        tool, str(tiny_model_path), str(data), "-o", str(output), *common, env=offline
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    runs = tmp_path / "model.runs"
+    assert list(runs.rglob("events.out.tfevents.*")), sorted(runs.rglob("*"))
+    assert loss_tag in _scalar_tags(runs)
+    assert not list(output.rglob("events.out.tfevents.*"))  # the model folder stays a model folder

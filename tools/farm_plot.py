@@ -1,0 +1,169 @@
+"""farm-plot: figures from what the other tools leave behind: a win-rate history, training curves,
+reward over-optimization."""
+
+from __future__ import annotations
+
+import click
+
+from farmkit.cli import common_options, entry_point, log
+from farmkit.io import FarmError, RecordWriter
+
+OUTPUT = click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The PNG to write (atomically).",
+)
+
+
+@click.group(name="farm-plot")
+def cli():
+    """Draw a PNG from records the other tools write. Each subcommand has its own --help.
+
+    \b
+    farm-plot history winrates.jsonl --generator ppo -o ppo_over_time.png
+    farm-plot curves runs/rm runs/dpo runs/ppo -o curves.png
+    farm-plot overopt leaderboard_gold.jsonl bon_pool.jsonl ppo_pool.jsonl --ppo-run pool=ppo_pool -o overopt.png
+    """
+
+
+@cli.command(short_help="A model's win rate over time, from a farm-winrate --history file.")
+@click.argument("history", type=click.Path(allow_dash=True, dir_okay=False))
+@click.option(
+    "--generator",
+    "generators",
+    multiple=True,
+    metavar="NAME",
+    help="Draw this model only (repeatable). Default: all.",
+)
+@click.option(
+    "--length-controlled",
+    is_flag=True,
+    help="Draw the length-controlled win rate instead of the raw one.",
+)
+@OUTPUT
+@common_options
+def history(history, generators, length_controlled, output):
+    """A model's win rate over time, with its interval as a band, from a `farm-winrate --history` file
+    (one line per model and reference)."""
+    from farmkit import history as win_rate_history
+    from farmkit.plots import win_rate_history as draw
+
+    entries = win_rate_history.read(history)
+    if not entries:
+        log.warning(f"farm-plot: {history} holds no entries; nothing drawn")
+        return
+    draw(
+        output,
+        entries,
+        generators,
+        "length_controlled_win_rate" if length_controlled else "win_rate",
+    )
+
+
+@cli.command(short_help="Every numeric metric of training runs against step.")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option(
+    "--field",
+    "fields",
+    multiple=True,
+    metavar="NAME",
+    help="Draw only this metric (repeatable). Default: every numeric one.",
+)
+@click.option(
+    "--x",
+    "x",
+    default="step",
+    show_default=True,
+    metavar="NAME",
+    help="The metric on the horizontal axis: e.g. gold_kl or reward with --field gold_win_rate "
+    "(over-optimization from any run with --gold), tokens_sampled or labels_used (budget).",
+)
+@OUTPUT
+@common_options
+def curves(runs, fields, x, output):
+    """Training curves: every numeric field of each run's metrics.jsonl against step (or --x), one
+    panel per field and one line per run. RUNS are model folders (PPO's, RLOO's, GRPO's and online
+    DPO's: their -checkpoints folder is looked in too) or metrics files (farm-bon --metrics)."""
+    from farmkit.plots import training_curves
+    from farmkit.runs import read_metrics, run_names
+
+    metrics = {
+        name: read_metrics(run) for name, run in zip(run_names(list(runs)), runs, strict=True)
+    }
+    if not any(metrics.values()):
+        log.warning("farm-plot: the runs have no metrics; nothing drawn")
+        return
+    if x != "step" and not any(x in row for rows in metrics.values() for row in rows):
+        raise FarmError(f"--x {x}: no run has that metric")
+    training_curves(output, metrics, fields, x)
+
+
+def _pairs(ctx, param, values):
+    pairs = {}
+    for value in values:
+        name, separator, text = value.partition("=")
+        if not separator or not name:
+            raise click.BadParameter(f"{value!r}: expected RM=VALUE")
+        pairs[name] = text
+    return pairs
+
+
+@cli.command(short_help="Gold win rate against surrogate reward, KL and n (best-of-n, PPO).")
+@click.argument("leaderboard", type=click.Path(allow_dash=True, dir_okay=False))
+@click.argument("outputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--scored",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="A reward model's scores of the whole best-of-n sampling pass (repeatable): adds its agreement with gold.",
+)
+@click.option(
+    "--ppo-run",
+    "ppo_runs",
+    multiple=True,
+    callback=_pairs,
+    metavar="RM=DIR",
+    help="The PPO run against reward model RM (its metrics.jsonl gives each checkpoint's KL). Repeatable.",
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    callback=_pairs,
+    metavar="RM=TEXT",
+    help="Panel title of a reward model.",
+)
+@OUTPUT
+@common_options
+def overopt(leaderboard, outputs, scored, ppo_runs, labels, output):
+    """Reward over-optimization: the gold win rate of each best-of-n and PPO system (LEADERBOARD:
+    farm-winrate over gold annotations) against the mean surrogate reward of its OUTPUTS (reward
+    records, systems named RM-best-of-N and ppo-RM-step-K), against the KL to the SFT policy, and
+    against n. Prints the rows as JSONL: per system its surrogate and gold reward, gold win rate and
+    KL; paired bootstrap comparisons of the best-of-n systems; each --scored model's agreement with gold."""
+    from farmkit import overopt as study
+    from farmkit.plots import over_optimization
+    from farmkit.runs import read_metrics
+
+    answers = study.load_outputs(list(outputs))
+    rows = study.curves(
+        leaderboard, answers, {model: read_metrics(run) for model, run in ppo_runs.items()}
+    )
+    if not rows:
+        raise FarmError(
+            f"{leaderboard}: no best-of-n or PPO systems with outputs in {', '.join(outputs)}"
+        )
+    over_optimization(output, rows, labels)
+    with RecordWriter("-") as writer:
+        writer.write_all(rows)
+        writer.write_all(study.comparisons(answers))
+        writer.write_all(study.agreement(path) for path in scored)
+
+
+main = entry_point(cli)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""farm-rloo: optimize a policy against a reward model with RLOO (leave-one-out group baseline)."""
+
+from __future__ import annotations
+
+import click
+
+from farmkit.cli import (
+    common_options,
+    config_options,
+    entry_point,
+    input_argument,
+    output_dir_option,
+    resolve_config,
+)
+from farmkit.methods.group import RLOOConfig, run_cli
+
+
+@click.command(name="farm-rloo")
+@click.argument("sft")
+@click.argument("reward_model", metavar="RM")
+@input_argument("prompts")
+@output_dir_option
+@config_options(RLOOConfig)
+@common_options
+def cli(
+    sft: str,
+    reward_model: str,
+    prompts: str,
+    output: str,
+    config_file: str | None,
+    **values,
+) -> None:
+    """Train SFT with RLOO to maximize RM's reward on PROMPTS (instruction records), KL to SFT
+    as a penalty; write the policy to -o DIR.
+
+    Each step samples --samples-per-prompt (k) responses to each of rollout-batch-size / k
+    prompts; a response's advantage is its score minus the mean score of the other k - 1
+    responses to its prompt. No value model. The loss clips the ratio of whole-response
+    probabilities (--ppo-epochs passes). --kl-in reward (default) subtracts --kl-coef x the
+    response's KL estimate from its score; --kl-in loss adds it to the loss. Metrics,
+    checkpoints (--checkpoint-every, --resume), --lora and `accelerate launch` as in farm-ppo.
+
+    \b
+    Example:
+      farm-rloo sft/ rm/ unlabeled.jsonl -o rloo/ --samples-per-prompt 4 --steps 50 \\
+          --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128
+    """
+    run_cli(resolve_config(RLOOConfig, config_file, values), sft, reward_model, prompts, output)
+
+
+main = entry_point(cli)
+
+if __name__ == "__main__":
+    main()
