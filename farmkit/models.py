@@ -189,9 +189,11 @@ def read_meta(model: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_meta(folder: str | os.PathLike, meta: dict[str, Any]) -> None:
-    with open(Path(folder) / META_FILE, "w") as handle:
-        json.dump(meta, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
+    """Write a model folder's meta.json whole (a reader never sees half of it)."""
+    from farmkit.io import atomic_path
+
+    with atomic_path(Path(folder) / META_FILE) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def package_versions() -> dict[str, str]:

@@ -309,9 +309,13 @@ def test_config_files_flags_and_defaults_in_that_order(tool, config_class, tmp_p
 
 
 def test_every_method_config_inherits_model_args():
+    from farmkit.methods.bon import BestOfNConfig
     from farmkit.methods.config import ModelArgs
+    from farmkit.methods.group import GRPOConfig, RLOOConfig
+    from farmkit.methods.online_dpo import OnlineDPOConfig
 
-    for config_class in (SFTConfig, RewardConfig, DPOConfig, PPOConfig, QuarkConfig):
+    configs = (SFTConfig, RewardConfig, DPOConfig, PPOConfig, QuarkConfig, BestOfNConfig)
+    for config_class in (*configs, RLOOConfig, GRPOConfig, OnlineDPOConfig):
         assert issubclass(config_class, ModelArgs), config_class
 
 

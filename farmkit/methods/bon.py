@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farmkit.generation import DecodingConfig, Sample
+from farmkit.methods.config import ModelArgs
 
 log = logging.getLogger("farmkit")
 
 
 @dataclass
-class BestOfNConfig:
+class BestOfNConfig(ModelArgs):
     """Sampling settings of best-of-n; `ns` lists every n to select for (the largest is sampled)."""
 
     ns: tuple[int, ...] = (16,)
@@ -28,8 +29,6 @@ class BestOfNConfig:
     max_new_tokens: int = 300
     batch_size: int = 16  # sequences per generation pass
     score_batch_size: int = 16
-    template: str = "auto"
-    seed: int = 0
 
     def __post_init__(self) -> None:
         self.ns = tuple(sorted(set(self.ns)))

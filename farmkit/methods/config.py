@@ -23,7 +23,7 @@ from farmkit.models import TEMPLATES
 # One help text per concept shared by several tools (the CLI dialect; tests/test_cli_dialect.py).
 
 SHARED_HELP = {
-    "seed": "Seed for every random choice: same input and seed, same output.",
+    "seed": "Seed for every random choice (sampling, shuffling, label noise, the order shown to a judge): the same input and seed make the same choices.",
     "num_samples": "Samples per prompt.",
     "template": "Prompt template: auto (the one the model folder records, else its chat template, "
     "else alpaca), chat or alpaca.",

@@ -140,7 +140,9 @@ def expert_iteration(
             judged = (
                 gold.evaluate_folder(destination, f"round-{number}") if gold is not None else {}
             )
-            # the SFT rows of every round, steps counted over all rounds, with the round's rewards
+            # the SFT rows of every round, steps counted over all rounds, with the round's rewards;
+            # the main process alone keeps them: the others could read the last round's file after
+            # the main process has rewritten it with these rows
             round_rows = [
                 metrics_row(
                     "expiter",
@@ -157,7 +159,9 @@ def expert_iteration(
                     + int(row.get("num_tokens") or summary.get("training_tokens") or 0),
                 )
                 for row in (
-                    read_metrics(destination) if (destination / METRICS_FILE).is_file() else []
+                    read_metrics(destination)
+                    if distributed.is_main() and (destination / METRICS_FILE).is_file()
+                    else []
                 )
             ]
             if round_rows:  # the round's last row: its totals (SFT logs every few steps)
@@ -169,22 +173,14 @@ def expert_iteration(
         if distributed.is_main():
             # the run's budget (and gold judge) are known once the last round has trained: its
             # meta.json gets them, replaced in one rename
-            from farmkit.models import read_meta
+            from farmkit.models import read_meta, write_meta
 
             meta = read_meta(target)
             meta["budget"] = budget.block(rounds=rounds)
             if gold is not None:
                 meta["gold"] = gold.block()
-            write_json_atomically(target / "meta.json", meta)
+            write_meta(target, meta)
     finally:
         if distributed.is_main():
             shutil.rmtree(workdir, ignore_errors=True)
     return {"rounds": history, "output_dir": str(target), "budget": budget.block(rounds=rounds)}
-
-
-def write_json_atomically(path: Path, value: Any) -> None:
-    import json
-
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, RecordWriter, read_records
+from farmkit.io import FarmError, RecordWriter, atomic_path, read_records
 from farmkit.methods.config import config_dict, help_field, shared_field
 from farmkit.methods.dpo import DPOConfig
 from farmkit.metrics import metrics_row, write_metrics
@@ -100,9 +100,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(value, indent=1) + "\n")
 
 
 def round_seed(seed: int, number: int) -> int:
