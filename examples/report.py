@@ -8,8 +8,12 @@ did; then how well the simulated leaderboard predicts the gold one.
 A scores file holds one system's val answers scored by the demo's reward model (farm-score); its
 system's training figures, when the method logs them, are in ../models/SYSTEM/metrics.jsonl beside
 the scores folder. Columns: `RM score` is the mean surrogate reward of the val answers; `train
-reward` the mean reward of the method's rollouts in its first and last round or step (what it
-optimized, sampled at its rollout temperature); `KL/token` its last KL(policy || SFT) in nats per
+reward` the mean reward of the method's rollouts (what it optimized, sampled at its rollout
+temperature) over its first and its last pass through the training prompts, so that both means
+cover the same prompts (a step's mean over a few prompts moves more with the prompts drawn than with
+the policy); a run of fewer than two passes shows its first and last step or round instead, marked
+`(steps)`; for expert iteration, its last round's first sample against the best of n it trained
+on; `KL/token` its last KL(policy || SFT) in nats per
 response token (PPO, RLOO and GRPO log their estimate summed over a response: it is divided by
 their mean response length in tokens; Quark logs the exact per-token KL over the vocabulary on the
 responses it trained on); `length` the mean answer length in characters. With --reward-model, the
@@ -51,11 +55,44 @@ def _figures(scores_path: str) -> tuple[str, dict[str, str]]:
         else []
     )
     if history:
-        figures["train"] = f"{history[0]['reward']:+.3f} → {history[-1]['reward']:+.3f}"
+        figures["train"] = train_reward(history, steps_per_pass(metrics_path.parent))
         kl = kl_per_token(history[-1])
         if kl is not None:
             figures["kl"] = f"{kl:.4f}"
     return str(records[0]["generator"]), figures
+
+
+def steps_per_pass(folder: Path) -> int | None:
+    """How many steps (rounds) of a policy method's run make one pass through its training prompts,
+    from its meta.json: the prompts per step (PPO's rollout batch; RLOO's and GRPO's rollout batch
+    over their samples per prompt; Quark's prompts per round) and the prompts in its input file."""
+    meta_path = folder / "meta.json"
+    if not meta_path.exists():
+        return None
+    meta = json.loads(meta_path.read_text())
+    config = meta.get("config") or {}
+    per_step = config.get("prompts_per_round") or (
+        (config.get("rollout_batch_size") or 0) // (config.get("samples_per_prompt") or 1)
+    )
+    inputs = [Path(name) for name in meta.get("inputs") or {}]
+    if not per_step or len(inputs) != 1 or not inputs[0].is_file():
+        return None
+    prompts = sum(1 for _ in read_records(inputs[0]))
+    return -(-prompts // per_step) if prompts else None
+
+
+def train_reward(history: list[dict[str, Any]], per_pass: int | None) -> str:
+    """The mean rollout reward of the first and of the last pass through the prompts (or of the
+    first and last step when the run made fewer than two passes); for expert iteration, the mean
+    reward of the first sample and of the best of n that its last round trained on."""
+    if "best_of_n_reward" in history[-1]:  # expert iteration: what its last round trained on
+        last = history[-1]
+        return f"{last['reward']:+.3f} → {last['best_of_n_reward']:+.3f} (best of {last['n']})"
+    if per_pass and len(history) >= 2 * per_pass:
+        first = sum(entry["reward"] for entry in history[:per_pass]) / per_pass
+        last = sum(entry["reward"] for entry in history[-per_pass:]) / per_pass
+        return f"{first:+.3f} → {last:+.3f}"
+    return f"{history[0]['reward']:+.3f} → {history[-1]['reward']:+.3f} (steps)"
 
 
 # trainers whose metrics.jsonl `kl` is summed over a response's tokens (the others log it per token)

@@ -4,6 +4,8 @@ humans), input options, plot and errors."""
 
 from __future__ import annotations
 
+import csv
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -532,6 +534,14 @@ def test_one_row_per_judge_with_the_flip_rate(tmp_path):
     assert markdown.stdout.splitlines()[0].startswith(
         "| annotator | n_pairs | n_runs | human_agreement | human_agreement_alpacaeval | flip_rate |"
     )
+    judges = ["--judge", str(steady), "--judge", str(first), "--humans", str(humans)]
+    table = CliRunner().invoke(cli, [*judges, "--format", "csv"])
+    assert table.exit_code == 0, table.output
+    parsed = list(csv.DictReader(io.StringIO(table.stdout)))
+    assert [row["annotator"] for row in parsed] == ["steady", "first", "humans"]
+    assert list(parsed[0])[:6] == list(rows[0])[:6]  # the JSONL rows' columns, in their order
+    assert float(parsed[1]["flip_rate"]) == 1.0
+    assert float(parsed[1]["human_agreement_alpacaeval"]) == pytest.approx(1.5 / 4)
 
 
 def test_price_and_seconds_per_1000_from_provenance(tmp_path):

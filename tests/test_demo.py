@@ -122,11 +122,10 @@ def test_ci_pipeline_produces_both_leaderboards_correlation_and_plots(ci_run):
         assert f"{mean:+.3f}" in table[name], (name, mean, table[name])
         length = sum(len(r["output"]) for r in scored) // N_VAL
         assert table[name].rstrip().endswith(f" {length}"), (name, length, table[name])
-    for name in ("ppo", "quark"):
+    for name in ("ppo", "quark"):  # one pass through the prompts at SIZE=ci: first and last step
         history = _records(out / "models" / name / "metrics.jsonl")
-        assert f"{history[0]['reward']:+.3f} → {history[-1]['reward']:+.3f}" in table[name], table[
-            name
-        ]
+        first_last = f"{history[0]['reward']:+.3f} → {history[-1]['reward']:+.3f} (steps)"
+        assert first_last in table[name], table[name]
     # KL per token: PPO logs its estimate summed over a response, Quark per token
     ppo, quark = (
         _records(out / "models" / name / "metrics.jsonl")[-1] for name in ("ppo", "quark")
@@ -280,3 +279,30 @@ def test_the_full_preset_gives_each_training_tool_a_launch_it_accepts_and_that_f
     assert re.search(r"accelerate_zero3\.yaml --num_processes 8 -m farmkit\.tools\.farm_ppo", study)
     # the CPU sizes launch nothing
     assert "accelerate launch" not in _make("-n", "demo", "SIZE=demo", out).stdout
+
+
+def test_train_reward_compares_whole_passes_through_the_prompts(tmp_path, monkeypatch):
+    """report.py's `train reward`: the mean of the first and of the last pass (steps per pass from
+    the run's meta.json and its input file), the first and last step under two passes, and for
+    expert iteration the first sample against the best of n."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.chdir(tmp_path)
+    import report
+
+    (tmp_path / "prompts.jsonl").write_text('{"instruction": "q"}\n' * 6)
+    for config, per_pass in (
+        ({"rollout_batch_size": 2}, 3),  # PPO: one response per prompt
+        ({"rollout_batch_size": 4, "samples_per_prompt": 2}, 3),  # RLOO, GRPO: responses
+        ({"prompts_per_round": 4}, 2),  # Quark, rounded up
+    ):
+        folder = tmp_path / str(per_pass) / str(len(config))
+        folder.mkdir(parents=True)
+        meta = {"config": config, "inputs": {"prompts.jsonl": "sha"}}
+        (folder / "meta.json").write_text(orjson.dumps(meta).decode())
+        assert report.steps_per_pass(folder) == per_pass, config
+    rows = [{"reward": r} for r in (0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.9)]
+    assert report.train_reward(rows, 3) == "+0.200 → +0.733"
+    assert report.train_reward(rows, 4) == "+0.100 → +0.900 (steps)"
+    assert report.train_reward(rows, None) == "+0.100 → +0.900 (steps)"
+    last = {"reward": 0.3, "best_of_n_reward": 0.45, "n": 4}
+    assert report.train_reward([*rows, last], 3) == "+0.300 → +0.450 (best of 4)"

@@ -130,9 +130,10 @@ def test_two_processes_score_every_output_once_in_input_order(tmp_path, tiny_mod
     single = run_farm("farm-score", str(rm), str(outputs), "--reward-batch-size", "2")
     assert single.returncode == 0, single.stderr.decode()
     double = launch(
-        2, "farmkit.tools.farm_score", str(rm), str(outputs), "--reward-batch-size", "2"
+        2, "farmkit.tools.farm_score", str(rm), str(outputs), "--reward-batch-size", "2", "-v"
     )
     assert double.returncode == 0, double.stderr.decode()[-3000:]
+    assert b"sharded over 2 processes (records per process: 4, 3)" in double.stderr
     one = [orjson.loads(line) for line in single.stdout.splitlines()]
     two = [orjson.loads(line) for line in double.stdout.splitlines()]
     assert [r["instruction"] for r in two] == [f"Task {i}" for i in range(len(endings))]
@@ -155,9 +156,10 @@ def test_two_processes_pick_the_same_best_of_n_as_one(tmp_path, tiny_model_path,
     single = run_farm("farm-bon", *args, "--all-samples", str(tmp_path / "all-one.jsonl"))
     assert single.returncode == 0, single.stderr.decode()
     double = launch(
-        2, "farmkit.tools.farm_bon", *args, "--all-samples", str(tmp_path / "all-two.jsonl")
+        2, "farmkit.tools.farm_bon", *args, "--all-samples", str(tmp_path / "all-two.jsonl"), "-v"
     )
     assert double.returncode == 0, double.stderr.decode()[-3000:]
+    assert b"best-of-n: sharded over 2 processes" in double.stderr
     one = [orjson.loads(line) for line in single.stdout.splitlines()]
     two = [orjson.loads(line) for line in double.stdout.splitlines()]
     assert len(one) == 14  # 7 prompts, best of 1 and best of 3

@@ -320,6 +320,9 @@ def test_lora_is_merged_into_a_plain_folder(tiny_model_path, tmp_path):
 
 
 def test_checkpoints_resume_to_the_same_weights(tiny_model_path, tmp_path):
+    """The checkpoint resumed from is step 2 of 4 demonstrations in batches of 2: exactly the end of
+    the first epoch, the case where a resumed run can believe itself finished."""
+    assert len(DEMOS) == 2 * 2
     straight = tmp_path / "straight"
     train_sft(str(tiny_model_path), DEMOS, straight, quick(max_steps=4, batch_size=2))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from farmkit import distributed
@@ -54,6 +56,11 @@ def cli(rm, outputs, output, batch_size, device):
     shares = distributed.gather(list(zip(mine, scores, strict=True)))
     if shares is None:
         return
+    logging.getLogger("farmkit").debug(
+        "farm-score: sharded over %d processes (records per process: %s)",
+        len(shares),
+        ", ".join(str(len(share)) for share in shares),
+    )
     rewards = [0.0] * len(records)
     for index, reward in (pair for share in shares for pair in share):
         rewards[index] = reward

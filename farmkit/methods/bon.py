@@ -116,7 +116,13 @@ def sample_and_score(
     if not distributed.launched():
         return scored
     everything: list[ScoredPrompt | None] = [None] * len(prompts)
-    for share in distributed.all_gather(list(zip(mine, scored, strict=True))):
+    shares = distributed.all_gather(list(zip(mine, scored, strict=True)))
+    log.debug(
+        "best-of-n: sharded over %d processes (prompts per process: %s)",
+        len(shares),
+        ", ".join(str(len(share)) for share in shares),
+    )
+    for share in shares:
         for index, prompt in share:
             everything[index] = prompt
     missing = [index for index, prompt in enumerate(everything) if prompt is None]

@@ -159,6 +159,7 @@ def train_dpo(
     tool: str = "farm-dpo",
     extra_meta: dict[str, Any] | None = None,
     gold: Any = None,
+    tracker_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Train with DPO from `sft` on chosen/rejected pairs and write the policy folder to `output`.
     `start_from`: a policy folder to train instead of `sft` (online DPO's previous round), `sft`
@@ -251,7 +252,7 @@ def train_dpo(
 
     report_to, callbacks = tracking.trainer_reporting(
         config.report_to,
-        tracking.tracker_dir(output),
+        tracker_dir or tracking.tracker_dir(output),
         main_process=int(os.environ.get("RANK", "0")) == 0,
     )
     with tempfile.TemporaryDirectory(prefix="farm-dpo-") as scratch:

@@ -32,6 +32,7 @@ from typing import Any
 from farmkit.io import FarmError, RecordWriter, atomic_path, read_records
 from farmkit.methods.config import config_dict, help_field, shared_field
 from farmkit.methods.dpo import DPOConfig
+from farmkit.methods.tracking import tracker_dir
 from farmkit.metrics import metrics_row, write_metrics
 from farmkit.models import META_FILE
 from farmkit.seeds import derive_seed, stable_hash
@@ -444,6 +445,8 @@ def train_online_dpo(
                 tool=TOOL,
                 extra_meta={"round": number},
                 gold=gold,
+                # the tracker's files of every round beside the output, as farm-expiter's
+                tracker_dir=tracker_dir(out) / f"round-{number}",
             )
             policy = str(folder / "policy")
             entry.update(_dpo_summary(folder / "policy"))
