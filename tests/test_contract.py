@@ -202,6 +202,22 @@ def test_quiet_silences_library_warnings(tmp_path):
     assert quiet.stderr == b""
 
 
+def test_quiet_silences_a_real_transformers_future_warning(tiny_model_path, tmp_path):
+    """farm-sft --lora makes transformers warn (a FutureWarning about gradient checkpointing's old
+    name, as in issue reports): shown without -q, and -q leaves stderr empty."""
+    data = tmp_path / "demos.jsonl"
+    data.write_text('{"instruction": "Colour?", "input": "", "output": "Blue."}\n' * 4)
+    common = ["--lora", "--lora-rank", "2", "--max-steps", "1", "--batch-size", "2"]
+    loud = run_tool("farm-sft", str(tiny_model_path), str(data), "-o", str(tmp_path / "a"), *common)
+    assert loud.returncode == 0, loud.stderr.decode()[-2000:]
+    assert b"FutureWarning" in loud.stderr  # the library does warn
+    quiet = run_tool(
+        "farm-sft", str(tiny_model_path), str(data), "-o", str(tmp_path / "b"), *common, "-q"
+    )
+    assert quiet.returncode == 0, quiet.stderr.decode()[-2000:]
+    assert quiet.stderr == b"", quiet.stderr.decode()[-2000:]
+
+
 def test_readme_option_lists_are_generated_from_help():
     from farmkit.docs import render
 

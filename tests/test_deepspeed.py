@@ -232,38 +232,42 @@ QUARK_ARGS = [
 ]
 
 
-def test_quark_under_zero2_saves_the_trained_full_weights(files):
-    """Quark under ZeRO-2 (weights whole on the process, optimizer state partitioned): two rounds,
+@pytest.mark.parametrize("stage", [2, 3])
+def test_quark_under_deepspeed_saves_the_trained_full_weights(files, stage):
+    """Quark under ZeRO-2 (weights whole on the process, optimizer state partitioned) and ZeRO-3
+    (weights partitioned: gathered whole for each round's sampling and for the save): two rounds,
     the second sampling behind the new control token, and the plain run's weights (the control
     tokens' rows included)."""
     folder, prompts, sft, rm = files
-    plain, zero2 = folder / "quark-plain", folder / "quark-zero2"
+    plain, zero = folder / "quark-plain", folder / f"quark-zero{stage}"
     for launcher, output in (
         (["--num_processes", "1", "--cpu"], plain),
-        ([*ZERO, "2"], zero2),
+        ([*ZERO, str(stage)], zero),
     ):
+        if output == plain and (plain / "meta.json").exists():
+            continue  # one plain run serves both stages
         result = launch(launcher, sft, rm, prompts, output, "farm_quark", QUARK_ARGS)
         assert result.returncode == 0, result.stderr.decode()[-4000:]
-        assert_no_stdout_from_the_tool(result, deepspeed_launcher=output == zero2)
-    meta = json.loads((zero2 / "meta.json").read_text())
+        assert_no_stdout_from_the_tool(result, deepspeed_launcher=output == zero)
+    meta = json.loads((zero / "meta.json").read_text())
     assert meta["launch"] == {
         "distributed_type": "DEEPSPEED",
         "num_processes": 1,
-        "zero_stage": 2,
+        "zero_stage": stage,
         "mixed_precision": "no",
     }
     assert meta["sampling_control_token"] == "<|reward_quantile_0|>"
     assert json.loads((plain / "meta.json").read_text())["launch"]["distributed_type"] == "NO"
     rounds = [
         [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-        for path in (zero2, plain)
+        for path in (zero, plain)
     ]
     assert [r["round"] for r in rounds[0]] == [1, 2]
     # the same samples were drawn in both rounds (the second from round 1's policy)
     assert [q for r in rounds[0] for q in r["quantile_scores"]] == pytest.approx(
         [q for r in rounds[1] for q in r["quantile_scores"]], abs=1e-5
     )
-    trained, start, reference = weights(zero2), weights(sft), weights(plain)
+    trained, start, reference = weights(zero), weights(sft), weights(plain)
     assert trained.keys() == reference.keys()
     assert all(trained[name].shape == reference[name].shape for name in reference)
     same_shape = [name for name in start if trained[name].shape == start[name].shape]
@@ -271,13 +275,3 @@ def test_quark_under_zero2_saves_the_trained_full_weights(files):
     assert len(changed) > len(same_shape) // 2
     for name in reference:
         torch.testing.assert_close(trained[name], reference[name], atol=1e-4, rtol=1e-3)
-
-
-def test_quark_under_zero3_is_refused(files, tmp_path):
-    _, prompts, sft, rm = files
-    result = launch([*ZERO, "3"], sft, rm, prompts, tmp_path / "q", "farm_quark", QUARK_ARGS)
-    assert result.returncode != 0
-    assert b"error: farm-quark does not run under ZeRO-3" in result.stderr, result.stderr.decode()[
-        -3000:
-    ]
-    assert list(tmp_path.iterdir()) == []

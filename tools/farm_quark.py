@@ -44,7 +44,7 @@ def cli(
     best-quantile token as `sampling_control_token`: farm-sample adds it by itself. Per-round
     metrics are in DIR/metrics.jsonl. AlpacaFarm's settings: --steps-per-round 1 --warmup-steps 5
     (the learning rate decays to 0 over the rounds by default). Run under `accelerate launch` for
-    several GPUs (DDP, or DeepSpeed ZeRO-2; ZeRO-3 is refused).
+    several GPUs (DDP, or DeepSpeed ZeRO-2/3).
 
     \b
     Example:

@@ -179,13 +179,6 @@ def train_quark(
         device_placement=False,
         **tracking.accelerator_kwargs(config.report_to, output),
     )
-    if launch.zero_stage(accelerator) == 3:
-        # ZeRO-2 keeps the weights whole on every process; ZeRO-3 would split them, and Quark's
-        # sampling and save do not gather them
-        raise FarmError(
-            "farm-quark does not run under ZeRO-3: launch it with ZeRO-2 (accelerate_zero2.yaml), "
-            "DDP (accelerate_multi_gpu.yaml) or as one process"
-        )
     tracking.start(accelerator, "farm-quark", config_dict(config))
     if config.gold:
         check_processes()
@@ -198,8 +191,9 @@ def train_quark(
     if not accelerator.is_main_process:
         log.setLevel(logging.ERROR)  # one process speaks for all
     torch.manual_seed(seed)
-    model, reference, tokenizer = load_policy_and_reference(sft, device)
-    scorer = RewardScorer(reward_model, device=device, batch_size=config.reward_batch_size)
+    with launch.no_zero3_init(accelerator):  # loaded whole; the engine splits the policy alone
+        model, reference, tokenizer = load_policy_and_reference(sft, device)
+        scorer = RewardScorer(reward_model, device=device, batch_size=config.reward_batch_size)
     scorer.network.requires_grad_(False)
     tokens = (
         [quantile_token(q) for q in range(config.num_quantiles)]
@@ -265,21 +259,18 @@ def train_quark(
     order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
     history: list[dict[str, Any]] = []
     started = time.time()
-    for round_number in range(config.rounds):
-        chosen = order[
-            round_number * config.prompts_per_round : (round_number + 1) * config.prompts_per_round
-        ]
-        chosen = [index for index in chosen for _ in range(config.samples_per_prompt)]
-        # round 0 samples the SFT model itself; later rounds ask the policy for its best quantile
-        control = token_ids[:1] if round_number > 0 and tokens else []
-        conditioned_prompts = [prompt + control for prompt in plain_prompts]
+
+    def sample_round(
+        sampler: Any, chosen: list[int], conditioned_prompts: list[list[int]], round_number: int
+    ) -> list[dict[str, Any]]:
+        """This process's share of the round: every world-th generation batch, sampled and scored."""
         pool = []
         for start in range(
             rank * config.generation_batch_size, len(chosen), world * config.generation_batch_size
         ):
             indices = chosen[start : start + config.generation_batch_size]
             batch = sample_and_score(
-                accelerator.unwrap_model(model),
+                sampler,
                 tokenizer,
                 scorer,
                 prompts,
@@ -305,6 +296,19 @@ def train_quark(
                         ].tolist(),
                     }
                 )
+        return pool
+
+    for round_number in range(config.rounds):
+        chosen = order[
+            round_number * config.prompts_per_round : (round_number + 1) * config.prompts_per_round
+        ]
+        chosen = [index for index in chosen for _ in range(config.samples_per_prompt)]
+        # round 0 samples the SFT model itself; later rounds ask the policy for its best quantile
+        control = token_ids[:1] if round_number > 0 and tokens else []
+        conditioned_prompts = [prompt + control for prompt in plain_prompts]
+        # under ZeRO-3 the policy is gathered whole for the round's sampling (launch.for_generation)
+        with launch.for_generation(accelerator, model) as sampler:
+            pool = sample_round(sampler, chosen, conditioned_prompts, round_number)
         if (
             world > 1
         ):  # every process ranks the whole round, in the order one process would have sampled it
@@ -383,15 +387,16 @@ def train_quark(
             **budget.row(),
         }
         if gold is not None:  # each round's policy, sampled as the saved one samples
-            metrics.update(
-                gold.evaluate(
-                    accelerator.unwrap_model(model),
-                    tokenizer,
-                    f"round-{round_number + 1}",
-                    control=tokens[0] if tokens else None,
-                    suppress=token_ids,
+            with launch.for_generation(accelerator, model) as sampler:
+                metrics.update(
+                    gold.evaluate(
+                        sampler,
+                        tokenizer,
+                        f"round-{round_number + 1}",
+                        control=tokens[0] if tokens else None,
+                        suppress=token_ids,
+                    )
                 )
-            )
         # step: optimizer steps over all rounds; loss: the round's mean objective
         metrics = metrics_row(
             "quark",
@@ -413,24 +418,24 @@ def train_quark(
 
     tracking.finish(accelerator)
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        meta = P.policy_meta(
-            "farm-quark",
-            sft,
-            fmt.resolved(tokenizer),
-            seed,
-            config_dict(config),
-            inputs or [],
-            sampling_control_token=tokens[0] if tokens else None,
-            control_tokens=tokens or None,
-            launch=launch.launch_record(accelerator),
-            budget=budget.block(rounds=len(history)),
-            gold=gold.block() if gold is not None else None,
-        )
-        with tempfile.TemporaryDirectory(prefix="farm-quark-") as scratch:
-            metrics_path = Path(scratch) / "metrics.jsonl"
-            write_metrics(metrics_path, history)
-            P.save_policy(
-                accelerator.unwrap_model(model), tokenizer, output, meta, extra_files=[metrics_path]
+    # every process enters: under ZeRO-3 gathering the weights whole is collective
+    with launch.full_weights(accelerator, model) as whole:
+        if accelerator.is_main_process:
+            meta = P.policy_meta(
+                "farm-quark",
+                sft,
+                fmt.resolved(tokenizer),
+                seed,
+                config_dict(config),
+                inputs or [],
+                sampling_control_token=tokens[0] if tokens else None,
+                control_tokens=tokens or None,
+                launch=launch.launch_record(accelerator),
+                budget=budget.block(rounds=len(history)),
+                gold=gold.block() if gold is not None else None,
             )
+            with tempfile.TemporaryDirectory(prefix="farm-quark-") as scratch:
+                metrics_path = Path(scratch) / "metrics.jsonl"
+                write_metrics(metrics_path, history)
+                P.save_policy(whole, tokenizer, output, meta, extra_files=[metrics_path])
     return history
