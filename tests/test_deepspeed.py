@@ -1,9 +1,10 @@
 """farm-ppo, farm-rloo and farm-grpo under DeepSpeed for real, in one CPU process (`make
-test-deepspeed` installs DeepSpeed into the venv; the normal suite skips these): ZeRO-2 and ZeRO-3
+test-deepspeed` builds a venv with DeepSpeed; the normal suite skips these): ZeRO-2 and ZeRO-3
 train the policy (PPO: the policy and the value model as one engine), with micro-batches accumulated
 into minibatches, and the saved policy folder holds full weights equal to those of the same run
-without DeepSpeed. The options DeepSpeed cannot honour (--resume, --lora under ZeRO-3) are refused
-with an error before any work."""
+without DeepSpeed; a run resumes from the engine's own checkpoint to the same weights. What DeepSpeed
+cannot honour (--lora under ZeRO-3, a checkpoint of the other kind) is refused with an error before
+any work."""
 
 from __future__ import annotations
 
@@ -202,11 +203,46 @@ def test_group_methods_under_deepspeed_save_the_trained_full_weights(
         torch.testing.assert_close(trained[name], reference[name], atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("tool", ["farm_ppo", "farm_grpo"])
+def test_a_deepspeed_run_resumes_from_its_checkpoint_to_the_same_weights(files, tool, stage):
+    """A run under DeepSpeed checkpoints the engine's own state (trained modules, split optimizer
+    state) beside the scheduler; a second launch with --resume on that checkpoint folder trains the
+    last step only and ends with the weights of the unbroken run."""
+    folder, prompts, sft, rm = files
+    args = PPO_ARGS if tool == "farm_ppo" else GROUP_ARGS
+    straight = folder / f"{tool}-resume-straight-zero{stage}"
+    result = launch([*ZERO, str(stage)], sft, rm, prompts, straight, tool, args)
+    assert result.returncode == 0, result.stderr.decode()[-4000:]
+    checkpoint = folder / f"{straight.name}-checkpoints" / "step-000001"
+    state = checkpoint / "trainer"
+    assert json.loads((state / "state.json").read_text()) == {"step": 1, "lora": False}
+    assert (state / "engine").is_dir() and not (state / "optimizer.pt").exists()
+    resumed = folder / f"{tool}-resumed-zero{stage}"
+    result = launch(
+        [*ZERO, str(stage)],
+        sft,
+        rm,
+        prompts,
+        resumed,
+        tool,
+        [*args, "--resume", "--checkpoint-dir", str(checkpoint.parent), "-v"],
+    )
+    assert result.returncode == 0, result.stderr.decode()[-4000:]
+    assert f"resuming from {checkpoint} (step 1)".encode() in result.stderr
+    steps = [
+        json.loads(line)["step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2]  # step 1 from the checkpoint's metrics, step 2 trained again
+    trained, start, reference = weights(resumed), weights(sft), weights(straight)
+    assert any(not torch.equal(trained[name], start[name]) for name in start)
+    for name in start:
+        torch.testing.assert_close(trained[name], reference[name], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     "tool, stage, extra, message",
     [
-        ("farm_ppo", 2, ["--resume"], "--resume under DeepSpeed"),
-        ("farm_grpo", 2, ["--resume"], "--resume under DeepSpeed"),
         ("farm_ppo", 3, ["--lora"], "--lora under ZeRO-3"),
         ("farm_rloo", 3, ["--lora"], "--lora under ZeRO-3"),
     ],
@@ -214,8 +250,8 @@ def test_group_methods_under_deepspeed_save_the_trained_full_weights(
 def test_what_deepspeed_cannot_honour_is_refused_before_any_work(
     files, tmp_path, tool, stage, extra, message
 ):
-    """--resume (checkpoints hold no DeepSpeed optimizer state) and --lora under ZeRO-3 (merging
-    split adapters) end with exit 1 and the reason, before a model is trained or a file written."""
+    """--lora under ZeRO-3 (merging split adapters) ends with exit 1 and the reason, before a model
+    is trained or a file written."""
     _, prompts, sft, rm = files
     output = tmp_path / "out"
     args = PPO_ARGS if tool == "farm_ppo" else GROUP_ARGS
@@ -223,6 +259,50 @@ def test_what_deepspeed_cannot_honour_is_refused_before_any_work(
     assert result.returncode != 0
     assert f"error: {message}".encode() in result.stderr, result.stderr.decode()[-3000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_is_resumed_only_by_a_run_of_its_kind(files, plain_run, tmp_path):
+    """A checkpoint written without DeepSpeed (optimizer.pt) is refused under DeepSpeed, before any
+    training, and the other way round: the engine splits its optimizer state its own way."""
+    folder, prompts, sft, rm = files
+    plain_checkpoints = folder / "plain-checkpoints"
+    result = launch(
+        [*ZERO, "2"],
+        sft,
+        rm,
+        prompts,
+        tmp_path / "a",
+        "farm_ppo",
+        [*PPO_ARGS, "--resume", "--checkpoint-dir", str(plain_checkpoints)],
+    )
+    assert result.returncode == 1, result.stderr.decode()[-3000:]
+    assert b"was written by a run without DeepSpeed; it cannot be resumed under DeepSpeed" in (
+        result.stderr
+    )
+    engine_checkpoints = folder / "farm_ppo-resume-straight-zero2-checkpoints"
+    if not engine_checkpoints.is_dir():
+        made = launch(
+            [*ZERO, "2"],
+            sft,
+            rm,
+            prompts,
+            engine_checkpoints.with_name("farm_ppo-resume-straight-zero2"),
+        )
+        assert made.returncode == 0, made.stderr.decode()[-3000:]
+    result = launch(
+        ["--num_processes", "1", "--cpu"],
+        sft,
+        rm,
+        prompts,
+        tmp_path / "b",
+        "farm_ppo",
+        [*PPO_ARGS, "--resume", "--checkpoint-dir", str(engine_checkpoints)],
+    )
+    assert result.returncode == 1, result.stderr.decode()[-3000:]
+    assert b"was written by a DeepSpeed launch; it cannot be resumed without DeepSpeed" in (
+        result.stderr
+    )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 QUARK_ARGS = [

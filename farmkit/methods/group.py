@@ -213,6 +213,9 @@ def train_group(
         _truncate_metrics,
         _write_checkpoint,
         checkpoint_step,
+        engine_state,
+        load_engine_state,
+        load_trainer_state,
         resume_point,
         run_blocks,
     )
@@ -242,15 +245,12 @@ def train_group(
     accumulation = -(-local_minibatch // config.micro_batch_size)
     accelerator.gradient_accumulation_steps = accumulation
     stage = launch.zero_stage(accelerator)
-    if stage and config.resume:
-        raise FarmError(
-            "--resume under DeepSpeed: checkpoints hold no DeepSpeed optimizer state; resume with DDP or one process"
-        )
     if stage == 3 and config.lora:
         raise FarmError(
             "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
         )
     checkpoints, resume_from, start_step, state = resume_point(output, config)
+    engine = engine_state(state, stage)
     torch.manual_seed(seed)
 
     with launch.no_zero3_init(accelerator):
@@ -264,7 +264,7 @@ def train_group(
             policy,
             config.lora_rank,
             config.lora_alpha,
-            adapter=state / "policy-adapter" if state else None,
+            adapter=state / "policy-adapter" if state and engine is None else None,
         )
     for network in (policy, reference, scorer.network):
         if network is not None:
@@ -305,14 +305,14 @@ def train_group(
         config.warmup_steps * updates_per_step, config.steps * updates_per_step
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if state is not None:
-        optimizer.load_state_dict(torch.load(state / "optimizer.pt", weights_only=True))
-        scheduler.load_state_dict(torch.load(state / "scheduler.pt", weights_only=True))
-        log.info("resuming from %s (step %d)", resume_from, start_step)
+    load_trainer_state(state, engine, optimizer, scheduler)
     launch.configure_deepspeed(
         accelerator, config.micro_batch_size, accumulation, config.max_grad_norm
     )
     model, optimizer = accelerator.prepare(P.PolicyOnly(policy), optimizer)
+    load_engine_state(model, engine)
+    if state is not None:
+        log.info("resuming from %s (step %d)", resume_from, start_step)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference is not None and reference.dtype != trained_dtype:
         reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy

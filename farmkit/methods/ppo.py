@@ -40,6 +40,7 @@ log = logging.getLogger("farmkit")
 VALUE_HEADS = ("reward", "zero")
 METRICS_FILE = "metrics.jsonl"
 TRAINER_STATE = "trainer"
+ENGINE_STATE = "engine"  # under DeepSpeed: the engine's own checkpoint, in the trainer state
 
 
 @dataclass
@@ -166,11 +167,60 @@ def resume_point(output: str, config: Any) -> tuple[Path, Path | None, int, Path
             f"--resume: {resume_from} is at step {start_step}, past --steps {config.steps}"
         )
     state = resume_from / TRAINER_STATE if resume_from else None
-    if state is not None and config.lora != (state / "policy-adapter").is_dir():
-        raise FarmError(
-            f"--resume: {resume_from} was written by a run {'without' if config.lora else 'with'} --lora; resume it the same way"
-        )
+    if state is not None:
+        written = json.loads((state / "state.json").read_text())
+        # under DeepSpeed the engine's own checkpoint holds the adapters too
+        lora = written.get("lora", (state / "policy-adapter").is_dir())
+        if config.lora != lora:
+            raise FarmError(
+                f"--resume: {resume_from} was written by a run {'without' if config.lora else 'with'} --lora; resume it the same way"
+            )
     return checkpoints, resume_from, start_step, state
+
+
+def engine_state(state: Path | None, stage: int) -> Path | None:
+    """The DeepSpeed engine's checkpoint in a trainer state (None without one), refusing a state of
+    the other kind: a DeepSpeed run resumes only what a DeepSpeed run wrote, and the other way round
+    (the engine splits the optimizer state its own way)."""
+    if state is None:
+        return None
+    engine = state / ENGINE_STATE
+    if bool(stage) != engine.is_dir():
+        written_by, resumed_by = (
+            ("a DeepSpeed launch", "without DeepSpeed")
+            if engine.is_dir()
+            else ("a run without DeepSpeed", "under DeepSpeed")
+        )
+        raise FarmError(
+            f"--resume: {state.parent} was written by {written_by}; it cannot be resumed {resumed_by}"
+        )
+    return engine if stage else None
+
+
+def load_trainer_state(
+    state: Path | None, engine: Path | None, optimizer: Any, scheduler: Any
+) -> None:
+    """Put a checkpoint's optimizer and scheduler state back (without DeepSpeed; under DeepSpeed the
+    engine restores its optimizer itself, load_engine_state, and the scheduler is farmkit's)."""
+    import torch
+
+    if state is None:
+        return
+    if engine is None:
+        optimizer.load_state_dict(torch.load(state / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(state / "scheduler.pt", weights_only=True))
+
+
+def load_engine_state(engine_model: Any, engine: Path | None) -> None:
+    """Under DeepSpeed: the trained modules' weights and the engine's (split) optimizer state, as the
+    checkpoint's engine saved them; every process loads its own part."""
+    if engine is None:
+        return
+    loaded, _ = engine_model.load_checkpoint(
+        str(engine), tag=ENGINE_STATE, load_module_strict=True, load_lr_scheduler_states=False
+    )
+    if loaded is None:
+        raise FarmError(f"--resume: DeepSpeed could not load its checkpoint from {engine}")
 
 
 def train_ppo(
@@ -213,16 +263,13 @@ def train_ppo(
     accumulation = -(-local_minibatch // config.micro_batch_size)
     accelerator.gradient_accumulation_steps = accumulation
     stage = launch.zero_stage(accelerator)
-    if stage and config.resume:
-        raise FarmError(
-            "--resume under DeepSpeed: checkpoints hold no DeepSpeed optimizer state; resume with DDP or one process"
-        )
     if stage == 3 and config.lora:
         raise FarmError(
             "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
         )
 
     checkpoints, resume_from, start_step, state = resume_point(output, config)
+    engine = engine_state(state, stage)
     torch.manual_seed(seed)
     with launch.no_zero3_init(accelerator):
         policy, reference, tokenizer = load_policy_and_reference(
@@ -242,7 +289,7 @@ def train_ppo(
             raise FarmError(
                 "the value model starts from the reward model, so the reward model and the SFT model must share a tokenizer"
             )
-        if state is not None and not config.lora:
+        if state is not None and engine is None and not config.lora:
             value_model = load_value_model(state / "value", device, "reward")
         else:
             value_model = load_value_model(reward_model, device, config.value_head)
@@ -253,14 +300,14 @@ def train_ppo(
             policy,
             config.lora_rank,
             config.lora_alpha,
-            adapter=state / "policy-adapter" if state else None,
+            adapter=state / "policy-adapter" if state and engine is None else None,
         )
         value_model = P.add_lora(
             value_model,
             config.lora_rank,
             config.lora_alpha,
             task_type="SEQ_CLS",
-            adapter=state / "value-adapter" if state else None,
+            adapter=state / "value-adapter" if state and engine is None else None,
         )
     for network in (policy, reference, scorer.network, value_model):
         if network is not None:
@@ -300,16 +347,16 @@ def train_ppo(
         config.warmup_steps * updates_per_step, config.steps * updates_per_step
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if state is not None:
-        optimizer.load_state_dict(torch.load(state / "optimizer.pt", weights_only=True))
-        scheduler.load_state_dict(torch.load(state / "scheduler.pt", weights_only=True))
-        log.info("resuming from %s (step %d)", resume_from, start_step)
+    load_trainer_state(state, engine, optimizer, scheduler)
     # one module, one optimizer: DeepSpeed prepares a single model. The scheduler stays unprepared:
     # accelerate would step it once per process
     launch.configure_deepspeed(
         accelerator, config.micro_batch_size, accumulation, config.max_grad_norm
     )
     model, optimizer = accelerator.prepare(P.PolicyAndValue(policy, value_model), optimizer)
+    load_engine_state(model, engine)
+    if state is not None:
+        log.info("resuming from %s (step %d)", resume_from, start_step)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference is not None and reference.dtype != trained_dtype:
         reference.to(
@@ -585,10 +632,16 @@ def _write_checkpoint(
 ) -> None:
     """A loadable policy folder; its trainer/ subfolder (value model, optimizer, scheduler, step) is
     what --resume reads, and is removed from the previous checkpoint to save disk. Under DeepSpeed the
-    folder holds the policy alone (the optimizer state is split the engine's way; --resume refuses it)."""
+    trainer state is the engine's own checkpoint (trainer/engine/: the trained modules and the
+    optimizer state split the engine's way, each process writing its part) beside the scheduler; its
+    state.json, written last, marks it whole."""
+    import torch
+
     from farmkit.methods.launch import full_weights, zero_stage
 
+    deepspeed = bool(zero_stage(accelerator))
     accelerator.wait_for_everyone()
+    previous = latest_checkpoint(folder.parent)
     with full_weights(accelerator, model) as whole:
         if accelerator.is_main_process:
             _save_checkpoint(
@@ -599,9 +652,20 @@ def _write_checkpoint(
                 folder,
                 meta,
                 step,
-                with_state=not zero_stage(accelerator),
+                with_state=not deepspeed,
             )
     accelerator.wait_for_everyone()
+    if deepspeed:
+        state = folder / TRAINER_STATE
+        model.save_checkpoint(str(state / ENGINE_STATE), tag=ENGINE_STATE)  # collective
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            torch.save(scheduler.state_dict(), state / "scheduler.pt")
+            lora = hasattr(accelerator.unwrap_model(model).policy, "peft_config")
+            (state / "state.json").write_text(json.dumps({"step": step, "lora": lora}) + "\n")
+            if previous is not None and previous != folder:
+                shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
+        accelerator.wait_for_everyone()
 
 
 def _save_checkpoint(
@@ -635,7 +699,8 @@ def _save_checkpoint(
                 tokenizer.save_pretrained(state / "value")
         torch.save(optimizer.state_dict(), state / "optimizer.pt")
         torch.save(scheduler.state_dict(), state / "scheduler.pt")
-        (state / "state.json").write_text(json.dumps({"step": step}) + "\n")
+        lora = hasattr(whole.policy, "peft_config")
+        (state / "state.json").write_text(json.dumps({"step": step, "lora": lora}) + "\n")
 
     previous = latest_checkpoint(folder.parent)
     save_policy(
@@ -646,6 +711,6 @@ def _save_checkpoint(
         extra_files=[folder.parent / METRICS_FILE],
         extra=trainer_state if with_state else None,
     )
-    if previous is not None and previous != folder:
+    if with_state and previous is not None and previous != folder:
         shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
     log.info("checkpoint: %s", folder)
