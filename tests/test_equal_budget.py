@@ -11,7 +11,7 @@ import orjson
 import pytest
 from test_demo import N_VAL, _assert_png, _make, _records
 
-pytestmark = [pytest.mark.recipe, pytest.mark.slow]
+pytestmark = pytest.mark.recipe
 
 N_PREF = 8  # SIZE=ci: the labels every method gets
 METHODS = ["ppo", "rloo", "grpo", "dpo", "odpo"]

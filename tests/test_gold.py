@@ -122,7 +122,6 @@ def test_a_gold_judge_that_is_neither_a_pool_nor_a_reward_model_is_refused(tmp_p
     assert gold_module.judge_kind("gold") == "pool"
 
 
-@pytest.mark.slow  # a minute each on a shared 2-core CPU
 def test_rloo_checkpoints_are_scored_by_the_gold_reward_model(world, tmp_path, monkeypatch):
     from farmkit.methods.group import RLOOConfig, train_group
 
@@ -191,7 +190,6 @@ def test_rloo_checkpoints_are_scored_by_the_gold_reward_model(world, tmp_path, m
     assert all(torch.equal(watched[key], alone[key]) for key in watched)
 
 
-@pytest.mark.slow  # a minute each on a shared 2-core CPU
 def test_dpo_end_is_scored_by_the_gold_reward_model(world, tmp_path, monkeypatch):
     from farmkit.methods.dpo import DPOConfig, dpo_pairs, train_dpo
 
@@ -314,7 +312,7 @@ def _gold_rows(path) -> list[dict]:
     return [row for row in metrics(path) if "gold_win_rate" in row]
 
 
-@pytest.mark.slow  # the other methods' gold paths, each judged by the red model
+# the other methods' gold paths, each judged by the red model
 @pytest.mark.parametrize("method", ["ppo", "grpo", "quark", "expiter"])
 def test_every_method_judges_its_checkpoints(world, tmp_path, monkeypatch, method):
     sft, rm, gold = world
