@@ -79,6 +79,8 @@ class Shared:
     own_help: bool = False
     other_types: tuple[Any, ...] = ()  # the one other type a tool may take (a sweep of values)
     metavar: str | None = None
+    flag: bool = False  # a bare flag (--no-cache), not --x/--no-x
+    multiple: bool = False  # repeatable: the value is a tuple
 
 
 class SampleCounts(click.ParamType):
@@ -150,6 +152,14 @@ SHARED: dict[str, Shared] = {
     "gold": Shared(("--gold",), click.STRING, metavar="POOL_OR_RM"),
     "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),
     "gold_size": Shared(("--gold-size",), click.IntRange(min=1), 32),
+    # the annotator of farm-annotate and of farm-online-dpo's rounds (judge_options)
+    "flip_rate": Shared(("--flip-rate",), click.FloatRange(0, 0.5)),
+    "both_orders": Shared(("--both-orders",), click.BOOL, False, own_help=True, flag=True),
+    "judge_models": Shared(("--model",), click.STRING, (), metavar="[TIER=]NAME", multiple=True),
+    "cache": Shared(("--cache",), click.Path(dir_okay=False)),
+    "no_cache": Shared(("--no-cache",), click.BOOL, False, flag=True),
+    "max_cost": Shared(("--max-cost",), click.FloatRange(min=0), metavar="USD", own_help=True),
+    "prices": Shared(("--prices",), click.Path(exists=True, dir_okay=False)),
 }
 
 
@@ -223,7 +233,42 @@ def shared_option(
         kwargs["type"] = param_type or spec.type
     if spec.metavar:
         kwargs["metavar"] = spec.metavar
+    if spec.flag:
+        kwargs["is_flag"] = True
+    if spec.multiple:
+        kwargs["multiple"] = True
     return click.option(*decls, cls=AliasedOption, aliases=spec.aliases + tuple(aliases), **kwargs)
+
+
+def judge_options(max_cost_help: str, both_orders_help: str) -> Callable[[Callable], Callable]:
+    """The options of a tool that asks farm-annotate's pools: --flip-rate, --both-orders, --model,
+    --cache, --no-cache, --max-cost and --prices (parameters flip_rate, both_orders, models,
+    cache_path, no_cache, max_cost, prices), with the tool's sentence on what --max-cost covers
+    and what a tie becomes."""
+
+    def decorate(function: Callable) -> Callable:
+        for option in reversed(
+            [
+                shared_option("flip_rate"),
+                shared_option("both_orders", more_help=both_orders_help),
+                shared_option("judge_models", dest="models"),
+                shared_option("cache", dest="cache_path"),
+                shared_option("no_cache"),
+                shared_option("max_cost", more_help=max_cost_help),
+                shared_option("prices"),
+            ]
+        ):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+def verdict_cache(cache_path: str | None, no_cache: bool) -> str | None:
+    """The cache a run uses from --cache and --no-cache: None (none), a path, or "default"."""
+    if cache_path and no_cache:
+        raise click.UsageError("--cache and --no-cache exclude each other")
+    return None if no_cache else (cache_path or "default")
 
 
 seed_option = shared_option("seed")

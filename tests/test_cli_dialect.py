@@ -126,6 +126,18 @@ def test_every_shared_option_reads_the_same_in_every_tool():
         "gold": set(POLICY_METHODS),
         "gold_prompts": set(POLICY_METHODS),
         "gold_size": set(POLICY_METHODS),
+        **{
+            name: {"farm-annotate", "farm-online-dpo"}
+            for name in (
+                "flip_rate",
+                "both_orders",
+                "judge_models",
+                "cache",
+                "no_cache",
+                "max_cost",
+                "prices",
+            )
+        },
     }
     for name, tools in expected.items():
         assert tools <= set(seen.get(name, ())), (name, sorted(tools - set(seen.get(name, ()))))

@@ -12,9 +12,11 @@ from farmkit.cli import (
     common_options,
     entry_point,
     input_argument,
+    judge_options,
     output_option,
     seed_option,
     shared_option,
+    verdict_cache,
 )
 from farmkit.io import RecordWriter, records_stdout
 
@@ -52,10 +54,9 @@ from farmkit.io import RecordWriter, records_stdout
     help="Take verdicts from this preference file (human labels) instead of a pool.",
 )
 @seed_option
-@click.option(
-    "--flip-rate",
-    type=click.FloatRange(0, 0.5),
-    help="Share of labels flipped by noise (overrides the pool's; sim_ann: 0.25).",
+@judge_options(
+    max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
+    both_orders_help="A pair costs two requests.",
 )
 @click.option(
     "--assign-by",
@@ -66,42 +67,9 @@ from farmkit.io import RecordWriter, records_stdout
     "judge and order on an instruction, which lowers the variance of comparisons between models).",
 )
 @click.option(
-    "--both-orders",
-    is_flag=True,
-    help="Ask in both orders; verdicts that disagree become a tie (1.5).",
-)
-@click.option(
-    "--model",
-    "models",
-    multiple=True,
-    metavar="[TIER=]NAME",
-    help="Model for every openai judge (NAME) or for one tier (TIER=NAME); repeatable.",
-)
-@click.option(
-    "--cache",
-    "cache_path",
-    type=click.Path(dir_okay=False),
-    help="SQLite verdict cache; any number of runs may share one at once (a question another run "
-    "is asking is waited for, not paid twice)  [default: FARMKIT_CACHE/annotations.sqlite].",
-)
-@click.option("--no-cache", is_flag=True, help="Neither read nor write the verdict cache.")
-@click.option(
-    "--max-cost",
-    type=click.FloatRange(min=0),
-    metavar="USD",
-    help="Refuse to start, or stop asking, before spending more. Refuses a model without a known price "
-    "(give one with --prices); each request in flight holds its worst case (max_tokens, and the prompt "
-    "at the densest billing seen), so concurrent requests cannot overshoot the cap.",
-)
-@click.option(
     "--estimate",
     is_flag=True,
     help="Print the expected requests, tokens and price as JSON and exit without asking anything.",
-)
-@click.option(
-    "--prices",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
 )
 @click.option(
     "--concurrency",
@@ -169,8 +137,7 @@ def cli(
         for name in pool_module.shipped_pools():
             records_stdout().write(orjson.dumps(pool_module.load_pool(name).listing()) + b"\n")
         return
-    if cache_path and no_cache:
-        raise click.UsageError("--cache and --no-cache exclude each other")
+    cache = verdict_cache(cache_path, no_cache)
     if skip_missing and not reference:
         raise click.UsageError(
             "--skip-missing skips records the --reference lacks; give --reference"
@@ -218,7 +185,7 @@ def cli(
         chosen,
         seed=seed,
         both_orders=both_orders,
-        cache_path=None if no_cache else (cache_path or "default"),
+        cache_path=cache,
         prices_path=prices,
         max_cost=max_cost,
         device=device,

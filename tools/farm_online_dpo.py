@@ -11,9 +11,11 @@ from farmkit.cli import (
     config_options,
     entry_point,
     input_argument,
+    judge_options,
     output_dir_option,
     resolve_config,
     shared_option,
+    verdict_cache,
 )
 from farmkit.io import FarmError, display_name, read_records
 from farmkit.methods.online_dpo import DEFAULT_POOL, OnlineDPOConfig
@@ -33,41 +35,10 @@ log = logging.getLogger("farmkit")
     help="The farm-annotate pool that labels each round's pairs: a name (farm-annotate "
     "--list-pools) or a pool YAML file. The default is offline (no endpoint).",
 )
-@click.option(
-    "--flip-rate",
-    type=click.FloatRange(0, 0.5),
-    help="Share of labels flipped by noise (overrides the pool's).",
-)
-@click.option(
-    "--both-orders",
-    is_flag=True,
-    help="Ask in both orders; verdicts that disagree become a tie (left out of DPO).",
-)
-@click.option(
-    "--model",
-    "models",
-    multiple=True,
-    metavar="[TIER=]NAME",
-    help="Model for every openai judge (NAME) or for one tier (TIER=NAME); repeatable.",
-)
-@click.option(
-    "--cache",
-    "cache_path",
-    type=click.Path(dir_okay=False),
-    help="SQLite verdict cache [default: FARMKIT_CACHE/annotations.sqlite].",
-)
-@click.option("--no-cache", is_flag=True, help="Neither read nor write the verdict cache.")
-@click.option(
-    "--max-cost",
-    type=click.FloatRange(min=0),
-    metavar="USD",
-    help="Budget of the whole run (every round, reruns included): a round gets only the pairs "
-    "the rest pays for, and the run stops there.",
-)
-@click.option(
-    "--prices",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
+@judge_options(
+    max_cost_help="It covers the whole run (every round, reruns included): a round gets only the "
+    "pairs the rest pays for, and the run stops there.",
+    both_orders_help="Ties are left out of DPO.",
 )
 @shared_option("device")
 @common_options
@@ -104,8 +75,7 @@ def cli(
       farm-online-dpo sft/ unlabeled.jsonl -o odpo/ --pool sim_ann_offline \\
           --rounds 4 --prompts-per-round 128 --max-new-tokens 128 --max-cost 5
     """
-    if cache_path and no_cache:
-        raise click.UsageError("--cache and --no-cache exclude each other")
+    cache = verdict_cache(cache_path, no_cache)
     config = resolve_config(OnlineDPOConfig, config_file, values)
     records = list(read_records(prompts, "instruction"))
     if not records:
@@ -114,7 +84,7 @@ def cli(
 
     annotation = Annotation(
         pool=pool,
-        cache=None if no_cache else (cache_path or "default"),
+        cache=cache,
         max_cost=max_cost,
         prices=prices,
         flip_rate=flip_rate,

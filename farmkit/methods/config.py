@@ -60,6 +60,17 @@ SHARED_HELP = {
     "gold_prompts": "Instruction records the gold judge evaluates on (the first --gold-size). "
     "Default: the first --gold-size distinct prompts of the training input.",
     "gold_size": "Prompts the gold judge evaluates on.",
+    # the annotator options of the tools that ask farm-annotate's pools (farm-annotate, farm-online-dpo)
+    "flip_rate": "Share of labels flipped by noise (overrides the pool's; sim_ann: 0.25).",
+    "both_orders": "Ask in both orders; verdicts that disagree become a tie (1.5).",
+    "judge_models": "Model for every openai judge (NAME) or for one tier (TIER=NAME); repeatable.",
+    "cache": "SQLite verdict cache; any number of runs may share one at once (a question another "
+    "run is asking is waited for, not paid twice)  [default: FARMKIT_CACHE/annotations.sqlite].",
+    "no_cache": "Neither read nor write the verdict cache.",
+    "max_cost": "Budget in USD. Refuses a model without a known price (give one with --prices); each "
+    "request in flight holds its worst case (max_tokens, and the prompt at the densest billing "
+    "seen), so concurrent requests cannot overshoot the cap.",
+    "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
 }
 
 REPORT_TO = ("none", "tensorboard", "wandb")
@@ -76,6 +87,13 @@ def help_field(default: Any, help: str, choices: tuple[str, ...] | None = None) 
 def shared_field(name: str, default: Any, choices: tuple[str, ...] | None = None) -> Any:
     """A field of a concept several tools share: its help is SHARED_HELP[name]."""
     return help_field(default, SHARED_HELP[name], choices)
+
+
+def require_positive(config: Any, *names: str) -> None:
+    """Raise ValueError naming the first of these integer fields (as its option) that is below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name.replace('_', '-')} must be at least 1")
 
 
 def _scalar_type(annotation: Any) -> type:
@@ -156,9 +174,7 @@ class RolloutConfig(ModelArgs):
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "reward_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        require_positive(self, "max_new_tokens", "reward_batch_size")
         if self.temperature <= 0:
             raise ValueError("temperature must be positive")
         if self.adam_eps <= 0 or self.max_grad_norm <= 0:

@@ -35,8 +35,8 @@ from farmkit.methods.config import (
     TrackingArgs,
     config_dict,
     help_field,
+    require_positive,
 )
-from farmkit.metrics import dumps as metrics_dumps
 from farmkit.metrics import metrics_row
 from farmkit.seeds import derive_seed
 
@@ -103,16 +103,15 @@ class GroupConfig(RolloutConfig, TrackingArgs, GoldArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in (
+        require_positive(
+            self,
             "steps",
             "rollout_batch_size",
             "minibatch_size",
             "micro_batch_size",
             "ppo_epochs",
             "lora_rank",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        )
         if self.samples_per_prompt < 2:
             raise ValueError(
                 "samples-per-prompt must be at least 2: a group of one has no baseline"
@@ -205,19 +204,17 @@ def train_group(
 
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
-    from farmkit.methods.budget import Budget, reward_model_labels
-    from farmkit.methods.gold import check_processes, make_gold
+    from farmkit.methods.budget import reward_model_labels
+    from farmkit.methods.gold import check_processes
     from farmkit.methods.ppo import (
-        METRICS_FILE,
-        _last_metrics,
-        _truncate_metrics,
-        _write_checkpoint,
+        RunRecord,
         checkpoint_step,
         engine_state,
+        linear_scheduler,
         load_engine_state,
         load_trainer_state,
         resume_point,
-        run_blocks,
+        rollout_prompts_and_gold,
     )
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
@@ -272,27 +269,8 @@ def train_group(
             network.eval()  # no dropout: rollout and update see the same function
 
     fmt = PromptFormat.for_model(sft, config.template)
-    # token ids, each prompt cut to what the context holds beside max_new_tokens (warned once)
-    policy_prompts = P.fit_rollout_prompts(
-        policy,
-        tokenizer,
-        [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
-        config.max_new_tokens,
-    )
-    gold = make_gold(
-        config.gold,
-        config.gold_prompts,
-        config.gold_size,
-        prompts,
-        sft,
-        template=config.template,
-        temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens,
-        seed=seed,
-        device=device,
-        batch_size=config.reward_batch_size,
-        start_network=reference,
-        tool=config.tool,
+    policy_prompts, gold = rollout_prompts_and_gold(
+        config, policy, tokenizer, fmt, prompts, sft, seed, device, reference, config.tool
     )
 
     optimizer = torch.optim.AdamW(
@@ -301,10 +279,7 @@ def train_group(
         eps=config.adam_eps,
     )
     updates_per_step = config.ppo_epochs * (local_rollouts // local_minibatch)
-    schedule = rl_common.linear_schedule(
-        config.warmup_steps * updates_per_step, config.steps * updates_per_step
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = linear_scheduler(optimizer, config, updates_per_step)
     load_trainer_state(state, engine, optimizer, scheduler)
     launch.configure_deepspeed(
         accelerator, config.micro_batch_size, accumulation, config.max_grad_norm
@@ -337,15 +312,17 @@ def train_group(
         inputs=[*(inputs or [])],
         launch=launch.launch_record(accelerator),
     )
-    metrics_path = checkpoints / METRICS_FILE
-    last: dict[str, Any] = _last_metrics(metrics_path, start_step) if start_step else {}
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        _truncate_metrics(metrics_path, start_step)
+    record = RunRecord(
+        accelerator,
+        config,
+        checkpoints,
+        start_step,
+        meta_common,
+        reward_model_labels(reward_model),
+    )
+    last, budget = record.last, record.budget
     order = prompt_order(len(prompts), config.steps * prompts_per_step, seed)
     kl_in_loss = config.kl_in == "loss" and config.kl_coef > 0
-    budget = Budget(reward_model_labels(reward_model), last)
     started = time.time()
     for step in range(start_step, config.steps):
         step_prompts = order[step * prompts_per_step : (step + 1) * prompts_per_step][rank::world]
@@ -480,44 +457,13 @@ def train_group(
                 last.update(gold.evaluate(unwrapped.policy, tokenizer, f"step-{done}"))
         # the one metrics schema: the loss is the policy loss (KL term included when it is in the loss)
         last = metrics_row(config.method, last.pop("step"), last.get("policy_loss"), **last)
-        if accelerator.is_main_process:
-            with open(metrics_path, "a") as handle:
-                handle.write(metrics_dumps(last))
-            log.info(
-                "step %d/%d  reward %.4f  kl %.4f  entropy %.3f  length %.1f  group std %.3f  clip %.3f",
-                step + 1,
-                config.steps,
-                last["reward"],
-                last["kl"],
-                last["entropy"],
-                last["response_length"],
-                last["group_score_std"],
-                last["clip_fraction"],
-            )
-        tracking.log(accelerator, last, done)
-        if checkpoint_step(done, config) and done < config.steps:
-            _write_checkpoint(
-                accelerator,
-                model,
-                optimizer,
-                scheduler,
-                tokenizer,
-                checkpoints / f"step-{done:06d}",
-                P.policy_meta(**meta_common, step=done, **run_blocks(budget, gold)),
-                done,
-            )
-    accelerator.wait_for_everyone()
-    with launch.full_weights(accelerator, model) as whole:
-        if accelerator.is_main_process:
-            P.save_policy(
-                whole.policy,
-                tokenizer,
-                output,
-                P.policy_meta(**meta_common, step=config.steps, **run_blocks(budget, gold)),
-                extra_files=[metrics_path],
-            )
-    tracking.finish(accelerator)
-    accelerator.wait_for_everyone()
+        message = (
+            f"step {done}/{config.steps}  reward {last['reward']:.4f}  kl {last['kl']:.4f}  "
+            f"entropy {last['entropy']:.3f}  length {last['response_length']:.1f}  "
+            f"group std {last['group_score_std']:.3f}  clip {last['clip_fraction']:.3f}"
+        )
+        record.end_step(last, message, model, optimizer, scheduler, tokenizer, gold)
+    record.save(model, tokenizer, output, gold)
     return last
 
 

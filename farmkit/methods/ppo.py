@@ -30,6 +30,7 @@ from farmkit.methods.config import (
     TrackingArgs,
     config_dict,
     help_field,
+    require_positive,
     shared_field,
 )
 from farmkit.metrics import dumps as metrics_dumps
@@ -108,16 +109,15 @@ class PPOConfig(RolloutConfig, TrackingArgs, GoldArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in (
+        require_positive(
+            self,
             "steps",
             "rollout_batch_size",
             "minibatch_size",
             "micro_batch_size",
             "ppo_epochs",
             "lora_rank",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        )
         if self.rollout_batch_size % self.minibatch_size:
             raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
         if self.learning_rate <= 0:
@@ -237,8 +237,8 @@ def train_ppo(
 
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
-    from farmkit.methods.budget import Budget, reward_model_labels
-    from farmkit.methods.gold import check_processes, make_gold
+    from farmkit.methods.budget import reward_model_labels
+    from farmkit.methods.gold import check_processes
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
     from farmkit.models import PromptFormat
@@ -315,27 +315,8 @@ def train_ppo(
             network.eval()  # no dropout: rollout and update see the same function
 
     fmt = PromptFormat.for_model(sft, config.template)
-    # token ids, each prompt cut to what the context holds beside max_new_tokens (warned once)
-    policy_prompts = P.fit_rollout_prompts(
-        policy,
-        tokenizer,
-        [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
-        config.max_new_tokens,
-    )
-    gold = make_gold(
-        config.gold,
-        config.gold_prompts,
-        config.gold_size,
-        prompts,
-        sft,
-        template=config.template,
-        temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens,
-        seed=seed,
-        device=device,
-        batch_size=config.reward_batch_size,
-        start_network=reference,
-        tool="farm-ppo",
+    policy_prompts, gold = rollout_prompts_and_gold(
+        config, policy, tokenizer, fmt, prompts, sft, seed, device, reference, "farm-ppo"
     )
 
     parameters = [
@@ -343,10 +324,7 @@ def train_ppo(
     ]
     optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, eps=config.adam_eps)
     updates_per_step = config.ppo_epochs * (local_rollouts // local_minibatch)
-    schedule = rl_common.linear_schedule(
-        config.warmup_steps * updates_per_step, config.steps * updates_per_step
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = linear_scheduler(optimizer, config, updates_per_step)
     load_trainer_state(state, engine, optimizer, scheduler)
     # one module, one optimizer: DeepSpeed prepares a single model. The scheduler stays unprepared:
     # accelerate would step it once per process
@@ -385,14 +363,16 @@ def train_ppo(
         inputs=[*(inputs or [])],
         launch=launch.launch_record(accelerator),
     )
-    metrics_path = checkpoints / METRICS_FILE
-    last: dict[str, Any] = _last_metrics(metrics_path, start_step) if start_step else {}
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        _truncate_metrics(metrics_path, start_step)
+    record = RunRecord(
+        accelerator,
+        config,
+        checkpoints,
+        start_step,
+        meta_common,
+        reward_model_labels(reward_model),
+    )
+    last, budget = record.last, record.budget
     order = prompt_order(len(prompts), config.steps * local_rollouts * world, seed)
-    budget = Budget(reward_model_labels(reward_model), last)
     started = time.time()
     for step in range(start_step, config.steps):
         batch_indices = order[
@@ -529,45 +509,153 @@ def train_ppo(
             else None,
             **last,
         )
+        message = (
+            f"step {done}/{config.steps}  reward {last['reward']:.4f}  kl {last['kl']:.4f}  "
+            f"entropy {last['entropy']:.3f}  length {last['response_length']:.1f}  "
+            f"value loss {last['value_loss']:.4f}  clip {last['clip_fraction']:.3f}"
+        )
+        record.end_step(last, message, model, optimizer, scheduler, tokenizer, gold)
+    record.save(model, tokenizer, output, gold)
+    return last
+
+
+def rollout_prompts_and_gold(
+    config: Any,
+    policy: Any,
+    tokenizer: Any,
+    fmt: Any,
+    prompts: list[dict[str, Any]],
+    sft: str,
+    seed: int,
+    device: str,
+    reference: Any,
+    tool: str,
+) -> tuple[list[list[int]], Any]:
+    """The prompts' token ids, each cut to what the context holds beside max_new_tokens (warned
+    once), and the run's gold judge (None without --gold), for farm-ppo, farm-rloo and farm-grpo."""
+    from farmkit.methods import policy as P
+    from farmkit.methods.gold import make_gold
+
+    policy_prompts = P.fit_rollout_prompts(
+        policy,
+        tokenizer,
+        [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
+        config.max_new_tokens,
+    )
+    gold = make_gold(
+        config.gold,
+        config.gold_prompts,
+        config.gold_size,
+        prompts,
+        sft,
+        template=config.template,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=seed,
+        device=device,
+        batch_size=config.reward_batch_size,
+        start_network=reference,
+        tool=tool,
+    )
+    return policy_prompts, gold
+
+
+class RunRecord:
+    """What a policy-gradient run (farm-ppo, farm-rloo, farm-grpo) writes beside its training: the
+    checkpoint folder's metrics.jsonl (a line a step, past a resumed step forgotten), a checkpoint
+    every --checkpoint-every steps, and the output folder at the end. Every process calls it; the
+    main one writes."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        config: Any,
+        checkpoints: Path,
+        start_step: int,
+        meta_common: dict[str, Any],
+        budget_labels: int | None,
+    ) -> None:
+        from farmkit.methods.budget import Budget
+
+        self.accelerator, self.config, self.checkpoints = accelerator, config, checkpoints
+        self.meta_common = meta_common
+        self.metrics_path = checkpoints / METRICS_FILE
+        # the metrics row of the step resumed from: its budget totals go on
+        self.last: dict[str, Any] = (
+            _last_metrics(self.metrics_path, start_step) if start_step else {}
+        )
+        self.budget = Budget(budget_labels, self.last)
+        accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            with open(metrics_path, "a") as handle:
-                handle.write(metrics_dumps(last))
-            log.info(
-                "step %d/%d  reward %.4f  kl %.4f  entropy %.3f  length %.1f  value loss %.4f  clip %.3f",
-                step + 1,
-                config.steps,
-                last["reward"],
-                last["kl"],
-                last["entropy"],
-                last["response_length"],
-                last["value_loss"],
-                last["clip_fraction"],
-            )
-        tracking.log(accelerator, last, step + 1)
-        if checkpoint_step(done, config) and done < config.steps:
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            _truncate_metrics(self.metrics_path, start_step)
+
+    def meta(self, step: int, gold: Any) -> dict[str, Any]:
+        from farmkit.methods.policy import policy_meta
+
+        return policy_meta(**self.meta_common, step=step, **run_blocks(self.budget, gold))
+
+    def end_step(
+        self,
+        row: dict[str, Any],
+        message: str,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        tokenizer: Any,
+        gold: Any,
+    ) -> None:
+        """Step `row["step"]` is done: its metrics line, its log line, the trackers, a checkpoint."""
+        from farmkit.methods import tracking
+
+        done = row["step"]
+        if self.accelerator.is_main_process:
+            with open(self.metrics_path, "a") as handle:
+                handle.write(metrics_dumps(row))
+            log.info(message)
+        tracking.log(self.accelerator, row, done)
+        if checkpoint_step(done, self.config) and done < self.config.steps:
             _write_checkpoint(
-                accelerator,
+                self.accelerator,
                 model,
                 optimizer,
                 scheduler,
                 tokenizer,
-                checkpoints / f"step-{done:06d}",
-                P.policy_meta(**meta_common, step=done, **run_blocks(budget, gold)),
+                self.checkpoints / f"step-{done:06d}",
+                self.meta(done, gold),
                 done,
             )
-    accelerator.wait_for_everyone()
-    with launch.full_weights(accelerator, model) as whole:
-        if accelerator.is_main_process:
-            P.save_policy(
-                whole.policy,
-                tokenizer,
-                output,
-                P.policy_meta(**meta_common, step=config.steps, **run_blocks(budget, gold)),
-                extra_files=[metrics_path],
-            )
-    tracking.finish(accelerator)
-    accelerator.wait_for_everyone()
-    return last
+
+    def save(self, model: Any, tokenizer: Any, output: str, gold: Any) -> None:
+        """The trained policy as the output folder (gathered whole under ZeRO-3), with the metrics."""
+        from farmkit.methods import launch, tracking
+        from farmkit.methods.policy import save_policy
+
+        accelerator = self.accelerator
+        accelerator.wait_for_everyone()
+        with launch.full_weights(accelerator, model) as whole:
+            if accelerator.is_main_process:
+                save_policy(
+                    whole.policy,
+                    tokenizer,
+                    output,
+                    self.meta(self.config.steps, gold),
+                    extra_files=[self.metrics_path],
+                )
+        tracking.finish(accelerator)
+        accelerator.wait_for_everyone()
+
+
+def linear_scheduler(optimizer: Any, config: Any, updates_per_step: int) -> Any:
+    """Warm up for --warmup-steps, then decay linearly to 0 at the last step; stepped per update."""
+    import torch
+
+    from farmkit.methods import rl_common
+
+    schedule = rl_common.linear_schedule(
+        config.warmup_steps * updates_per_step, config.steps * updates_per_step
+    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
 def checkpoint_step(done: int, config: Any) -> bool:

@@ -29,6 +29,7 @@ from farmkit.methods.config import (
     TrackingArgs,
     config_dict,
     help_field,
+    require_positive,
     shared_field,
 )
 from farmkit.metrics import metrics_row, write_metrics
@@ -90,16 +91,15 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in (
+        require_positive(
+            self,
             "rounds",
             "prompts_per_round",
             "samples_per_prompt",
             "epochs_per_round",
             "batch_size",
             "generation_batch_size",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        )
         if self.num_quantiles < 2:
             raise ValueError("num-quantiles must be at least 2")
         if self.prompts_per_round * self.samples_per_prompt < self.num_quantiles:
