@@ -204,7 +204,6 @@ def train_group(
 
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
-    from farmkit.methods.budget import reward_model_labels
     from farmkit.methods.gold import check_processes
     from farmkit.methods.ppo import (
         RunRecord,
@@ -303,22 +302,19 @@ def train_group(
         with policy.disable_adapter():
             return P.response_logits(policy, chunk, config.temperature)
 
-    meta_common = dict(
-        tool=config.tool,
-        base_model=sft,
-        template=fmt.resolved(tokenizer),
-        seed=seed,
-        config=config_dict(config),
-        inputs=[*(inputs or [])],
-        launch=launch.launch_record(accelerator),
-    )
     record = RunRecord(
         accelerator,
         config,
         checkpoints,
         start_step,
-        meta_common,
-        reward_model_labels(reward_model),
+        reward_model,
+        dict(
+            tool=config.tool,
+            base_model=sft,
+            template=fmt.resolved(tokenizer),
+            seed=seed,
+            inputs=list(inputs or []),
+        ),
     )
     last, budget = record.last, record.budget
     order = prompt_order(len(prompts), config.steps * prompts_per_step, seed)

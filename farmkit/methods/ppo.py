@@ -237,7 +237,6 @@ def train_ppo(
 
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
-    from farmkit.methods.budget import reward_model_labels
     from farmkit.methods.gold import check_processes
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
@@ -354,22 +353,19 @@ def train_ppo(
         with policy.disable_adapter():
             return P.response_logits(policy, chunk, config.temperature)
 
-    meta_common = dict(
-        tool="farm-ppo",
-        base_model=sft,
-        template=fmt.resolved(tokenizer),
-        seed=seed,
-        config=config_dict(config),
-        inputs=[*(inputs or [])],
-        launch=launch.launch_record(accelerator),
-    )
     record = RunRecord(
         accelerator,
         config,
         checkpoints,
         start_step,
-        meta_common,
-        reward_model_labels(reward_model),
+        reward_model,
+        dict(
+            tool="farm-ppo",
+            base_model=sft,
+            template=fmt.resolved(tokenizer),
+            seed=seed,
+            inputs=list(inputs or []),
+        ),
     )
     last, budget = record.last, record.budget
     order = prompt_order(len(prompts), config.steps * local_rollouts * world, seed)
@@ -572,19 +568,26 @@ class RunRecord:
         config: Any,
         checkpoints: Path,
         start_step: int,
+        reward_model: str,
         meta_common: dict[str, Any],
-        budget_labels: int | None,
     ) -> None:
-        from farmkit.methods.budget import Budget
+        """meta_common: what every policy folder's meta.json of the run holds (policy_meta's tool,
+        base_model, template, seed and inputs); the config and the launch are added here."""
+        from farmkit.methods import launch
+        from farmkit.methods.budget import Budget, reward_model_labels
 
         self.accelerator, self.config, self.checkpoints = accelerator, config, checkpoints
-        self.meta_common = meta_common
+        self.meta_common = {
+            **meta_common,
+            "config": config_dict(config),
+            "launch": launch.launch_record(accelerator),
+        }
         self.metrics_path = checkpoints / METRICS_FILE
         # the metrics row of the step resumed from: its budget totals go on
         self.last: dict[str, Any] = (
             _last_metrics(self.metrics_path, start_step) if start_step else {}
         )
-        self.budget = Budget(budget_labels, self.last)
+        self.budget = Budget(reward_model_labels(reward_model), self.last)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             checkpoints.mkdir(parents=True, exist_ok=True)
@@ -718,11 +721,12 @@ def _write_checkpoint(
     meta: dict[str, Any],
     step: int,
 ) -> None:
-    """A loadable policy folder; its trainer/ subfolder (value model, optimizer, scheduler, step) is
-    what --resume reads, and is removed from the previous checkpoint to save disk. Under DeepSpeed the
-    trainer state is the engine's own checkpoint (trainer/engine/: the trained modules and the
-    optimizer state split the engine's way, each process writing its part) beside the scheduler; its
-    state.json, written last, marks it whole."""
+    """A loadable policy folder; its trainer/ subfolder is what --resume reads, and is removed from
+    the previous checkpoint to save disk. Without DeepSpeed it holds the value model (or the
+    adapters), the optimizer and the scheduler, written with the folder. Under DeepSpeed it holds the
+    engine's own checkpoint (trainer/engine/: the trained modules and the optimizer state split the
+    engine's way, each process writing its part) beside the scheduler. Its state.json, written
+    last, marks it whole."""
     import torch
 
     from farmkit.methods.launch import full_weights, zero_stage
@@ -730,51 +734,38 @@ def _write_checkpoint(
     deepspeed = bool(zero_stage(accelerator))
     accelerator.wait_for_everyone()
     previous = latest_checkpoint(folder.parent)
+    state = folder / TRAINER_STATE
     with full_weights(accelerator, model) as whole:
+        lora = hasattr(whole.policy, "peft_config")
         if accelerator.is_main_process:
-            _save_checkpoint(
-                whole,
-                optimizer,
-                scheduler,
-                tokenizer,
-                folder,
-                meta,
-                step,
-                with_state=not deepspeed,
-            )
-    accelerator.wait_for_everyone()
+            _save_checkpoint(whole, None if deepspeed else optimizer, tokenizer, folder, meta)
     if deepspeed:
-        state = folder / TRAINER_STATE
+        accelerator.wait_for_everyone()
         model.save_checkpoint(str(state / ENGINE_STATE), tag=ENGINE_STATE)  # collective
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            torch.save(scheduler.state_dict(), state / "scheduler.pt")
-            lora = hasattr(accelerator.unwrap_model(model).policy, "peft_config")
-            (state / "state.json").write_text(json.dumps({"step": step, "lora": lora}) + "\n")
-            if previous is not None and previous != folder:
-                shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
-        accelerator.wait_for_everyone()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        torch.save(scheduler.state_dict(), state / "scheduler.pt")
+        (state / "state.json").write_text(json.dumps({"step": step, "lora": lora}) + "\n")
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
+        log.info("checkpoint: %s", folder)
+    accelerator.wait_for_everyone()
 
 
 def _save_checkpoint(
-    whole: Any,
-    optimizer: Any,
-    scheduler: Any,
-    tokenizer: Any,
-    folder: Path,
-    meta: dict[str, Any],
-    step: int,
-    with_state: bool,
+    whole: Any, optimizer: Any, tokenizer: Any, folder: Path, meta: dict[str, Any]
 ) -> None:
+    """The policy folder with an empty trainer/ subfolder, or without DeepSpeed (an `optimizer`) one
+    that holds the value model (or the adapters) and the optimizer state."""
     import torch
 
     from farmkit.methods.policy import save_policy
 
     def trainer_state(tmp: Path) -> None:
         state = tmp / TRAINER_STATE
-        state.mkdir(
-            parents=True, exist_ok=True
-        )  # a method without a value model saves no folder in it
+        state.mkdir(parents=True, exist_ok=True)
+        if optimizer is None:  # DeepSpeed: the engine writes its own state in here
+            return
         for name, unwrapped in (("policy", whole.policy), ("value", whole.value)):
             if unwrapped is None:  # a method without a value model (farm-rloo, farm-grpo)
                 continue
@@ -786,19 +777,12 @@ def _save_checkpoint(
                 unwrapped.save_pretrained(state / "value")
                 tokenizer.save_pretrained(state / "value")
         torch.save(optimizer.state_dict(), state / "optimizer.pt")
-        torch.save(scheduler.state_dict(), state / "scheduler.pt")
-        lora = hasattr(whole.policy, "peft_config")
-        (state / "state.json").write_text(json.dumps({"step": step, "lora": lora}) + "\n")
 
-    previous = latest_checkpoint(folder.parent)
     save_policy(
         whole.policy,
         tokenizer,
         folder,
         meta,
         extra_files=[folder.parent / METRICS_FILE],
-        extra=trainer_state if with_state else None,
+        extra=trainer_state,
     )
-    if with_state and previous is not None and previous != folder:
-        shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
-    log.info("checkpoint: %s", folder)
