@@ -347,7 +347,16 @@ def test_two_processes_share_a_round_and_only_the_main_one_writes(models, tmp_pa
     assert metrics["trained_on"] == 4  # 16 samples over both processes, the best of 4 quantiles
     # the round both processes sampled together is the round one process samples
     assert metrics["quantile_scores"] == pytest.approx(single[0]["quantile_scores"], abs=1e-5)
-    assert keyword_probability(out / "quark") >= 0.0  # the folder loads and samples
+    # the folder holds a trained policy that loads and samples
+    from safetensors.torch import load_file
+
+    trained, start = (
+        load_file(out / "quark" / "model.safetensors"),
+        load_file(sft / "model.safetensors"),
+    )
+    same_shape = [name for name in start if trained[name].shape == start[name].shape]
+    assert any(not torch.equal(trained[name], start[name]) for name in same_shape)
+    assert 0.0 < keyword_probability(out / "quark") < 1.0
 
 
 def test_a_deepspeed_launch_with_a_fixed_device_is_refused_not_ignored(monkeypatch, tmp_path):
