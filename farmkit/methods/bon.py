@@ -29,6 +29,8 @@ class BestOfNConfig(ModelArgs):
     max_new_tokens: int = 300
     batch_size: int = 16  # sequences per generation pass
     score_batch_size: int = 16
+    # what samples: hf, vllm or auto (farmkit.sampling.rollout_backend); farm-expiter's --rollout-backend
+    backend: str = "hf"
 
     def __post_init__(self) -> None:
         self.ns = tuple(sorted(set(self.ns)))
@@ -79,27 +81,40 @@ def sample_and_score(
     from farmkit.cli import progress
     from farmkit.generation import generate
     from farmkit.methods.launch import whole_models
-    from farmkit.models import PromptFormat, load_causal_lm, resolve
+    from farmkit.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
+    from farmkit.sampling import rollout_backend, vllm_generate_from_folder
 
     path = resolve(policy)
-    with whole_models():  # whole even after a ZeRO-3 Trainer ran in this process (expert iteration)
-        network, tokenizer = load_causal_lm(path, device=device)
-    network.eval()
-    prompt_format = PromptFormat.for_model(path, config.template)
-    texts = [prompt_format.record_prompt(tokenizer, r) for r in prompts]
     decoding = DecodingConfig(**config.decoding_fields())
-    shard = (distributed.rank(), distributed.world_size())
-    with progress(total=len(texts) * decoding.n, desc=f"sampling {decoding.n} per prompt") as bar:
-        samples = generate(
-            network,
-            tokenizer,
-            texts,
-            decoding,
-            seed=config.seed,
-            on_batch=lambda indices, _: bar.update(len(indices) * decoding.n),
-            shard=shard,
-        )
-    del network
+    if rollout_backend(config.backend) == "vllm":
+        tokenizer = load_tokenizer(path)
+        texts = [
+            PromptFormat.for_model(path, config.template).record_prompt(tokenizer, r)
+            for r in prompts
+        ]
+        samples = vllm_generate_from_folder(path, texts, decoding, config.seed)
+    else:
+        with (
+            whole_models()
+        ):  # whole even after a ZeRO-3 Trainer ran in this process (expert iteration)
+            network, tokenizer = load_causal_lm(path, device=device)
+        network.eval()
+        prompt_format = PromptFormat.for_model(path, config.template)
+        texts = [prompt_format.record_prompt(tokenizer, r) for r in prompts]
+        shard = (distributed.rank(), distributed.world_size())
+        with progress(
+            total=len(texts) * decoding.n, desc=f"sampling {decoding.n} per prompt"
+        ) as bar:
+            samples = generate(
+                network,
+                tokenizer,
+                texts,
+                decoding,
+                seed=config.seed,
+                on_batch=lambda indices, _: bar.update(len(indices) * decoding.n),
+                shard=shard,
+            )
+        del network
     # this process's prompts (all of them in one process; a sampled prompt has n >= 1 samples)
     mine = [index for index, found in enumerate(samples) if found]
     scored = [ScoredPrompt(dict(prompts[index]), samples[index]) for index in mine]

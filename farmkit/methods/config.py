@@ -60,6 +60,9 @@ SHARED_HELP = {
     "gold_prompts": "Instruction records the gold judge evaluates on (the first --gold-size). "
     "Default: the first --gold-size distinct prompts of the training input.",
     "gold_size": "Prompts the gold judge evaluates on.",
+    "rollout_backend": "What samples the policy's answers: hf (transformers' generate), vllm (a "
+    "vLLM engine in the training process; pip install 'farmkit[gpu]'), or auto (vllm when it is "
+    "installed and a GPU is present, else hf).",
     # the annotator options of the tools that ask farm-annotate's pools (farm-annotate, farm-online-dpo)
     "flip_rate": "Share of labels flipped by noise (overrides the pool's; sim_ann: 0.25).",
     "both_orders": "Ask in both orders; verdicts that disagree become a tie (1.5).",
@@ -74,6 +77,7 @@ SHARED_HELP = {
 }
 
 REPORT_TO = ("none", "tensorboard", "wandb")
+ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
 
 
 def help_field(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -172,9 +176,26 @@ class RolloutConfig(ModelArgs):
     max_grad_norm: float = help_field(
         1.0, "Gradient clipping: largest total gradient norm (AlpacaFarm: 1)."
     )
+    # vllm: the policy's weights are pushed into the engine before each rollout
+    rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
+    vllm_gpu_memory_utilization: float = help_field(
+        0.3,
+        "With --rollout-backend vllm on a GPU: the share of the GPU's memory the colocated engine "
+        "may take (weights and KV cache); training keeps the rest.",
+    )
+    importance_sampling_cap: float = help_field(
+        0.0,
+        "Truncated importance sampling of the rollout engine's mismatch (vllm): each token's loss "
+        "weighted by min(pi_trainer / pi_engine, this) of the sampled token (RLOO: of the whole "
+        "response). 0: off (TRL and verl cap at 2 when they turn it on).",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "max_new_tokens", "reward_batch_size")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError("vllm-gpu-memory-utilization must lie in (0, 1]")
+        if self.importance_sampling_cap < 0:
+            raise ValueError("importance-sampling-cap must be >= 0 (0: off)")
         if self.temperature <= 0:
             raise ValueError("temperature must be positive")
         if self.adam_eps <= 0 or self.max_grad_norm <= 0:

@@ -17,13 +17,14 @@ The KL to the SFT model is either subtracted from the score before the group adv
 (kl_in=reward: kl_coef times the response's summed per-token estimate under the sampling policy), or
 added to the loss (kl_in=loss: kl_coef times the per-token estimate of the current policy, weighted
 as the policy loss weights its tokens). Accelerate/DeepSpeed, checkpoints, --resume, LoRA, metrics and
-the output folder work as in farm-ppo (farmkit.methods.ppo); a group never spans two processes.
+the output folder work as in farm-ppo: the loop is the one on-policy trainer's
+(farmkit.methods.onpolicy), the advantages and losses farmkit.methods.estimators' registered ones;
+a group never spans two processes.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,16 +34,30 @@ from farmkit.methods.config import (
     GoldArgs,
     RolloutConfig,
     TrackingArgs,
-    config_dict,
     help_field,
     require_positive,
 )
-from farmkit.metrics import metrics_row
-from farmkit.seeds import derive_seed
+from farmkit.methods.estimators import (
+    STD_EPS,
+    grpo_advantages,
+    rloo_advantages,
+    seq_mean_token_weights,
+)
+from farmkit.methods.onpolicy import OnPolicyMethod, Prepared
 
+__all__ = [
+    "STD_EPS",
+    "GRPOConfig",
+    "GroupConfig",
+    "GroupMethod",
+    "RLOOConfig",
+    "grpo_advantages",
+    "rloo_advantages",
+    "run_cli",
+    "train_group",
+]
 log = logging.getLogger("farmkit")
 KL_IN = ("reward", "loss")
-STD_EPS = 1e-4  # added to a group's standard deviation (GRPO): a group of equal scores gets 0
 
 KL_COEF_HELP = "Coefficient of the KL penalty to the SFT model (see --kl-in; 0: none, the KL is still measured)."
 KL_IN_HELP = "Where the KL to the SFT model enters: 'reward' subtracts kl-coef x the response's summed per-token estimate (sampling policy vs SFT) from its score before the group advantages; 'loss' adds kl-coef x the current policy's per-token estimate to the loss."
@@ -55,6 +70,7 @@ class GroupConfig(RolloutConfig, TrackingArgs, GoldArgs):
 
     method: ClassVar[str] = ""
     tool: ClassVar[str] = ""
+    policy_loss: ClassVar[str] = ""  # its name in farmkit.methods.estimators.POLICY_LOSSES
 
     steps: int = help_field(
         100, "Steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
@@ -140,6 +156,7 @@ class GroupConfig(RolloutConfig, TrackingArgs, GoldArgs):
 class RLOOConfig(GroupConfig):
     method: ClassVar[str] = "rloo"
     tool: ClassVar[str] = "farm-rloo"
+    policy_loss: ClassVar[str] = "sequence-ratio"
 
     def advantages(self, scores: Any) -> Any:
         return rloo_advantages(scores, self.samples_per_prompt)
@@ -167,25 +184,117 @@ class GRPOConfig(GroupConfig):
     def token_weights(self, mask: Any) -> Any:
         if self.dr_grpo:
             return mask / self.max_new_tokens
-        return mask / mask.sum(dim=1, keepdim=True).clamp(min=1)
+        return seq_mean_token_weights(mask)
+
+    @property
+    def policy_loss(self) -> str:  # type: ignore[override]
+        return "seq-mean-token-sum-norm" if self.dr_grpo else "seq-mean-token-mean"
 
 
-def rloo_advantages(scores: Any, k: int) -> Any:
-    """a_i = r_i - (sum of the other k - 1 scores of i's group) / (k - 1); scores hold consecutive
-    groups of k. Each group's advantages sum to 0."""
-    grouped = scores.reshape(-1, k)
-    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
-    return (grouped - baseline).reshape(scores.shape)
+class GroupMethod(OnPolicyMethod):
+    """RLOO, GRPO or Dr.GRPO (the config's class says which) in the on-policy loop."""
 
+    def __init__(self, config: GroupConfig) -> None:
+        if not config.method:
+            raise ValueError("train_group needs an RLOOConfig or a GRPOConfig")
+        super().__init__(config)
+        self.name, self.tool = config.method, config.tool
+        self.k = config.samples_per_prompt
 
-def grpo_advantages(scores: Any, k: int, scale: bool = True, eps: float = STD_EPS) -> Any:
-    """a_i = (r_i - group mean) / (group sample std + eps), or r_i - group mean when not `scale`
-    (Dr.GRPO); scores hold consecutive groups of k."""
-    grouped = scores.reshape(-1, k)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
-    return centred.reshape(scores.shape)
+    @property
+    def prompts_per_step(self) -> int:
+        return self.config.rollout_batch_size // self.k
+
+    def check_processes(self, world: int) -> None:
+        if self.prompts_per_step % world or self.config.minibatch_size % world:
+            raise FarmError(
+                "rollout-batch-size / samples-per-prompt (prompts per step) and minibatch-size must be "
+                "multiples of the number of processes: each process samples whole groups"
+            )
+
+    def rows(self, prompt_indices: list[int]) -> list[int]:
+        return [index for index in prompt_indices for _ in range(self.k)]  # groups of k rows
+
+    def sequence_weights(self) -> bool:
+        return self.config.method == "rloo"
+
+    def prepare(
+        self, batch: Any, old_logprobs: Any, ref_logprobs: Any, old_values: Any, reduce: Any
+    ) -> Prepared:
+        from farmkit.methods import rl_common
+
+        config, mask = self.config, batch.rollout.response_mask
+        kl = rl_common.kl_estimate(old_logprobs, ref_logprobs, config.kl_estimator) * mask
+        scores = batch.scores.float()
+        if config.kl_in == "reward":
+            scores = scores - config.kl_coef * kl.sum(dim=1)
+        advantages = config.advantages(scores)
+        group_std = scores.reshape(-1, self.k).std(dim=1)
+        return Prepared(
+            advantages,
+            kl,
+            sums={
+                "group_std": group_std.sum(),
+                "zero_std_groups": (group_std == 0).float().sum(),
+                "advantage_abs": advantages.abs().sum(),
+            },
+        )
+
+    def loss(
+        self,
+        logprobs: Any,
+        values: Any,
+        prepared: Prepared,
+        index: Any,
+        chunk: Any,
+        old_logprobs: Any,
+        ref_logprobs: Any,
+        *,
+        responses: int,
+        tokens: Any,
+        weights: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        from farmkit.methods import rl_common
+        from farmkit.methods.estimators import policy_loss
+
+        config, mask = self.config, chunk.response_mask
+        loss, stats = policy_loss(config.policy_loss)(
+            logprobs,
+            old_logprobs[index],
+            prepared.advantages[index],
+            mask,
+            config.clip_range,
+            responses=responses,
+            tokens=tokens,
+            norm=config.max_new_tokens,
+            weights=weights,
+        )
+        if config.kl_in == "loss" and config.kl_coef > 0:
+            kl_loss = (
+                rl_common.masked_sum(
+                    rl_common.kl_estimate(logprobs, ref_logprobs[index], config.kl_estimator),
+                    config.token_weights(mask),
+                )
+                / responses
+            )
+            stats["kl_loss"] = kl_loss.detach()
+            loss = loss + config.kl_coef * kl_loss
+        return loss, {"policy_loss": loss, **stats}
+
+    def step_figures(self, summed: dict[str, float], count: float) -> dict[str, float]:
+        groups = count / self.k
+        return {
+            "group_score_std": summed["group_std"] / groups,
+            "zero_std_group_fraction": summed["zero_std_groups"] / groups,
+            "advantage_abs": summed["advantage_abs"] / count,
+        }
+
+    def message(self, row: dict[str, Any]) -> str:
+        return (
+            f"reward {row['reward']:.4f}  kl {row['kl']:.4f}  entropy {row['entropy']:.3f}  "
+            f"length {row['response_length']:.1f}  group std {row['group_score_std']:.3f}  "
+            f"clip {row['clip_fraction']:.3f}"
+        )
 
 
 def train_group(
@@ -199,304 +308,11 @@ def train_group(
 ) -> dict[str, Any]:
     """Train a policy with RLOO or GRPO (the config's class says which) and write it to `output`;
     returns the last step's metrics."""
+    from farmkit.methods.onpolicy import train_on_policy
 
-    import torch
-
-    from farmkit.methods import launch, rl_common, tracking
-    from farmkit.methods import policy as P
-    from farmkit.methods.gold import check_processes
-    from farmkit.methods.ppo import (
-        RunRecord,
-        checkpoint_step,
-        engine_state,
-        linear_scheduler,
-        load_engine_state,
-        load_trainer_state,
-        resume_point,
-        rollout_prompts_and_gold,
+    return train_on_policy(
+        GroupMethod(config), sft, reward_model, prompts, output, seed=seed, inputs=inputs
     )
-    from farmkit.methods.reward import RewardScorer
-    from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
-    from farmkit.models import PromptFormat
-
-    if not config.method:
-        raise ValueError("train_group needs an RLOOConfig or a GRPOConfig")
-    k = config.samples_per_prompt
-    accelerator = launch.make_accelerator(**tracking.accelerator_kwargs(config.report_to, output))
-    tracking.start(accelerator, config.tool, config_dict(config))
-    if config.gold:
-        check_processes()
-    device = str(accelerator.device)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if not accelerator.is_main_process:
-        log.setLevel(logging.ERROR)  # one process speaks for all
-    prompts_per_step = config.rollout_batch_size // k
-    if prompts_per_step % world or config.minibatch_size % world:
-        raise FarmError(
-            "rollout-batch-size / samples-per-prompt (prompts per step) and minibatch-size must be "
-            "multiples of the number of processes: each process samples whole groups"
-        )
-    local_rollouts = config.rollout_batch_size // world
-    local_minibatch = max(1, config.minibatch_size // world)
-    accumulation = -(-local_minibatch // config.micro_batch_size)
-    accelerator.gradient_accumulation_steps = accumulation
-    stage = launch.zero_stage(accelerator)
-    if stage == 3 and config.lora:
-        raise FarmError(
-            "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
-        )
-    checkpoints, resume_from, start_step, state = resume_point(output, config)
-    engine = engine_state(state, stage)
-    torch.manual_seed(seed)
-
-    with launch.no_zero3_init(accelerator):
-        policy, reference, tokenizer = load_policy_and_reference(
-            sft, device, reference=not config.lora, start_from=None if config.lora else resume_from
-        )
-        scorer = RewardScorer(reward_model, device=device, batch_size=config.reward_batch_size)
-    scorer.network.requires_grad_(False)
-    if config.lora:
-        policy = P.add_lora(
-            policy,
-            config.lora_rank,
-            config.lora_alpha,
-            adapter=state / "policy-adapter" if state and engine is None else None,
-        )
-    for network in (policy, reference, scorer.network):
-        if network is not None:
-            P.disable_dropout(network)
-            network.eval()  # no dropout: rollout and update see the same function
-
-    fmt = PromptFormat.for_model(sft, config.template)
-    policy_prompts, gold = rollout_prompts_and_gold(
-        config, policy, tokenizer, fmt, prompts, sft, seed, device, reference, config.tool
-    )
-
-    optimizer = torch.optim.AdamW(
-        [p for p in policy.parameters() if p.requires_grad],
-        lr=config.learning_rate,
-        eps=config.adam_eps,
-    )
-    updates_per_step = config.ppo_epochs * (local_rollouts // local_minibatch)
-    scheduler = linear_scheduler(optimizer, config, updates_per_step)
-    load_trainer_state(state, engine, optimizer, scheduler)
-    launch.configure_deepspeed(
-        accelerator, config.micro_batch_size, accumulation, config.max_grad_norm
-    )
-    model, optimizer = accelerator.prepare(P.PolicyOnly(policy), optimizer)
-    load_engine_state(model, engine)
-    if state is not None:
-        log.info("resuming from %s (step %d)", resume_from, start_step)
-    trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
-    if reference is not None and reference.dtype != trained_dtype:
-        reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy
-    parameters = [p for p in model.parameters() if p.requires_grad]
-
-    def reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-        return accelerator.reduce(tensor, reduction="sum") if world > 1 else tensor
-
-    def reference_logits(chunk: P.Rollout) -> torch.Tensor:
-        if reference is not None:
-            return P.response_logits(reference, chunk, config.temperature)
-        policy = accelerator.unwrap_model(model).policy
-        with policy.disable_adapter():
-            return P.response_logits(policy, chunk, config.temperature)
-
-    record = RunRecord(
-        accelerator,
-        config,
-        checkpoints,
-        start_step,
-        reward_model,
-        dict(
-            tool=config.tool,
-            base_model=sft,
-            template=fmt.resolved(tokenizer),
-            seed=seed,
-            inputs=list(inputs or []),
-        ),
-    )
-    last, budget = record.last, record.budget
-    order = prompt_order(len(prompts), config.steps * prompts_per_step, seed)
-    kl_in_loss = config.kl_in == "loss" and config.kl_coef > 0
-    started = time.time()
-    for step in range(start_step, config.steps):
-        step_prompts = order[step * prompts_per_step : (step + 1) * prompts_per_step][rank::world]
-        batch_indices = [index for index in step_prompts for _ in range(k)]  # groups of k rows
-        with launch.for_generation(accelerator, model) as unwrapped:
-            batch = sample_and_score(
-                unwrapped.policy,
-                tokenizer,
-                scorer,
-                prompts,
-                policy_prompts,
-                batch_indices,
-                temperature=config.temperature,
-                max_new_tokens=config.max_new_tokens,
-                unfinished=config.unfinished,
-                unfinished_penalty=config.unfinished_penalty,
-                seed=derive_seed(seed, f"{config.method} rollout", step, rank),
-            )
-        rollout, mask = batch.rollout, batch.rollout.response_mask
-        with torch.no_grad():
-            old_logprobs, ref_logprobs, entropies = [], [], []
-            for start in range(0, len(batch_indices), config.micro_batch_size):
-                chunk = rollout.rows(slice(start, start + config.micro_batch_size))
-                logits = model(chunk, config.temperature)
-                old_logprobs.append(P.token_logprobs(logits, chunk.response_ids))
-                entropies.append(P.entropy(logits))
-                ref_logprobs.append(P.token_logprobs(reference_logits(chunk), chunk.response_ids))
-            old_logprobs, ref_logprobs = torch.cat(old_logprobs), torch.cat(ref_logprobs)
-            entropies = torch.cat(entropies)
-            kl = rl_common.kl_estimate(old_logprobs, ref_logprobs, config.kl_estimator) * mask
-            scores = batch.scores.float()
-            if config.kl_in == "reward":
-                scores = scores - config.kl_coef * kl.sum(dim=1)
-            advantages = config.advantages(scores)
-            grouped = scores.reshape(-1, k)
-            group_std = grouped.std(dim=1)
-            old_sequence = (old_logprobs * mask).sum(dim=1)
-
-        totals: dict[str, float] = {}
-        for epoch in range(config.ppo_epochs):
-            generator = torch.Generator().manual_seed(
-                derive_seed(seed, f"{config.method} minibatches", step, epoch)
-            )
-            permutation = torch.randperm(len(batch_indices), generator=generator)
-            for start in range(0, len(batch_indices), local_minibatch):
-                rows = permutation[start : start + local_minibatch]
-                responses = len(rows)
-                tokens = mask[rows].sum().clamp(min=1)
-                for micro in range(0, len(rows), config.micro_batch_size):
-                    index = rows[micro : micro + config.micro_batch_size].to(mask.device)
-                    chunk = rollout.rows(index)
-                    chunk_mask = chunk.response_mask
-                    with accelerator.accumulate(model):
-                        logprobs = P.token_logprobs(
-                            model(chunk, config.temperature), chunk.response_ids
-                        )
-                        loss, stats = _policy_loss(
-                            config,
-                            logprobs,
-                            old_logprobs[index],
-                            old_sequence[index],
-                            advantages[index],
-                            chunk_mask,
-                            responses,
-                            tokens,
-                        )
-                        if kl_in_loss:
-                            kl_loss = (
-                                rl_common.masked_sum(
-                                    rl_common.kl_estimate(
-                                        logprobs, ref_logprobs[index], config.kl_estimator
-                                    ),
-                                    config.token_weights(chunk_mask),
-                                )
-                                / responses
-                            )
-                            stats["kl_loss"] = kl_loss.detach()
-                            loss = loss + config.kl_coef * kl_loss
-                        # the loss is already divided by the whole minibatch: undo the launcher's
-                        # division by the number of micro-batches
-                        accelerator.backward(loss * accumulation)
-                        if accelerator.sync_gradients:
-                            accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
-                        optimizer.step()  # a no-op until the minibatch's last micro-batch
-                        optimizer.zero_grad()
-                    for name, value in {"policy_loss": loss, **stats}.items():
-                        totals[name] = (
-                            totals.get(name, 0.0) + float(value.detach()) / updates_per_step
-                        )
-                scheduler.step()
-
-        local = {
-            "reward": batch.rewards.sum(),
-            "score": batch.scores.sum(),
-            "kl": kl.sum(),
-            "response_length": mask.sum(),
-            "unfinished": (~rollout.finished).float().sum(),
-            "group_std": group_std.sum(),
-            "zero_std_groups": (group_std == 0).float().sum(),
-            "advantage_abs": advantages.abs().sum(),
-            "prompt_tokens": rollout.prompt_mask.sum(),
-        }
-        summed = {name: float(reduce_sum(value.detach().float())) for name, value in local.items()}
-        count = float(reduce_sum(torch.tensor(float(len(batch_indices)), device=mask.device)))
-        groups = count / k
-        budget.add(
-            sampled=summed["response_length"],
-            trained=(summed["prompt_tokens"] + summed["response_length"]) * config.ppo_epochs,
-        )
-        done = step + 1
-        last = {
-            "step": step + 1,
-            "reward": summed["reward"] / count,
-            "score": summed["score"] / count,
-            "kl": summed["kl"] / count,
-            "entropy": float(rl_common.masked_mean(entropies, mask, reduce_sum)),
-            "response_length": summed["response_length"] / count,
-            "unfinished_fraction": summed["unfinished"] / count,
-            "group_score_std": summed["group_std"] / groups,
-            "zero_std_group_fraction": summed["zero_std_groups"] / groups,
-            "advantage_abs": summed["advantage_abs"] / count,
-            **{
-                name: float(reduce_sum(torch.tensor(value, device=mask.device))) / world
-                for name, value in totals.items()
-            },
-            "learning_rate": scheduler.get_last_lr()[0],
-            "elapsed_s": round(time.time() - started, 2),
-            **budget.row(),
-        }
-        if gold is not None and checkpoint_step(done, config):
-            with launch.for_generation(accelerator, model) as unwrapped:
-                last.update(gold.evaluate(unwrapped.policy, tokenizer, f"step-{done}"))
-        # the one metrics schema: the loss is the policy loss (KL term included when it is in the loss)
-        last = metrics_row(config.method, last.pop("step"), last.get("policy_loss"), **last)
-        message = (
-            f"step {done}/{config.steps}  reward {last['reward']:.4f}  kl {last['kl']:.4f}  "
-            f"entropy {last['entropy']:.3f}  length {last['response_length']:.1f}  "
-            f"group std {last['group_score_std']:.3f}  clip {last['clip_fraction']:.3f}"
-        )
-        record.end_step(last, message, model, optimizer, scheduler, tokenizer, gold)
-    record.save(model, tokenizer, output, gold)
-    return last
-
-
-def _policy_loss(
-    config: GroupConfig,
-    logprobs: Any,
-    old_logprobs: Any,
-    old_sequence: Any,
-    advantages: Any,
-    mask: Any,
-    responses: int,
-    tokens: Any,
-) -> tuple[Any, dict[str, Any]]:
-    """The clipped surrogate of one micro-batch, divided by the `responses` of its whole minibatch.
-    RLOO: one ratio per response (its summed token log-ratio); GRPO: per-token ratios weighted by
-    token_weights. The stats are per response (RLOO) or per token of the minibatch (GRPO)."""
-    from farmkit.methods import rl_common
-
-    if config.method == "rloo":
-        sequence = (logprobs * mask).sum(dim=1, keepdim=True)
-        ones = mask.new_ones(sequence.shape)
-        return rl_common.clipped_policy_loss(
-            sequence, old_sequence[:, None], advantages[:, None], ones, config.clip_range, responses
-        )
-    per_token = advantages[:, None] * mask
-    loss, _ = rl_common.clipped_policy_loss(
-        logprobs,
-        old_logprobs,
-        per_token,
-        config.token_weights(mask),
-        config.clip_range,
-        responses,
-    )
-    _, stats = rl_common.clipped_policy_loss(
-        logprobs.detach(), old_logprobs, per_token, mask, config.clip_range, tokens
-    )
-    return loss, stats
 
 
 def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, output: str) -> None:

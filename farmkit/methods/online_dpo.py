@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.io import FarmError, RecordWriter, atomic_path, read_records
-from farmkit.methods.config import config_dict, help_field, shared_field
+from farmkit.methods.config import ROLLOUT_BACKENDS, config_dict, help_field, shared_field
 from farmkit.methods.dpo import DPOConfig
 from farmkit.methods.tracking import tracker_dir
 from farmkit.metrics import metrics_row, write_metrics
@@ -58,6 +58,8 @@ class OnlineDPOConfig(DPOConfig):
     max_new_tokens: int = shared_field("max_new_tokens", 300)
     generation_batch_size: int = shared_field("generation_batch_size", 32)
     epochs: float = shared_field("epochs", 1.0)  # passes over each round's pairs
+    # each round samples the previous round's saved policy: a vLLM engine loads that folder
+    rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -178,21 +180,27 @@ def _sample_pairs(
 
     from farmkit.annotate.pairs import Item
     from farmkit.generation import DecodingConfig, generate
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.models import PromptFormat, load_causal_lm, load_tokenizer
+    from farmkit.sampling import rollout_backend, vllm_generate_from_folder
 
-    model, tokenizer = load_causal_lm(policy, device="auto")
-    fmt = PromptFormat.for_model(sft, config.template)  # the prompt DPO trains on
-    prompts = [fmt.record_prompt(tokenizer, record) for record in records]
     decoding = DecodingConfig(
         n=2,
         temperature=config.temperature,
         max_new_tokens=config.max_new_tokens,
         batch_size=config.generation_batch_size,
     )
-    samples = generate(model, tokenizer, prompts, decoding, seed=seed)
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    fmt = PromptFormat.for_model(sft, config.template)  # the prompt DPO trains on
+    if rollout_backend(config.rollout_backend) == "vllm":
+        tokenizer = load_tokenizer(policy)
+        prompts = [fmt.record_prompt(tokenizer, record) for record in records]
+        samples = vllm_generate_from_folder(policy, prompts, decoding, seed)
+    else:
+        model, tokenizer = load_causal_lm(policy, device="auto")
+        prompts = [fmt.record_prompt(tokenizer, record) for record in records]
+        samples = generate(model, tokenizer, prompts, decoding, seed=seed)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     items, tokens = [], 0
     for record, (first, second) in zip(records, samples, strict=True):
         pair = {

@@ -166,6 +166,7 @@ def train_quark(
     from farmkit.methods.budget import Budget, reward_model_labels
     from farmkit.methods.gold import check_processes, make_gold
     from farmkit.methods.reward import RewardScorer
+    from farmkit.methods.rollout_backends import make_backend
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
     from farmkit.models import PromptFormat, choose_device
 
@@ -256,6 +257,15 @@ def train_quark(
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference.dtype != trained_dtype:
         reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy: like with like
+    backend = make_backend(
+        config.rollout_backend,
+        sft,
+        seed=seed,
+        device=device,
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        dtype=str(trained_dtype).removeprefix("torch."),
+    )
+    log.info("rollouts: %s backend", backend.name)
     order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
     history: list[dict[str, Any]] = []
     started = time.time()
@@ -282,6 +292,7 @@ def train_quark(
                 unfinished_penalty=config.unfinished_penalty,
                 seed=derive_seed(seed, "quark rollout", round_number, start),
                 suppress=token_ids,  # a response never holds a control token
+                backend=backend,
             )
             rollout = batch.rollout
             for row, index in enumerate(indices):
@@ -308,6 +319,8 @@ def train_quark(
         conditioned_prompts = [prompt + control for prompt in plain_prompts]
         # under ZeRO-3 the policy is gathered whole for the round's sampling (launch.for_generation)
         with launch.for_generation(accelerator, model) as sampler:
+            if round_number > 0:  # the engine, if it has weights of its own, gets the policy's
+                backend.sync(sampler)
             pool = sample_round(sampler, chosen, conditioned_prompts, round_number)
         if (
             world > 1
@@ -416,6 +429,7 @@ def train_quark(
             metrics["kl"],
         )
 
+    backend.close()
     tracking.finish(accelerator)
     accelerator.wait_for_everyone()
     # every process enters: under ZeRO-3 gathering the weights whole is collective

@@ -1,4 +1,4 @@
-"""The rollout every policy-gradient method shares (PPO and Quark today, RLOO or GRPO next): load the
+"""The rollout every policy-gradient method shares (PPO, RLOO, GRPO and Quark): load the
 policy and its frozen reference in one precision, take prompts in a seeded order, sample responses
 from exactly the tempered policy, score them with the reward model and penalize unfinished ones."""
 
@@ -31,6 +31,9 @@ class ScoredRollout:
     scores: (
         torch.Tensor
     )  # what the method optimizes: rewards, unfinished answers penalized if asked
+    # the rollout engine's log-probabilities of the sampled tokens [batch, response width] (vLLM's;
+    # None when the policy sampled itself)
+    engine_logprobs: torch.Tensor | None = None
 
 
 def load_policy_and_reference(
@@ -89,15 +92,28 @@ def sample_and_score(
     unfinished_penalty: float,
     seed: int,
     suppress: Sequence[int] = (),
+    backend: Any = None,
 ) -> ScoredRollout:
     """Sample one response to each of prompts[i] for i in indices (seeded; prompts as token ids from
     policy.fit_rollout_prompts, so a prompt longer than the context has lost its beginning), score it
     against its instruction record with `scorer` (a RewardScorer, told which responses finished) and
-    apply the unfinished rule."""
-    torch.manual_seed(seed % 2**63)
-    rollout = P.sample_rollout(
-        policy, tokenizer, [prompts[i] for i in indices], temperature, max_new_tokens, suppress
-    )
+    apply the unfinished rule. `backend` (farmkit.methods.rollout_backends) samples; by default
+    the policy itself, with transformers."""
+    chosen = [prompts[i] for i in indices]
+    if backend is None:
+        torch.manual_seed(seed % 2**63)
+        rollout = P.sample_rollout(policy, tokenizer, chosen, temperature, max_new_tokens, suppress)
+        engine_logprobs = None
+    else:
+        rollout, engine_logprobs = backend.sample(
+            policy,
+            tokenizer,
+            chosen,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            suppress=suppress,
+        )
     texts = P.decode_responses(tokenizer, rollout)
     rewards = torch.tensor(
         scorer.score(
@@ -112,4 +128,4 @@ def sample_and_score(
         device=rollout.response_mask.device,
     )
     scores = penalize_unfinished(rewards, rollout.finished, unfinished, unfinished_penalty)
-    return ScoredRollout(rollout, list(indices), texts, rewards, scores)
+    return ScoredRollout(rollout, list(indices), texts, rewards, scores, engine_logprobs)
