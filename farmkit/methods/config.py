@@ -183,6 +183,56 @@ class RolloutConfig(ModelArgs):
         "With --rollout-backend vllm on a GPU: the share of the GPU's memory the colocated engine "
         "may take (weights and KV cache); training keeps the rest.",
     )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "max_new_tokens", "reward_batch_size")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError("vllm-gpu-memory-utilization must lie in (0, 1]")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be positive")
+        if self.adam_eps <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("adam-eps and max-grad-norm must be positive")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup-steps must be >= 0")
+
+
+@dataclasses.dataclass
+class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
+    """What the methods of the one on-policy trainer (farm-ppo, farm-rloo, farm-grpo;
+    farmkit.methods.onpolicy) share: steps of one rollout batch and `ppo-epochs` passes over it in
+    minibatches of micro-batches, checkpoints, --resume and LoRA. Each method words the batch sizes
+    its own way (prompts or responses) and sets its own KL coefficient."""
+
+    steps: int = help_field(
+        100, "Steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
+    )
+    rollout_batch_size: int = help_field(64, "Rollouts sampled per step, over all processes.")
+    minibatch_size: int = help_field(16, "Rollouts per optimizer step, over all processes.")
+    micro_batch_size: int = help_field(
+        4,
+        "Rollouts per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
+    )
+    ppo_epochs: int = help_field(2, "Passes over each rollout batch.")
+    learning_rate: float = help_field(
+        1e-5, "Peak learning rate (AdamW); decays linearly to 0 by the last step."
+    )
+    kl_coef: float = help_field(0.05, "Coefficient of the KL penalty to the SFT model.")
+    clip_range: float = help_field(0.2, "Clipping of the probability ratio: 1 +/- this.")
+    checkpoint_every: int = help_field(
+        20,
+        "Write a policy checkpoint every K steps (0: none). Performance often peaks early, then over-optimization sets in.",
+    )
+    checkpoint_dir: str | None = help_field(
+        None,
+        "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.",
+    )
+    resume: bool = help_field(
+        False, "Continue from the newest checkpoint in the checkpoint folder."
+    )
+    # LoRA adapters (on the policy, and PPO's value model); the KL reference is the policy without them
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
     importance_sampling_cap: float = help_field(
         0.0,
         "Truncated importance sampling of the rollout engine's mismatch (vllm): each token's loss "
@@ -191,17 +241,30 @@ class RolloutConfig(ModelArgs):
     )
 
     def __post_init__(self) -> None:
-        require_positive(self, "max_new_tokens", "reward_batch_size")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ValueError("vllm-gpu-memory-utilization must lie in (0, 1]")
+        super().__post_init__()
         if self.importance_sampling_cap < 0:
             raise ValueError("importance-sampling-cap must be >= 0 (0: off)")
-        if self.temperature <= 0:
-            raise ValueError("temperature must be positive")
-        if self.adam_eps <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("adam-eps and max-grad-norm must be positive")
-        if self.warmup_steps < 0:
-            raise ValueError("warmup-steps must be >= 0")
+        require_positive(
+            self,
+            "steps",
+            "rollout_batch_size",
+            "minibatch_size",
+            "micro_batch_size",
+            "ppo_epochs",
+            "lora_rank",
+        )
+        self.check_rollout()
+        if self.rollout_batch_size % self.minibatch_size:
+            raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
+        if self.learning_rate <= 0:
+            raise ValueError("learning-rate must be positive")
+        if self.kl_coef < 0 or self.clip_range <= 0:
+            raise ValueError("kl-coef must be >= 0 and clip-range > 0")
+        if self.checkpoint_every < 0:
+            raise ValueError("checkpoint-every must be >= 0")
+
+    def check_rollout(self) -> None:
+        """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""
 
 
 def option_name(field_name: str) -> str:

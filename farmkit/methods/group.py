@@ -31,11 +31,8 @@ from typing import Any, ClassVar
 from farmkit.io import FarmError
 from farmkit.methods.config import (
     KL_ESTIMATORS,
-    GoldArgs,
-    RolloutConfig,
-    TrackingArgs,
+    OnPolicyConfig,
     help_field,
-    require_positive,
 )
 from farmkit.methods.estimators import (
     STD_EPS,
@@ -43,7 +40,7 @@ from farmkit.methods.estimators import (
     rloo_advantages,
     seq_mean_token_weights,
 )
-from farmkit.methods.onpolicy import OnPolicyMethod, Prepared
+from farmkit.methods.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 
 __all__ = [
     "STD_EPS",
@@ -65,16 +62,13 @@ KL_ESTIMATOR_HELP = "Per-token KL estimate: k1 = log pi - log pi_ref; clamped = 
 
 
 @dataclass
-class GroupConfig(RolloutConfig, TrackingArgs, GoldArgs):
+class GroupConfig(OnPolicyConfig):
     """What RLOO and GRPO share; the names are farm-ppo's wherever the setting is the same."""
 
     method: ClassVar[str] = ""
     tool: ClassVar[str] = ""
     policy_loss: ClassVar[str] = ""  # its name in farmkit.methods.estimators.POLICY_LOSSES
 
-    steps: int = help_field(
-        100, "Steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
-    )
     rollout_batch_size: int = help_field(
         64,
         "Responses sampled per step, over all processes: rollout-batch-size / samples-per-prompt prompts, samples-per-prompt responses to each.",
@@ -93,55 +87,17 @@ class GroupConfig(RolloutConfig, TrackingArgs, GoldArgs):
     ppo_epochs: int = help_field(
         2, "Passes over each rollout batch (1: plain on-policy policy gradient, the ratio is 1)."
     )
-    learning_rate: float = help_field(
-        1e-5, "Peak learning rate (AdamW); decays linearly to 0 by the last step."
-    )
     kl_coef: float = help_field(0.05, KL_COEF_HELP)
     kl_in: str = help_field("reward", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k1", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
-    clip_range: float = help_field(0.2, "Clipping of the probability ratio: 1 +/- this.")
-    checkpoint_every: int = help_field(
-        20, "Write a policy checkpoint every K steps (0: none), as farm-ppo."
-    )
-    checkpoint_dir: str | None = help_field(
-        None,
-        "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.",
-    )
-    resume: bool = help_field(
-        False, "Continue from the newest checkpoint in the checkpoint folder."
-    )
-    lora: bool = help_field(
-        False,
-        "Train LoRA adapters instead of all weights; the KL reference is the policy with its adapters off; the saved policy has them merged.",
-    )
-    lora_rank: int = help_field(16, "LoRA rank.")
-    lora_alpha: int = help_field(32, "LoRA alpha.")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_positive(
-            self,
-            "steps",
-            "rollout_batch_size",
-            "minibatch_size",
-            "micro_batch_size",
-            "ppo_epochs",
-            "lora_rank",
-        )
+    def check_rollout(self) -> None:
         if self.samples_per_prompt < 2:
             raise ValueError(
                 "samples-per-prompt must be at least 2: a group of one has no baseline"
             )
         if self.rollout_batch_size % self.samples_per_prompt:
             raise ValueError("rollout-batch-size must be a multiple of samples-per-prompt")
-        if self.rollout_batch_size % self.minibatch_size:
-            raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
-        if self.learning_rate <= 0:
-            raise ValueError("learning-rate must be positive")
-        if self.kl_coef < 0 or self.clip_range <= 0:
-            raise ValueError("kl-coef must be >= 0 and clip-range > 0")
-        if self.checkpoint_every < 0:
-            raise ValueError("checkpoint-every must be >= 0")
 
     def advantages(self, scores: Any) -> Any:
         raise NotImplementedError
@@ -240,43 +196,16 @@ class GroupMethod(OnPolicyMethod):
             },
         )
 
-    def loss(
-        self,
-        logprobs: Any,
-        values: Any,
-        prepared: Prepared,
-        index: Any,
-        chunk: Any,
-        old_logprobs: Any,
-        ref_logprobs: Any,
-        *,
-        responses: int,
-        tokens: Any,
-        weights: Any,
-    ) -> tuple[Any, dict[str, Any]]:
+    def loss(self, micro: MicroBatch, prepared: Prepared) -> tuple[Any, dict[str, Any]]:
         from farmkit.methods import rl_common
-        from farmkit.methods.estimators import policy_loss
 
-        config, mask = self.config, chunk.response_mask
-        loss, stats = policy_loss(config.policy_loss)(
-            logprobs,
-            old_logprobs[index],
-            prepared.advantages[index],
-            mask,
-            config.clip_range,
-            responses=responses,
-            tokens=tokens,
-            norm=config.max_new_tokens,
-            weights=weights,
+        config = self.config
+        loss, stats = micro.surrogate(
+            config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens
         )
         if config.kl_in == "loss" and config.kl_coef > 0:
-            kl_loss = (
-                rl_common.masked_sum(
-                    rl_common.kl_estimate(logprobs, ref_logprobs[index], config.kl_estimator),
-                    config.token_weights(mask),
-                )
-                / responses
-            )
+            kl = rl_common.kl_estimate(micro.logprobs, micro.ref_logprobs, config.kl_estimator)
+            kl_loss = rl_common.masked_sum(kl, config.token_weights(micro.mask)) / micro.responses
             stats["kl_loss"] = kl_loss.detach()
             loss = loss + config.kl_coef * kl_loss
         return loss, {"policy_loss": loss, **stats}
@@ -289,30 +218,17 @@ class GroupMethod(OnPolicyMethod):
             "advantage_abs": summed["advantage_abs"] / count,
         }
 
-    def message(self, row: dict[str, Any]) -> str:
-        return (
-            f"reward {row['reward']:.4f}  kl {row['kl']:.4f}  entropy {row['entropy']:.3f}  "
-            f"length {row['response_length']:.1f}  group std {row['group_score_std']:.3f}  "
-            f"clip {row['clip_fraction']:.3f}"
-        )
+    def message_figures(self, row: dict[str, Any]) -> str:
+        return f"group std {row['group_score_std']:.3f}"
 
 
-def train_group(
-    sft: str,
-    reward_model: str,
-    prompts: list[dict[str, Any]],
-    output: str,
-    config: GroupConfig,
-    seed: int = 0,
-    inputs: list[str] | None = None,
-) -> dict[str, Any]:
-    """Train a policy with RLOO or GRPO (the config's class says which) and write it to `output`;
+def train_group(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """train_group(sft, reward_model, prompts, output, config, seed=0, inputs=None): train a
+    policy with RLOO or GRPO (an RLOOConfig or a GRPOConfig says which) and write it to `output`;
     returns the last step's metrics."""
-    from farmkit.methods.onpolicy import train_on_policy
+    from farmkit.methods.onpolicy import run_method
 
-    return train_on_policy(
-        GroupMethod(config), sft, reward_model, prompts, output, seed=seed, inputs=inputs
-    )
+    return run_method(GroupMethod, *args, **kwargs)
 
 
 def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, output: str) -> None:

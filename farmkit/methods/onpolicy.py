@@ -47,6 +47,45 @@ class Prepared:
     sums: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class MicroBatch:
+    """One forward/backward pass of an update: the current policy's log-probabilities (and values)
+    of some rollout rows, with what the rollout had for those rows."""
+
+    logprobs: Any  # [rows, tokens], with gradient
+    values: Any  # [rows, tokens] (PPO's value model), else None
+    index: Any  # the rows, into the rollout batch
+    mask: Any  # [rows, tokens] response mask
+    old_logprobs: Any  # [rows, tokens] under the sampling policy (recomputed by the trainer)
+    ref_logprobs: Any  # [rows, tokens] under the frozen reference
+    responses: int  # rows in the whole minibatch (what per-response losses divide by)
+    tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
+    weights: Any = None  # truncated importance weights of these rows (None: off)
+
+    def rows(self, tensor: Any) -> Any:
+        """This micro-batch's rows of a rollout-batch tensor."""
+        return tensor[self.index]
+
+    def surrogate(
+        self, loss: str, advantages: Any, clip: float, norm: int | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """The clipped surrogate of these rows aggregated as the registered policy loss `loss` says
+        (farmkit.methods.estimators), importance-weighted when weights are on."""
+        from farmkit.methods.estimators import policy_loss
+
+        return policy_loss(loss)(
+            self.logprobs,
+            self.old_logprobs,
+            self.rows(advantages),
+            self.mask,
+            clip,
+            responses=self.responses,
+            tokens=self.tokens,
+            norm=norm,
+            weights=self.weights,
+        )
+
+
 class OnPolicyMethod:
     """What one on-policy method adds to the shared loop. Subclasses set `name` (metrics' method
     and the seeds' label), `tool`, `value_model`, and implement prepare, loss and message."""
@@ -79,20 +118,7 @@ class OnPolicyMethod:
     ) -> Prepared:
         raise NotImplementedError
 
-    def loss(
-        self,
-        logprobs: Any,
-        values: Any,
-        prepared: Prepared,
-        index: Any,
-        chunk: Any,
-        old_logprobs: Any,
-        ref_logprobs: Any,
-        *,
-        responses: int,
-        tokens: Any,
-        weights: Any,
-    ) -> tuple[Any, dict[str, Any]]:
+    def loss(self, micro: MicroBatch, prepared: Prepared) -> tuple[Any, dict[str, Any]]:
         """(the loss to back-propagate, the figures to average over the step's updates)."""
         raise NotImplementedError
 
@@ -104,7 +130,15 @@ class OnPolicyMethod:
         return row.get("policy_loss")
 
     def message(self, row: dict[str, Any]) -> str:
-        raise NotImplementedError
+        """The step's log line after "step N/M"."""
+        return (
+            f"reward {row['reward']:.4f}  kl {row['kl']:.4f}  entropy {row['entropy']:.3f}  "
+            f"length {row['response_length']:.1f}  {self.message_figures(row)}  "
+            f"clip {row['clip_fraction']:.3f}"
+        )
+
+    def message_figures(self, row: dict[str, Any]) -> str:
+        return ""
 
     def sequence_weights(self) -> bool:
         """Whether importance weights apply per response (RLOO's one ratio) rather than per token."""
@@ -150,6 +184,22 @@ def rollout_prompts_and_gold(
         tool=tool,
     )
     return policy_prompts, gold
+
+
+def run_method(
+    method_class: type[OnPolicyMethod],
+    sft: str,
+    reward_model: str,
+    prompts: list[dict[str, Any]],
+    output: str,
+    config: Any,
+    seed: int = 0,
+    inputs: list[str] | None = None,
+) -> dict[str, Any]:
+    """train_on_policy with a method made from `config` (what train_ppo and train_group call)."""
+    return train_on_policy(
+        method_class(config), sft, reward_model, prompts, output, seed=seed, inputs=inputs
+    )
 
 
 def train_on_policy(
@@ -385,19 +435,18 @@ def train_on_policy(
                     with accelerator.accumulate(model):
                         forward = model(chunk, config.temperature)
                         logits, values = forward if value_model is not None else (forward, None)
-                        logprobs = P.token_logprobs(logits, chunk.response_ids)
-                        loss, figures = method.loss(
-                            logprobs,
+                        micro_batch = MicroBatch(
+                            P.token_logprobs(logits, chunk.response_ids),
                             values,
-                            prepared,
                             index,
-                            chunk,
-                            old_logprobs,
-                            ref_logprobs,
-                            responses=responses,
-                            tokens=tokens,
-                            weights=None if weights is None else weights[index],
+                            chunk.response_mask,
+                            old_logprobs[index],
+                            ref_logprobs[index],
+                            responses,
+                            tokens,
+                            None if weights is None else weights[index],
                         )
+                        loss, figures = method.loss(micro_batch, prepared)
                         # the loss is already divided by the whole minibatch: undo the launcher's
                         # division by the number of micro-batches
                         accelerator.backward(loss * accumulation)

@@ -24,21 +24,18 @@ from typing import Any
 from farmkit.io import FarmError
 from farmkit.methods.config import (
     KL_ESTIMATORS,
-    GoldArgs,
-    RolloutConfig,
-    TrackingArgs,
+    OnPolicyConfig,
     help_field,
-    require_positive,
     shared_field,
 )
-from farmkit.methods.onpolicy import OnPolicyMethod, Prepared
+from farmkit.methods.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 
 log = logging.getLogger("farmkit")
 VALUE_HEADS = ("reward", "zero")
 
 
 @dataclass
-class PPOConfig(RolloutConfig, TrackingArgs, GoldArgs):
+class PPOConfig(OnPolicyConfig):
     steps: int = help_field(
         100, "PPO steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
     )
@@ -48,11 +45,6 @@ class PPOConfig(RolloutConfig, TrackingArgs, GoldArgs):
     minibatch_size: int = help_field(
         16, "Rollouts per optimizer step, over all processes (AlpacaFarm: 256)."
     )
-    micro_batch_size: int = help_field(
-        4,
-        "Rollouts per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
-    )
-    ppo_epochs: int = help_field(2, "Passes over each rollout batch.")
     # of the policy and the value model; decays linearly to 0 by the last step
     learning_rate: float = shared_field("learning_rate", 1e-5)
     kl_coef: float = help_field(
@@ -84,43 +76,13 @@ class PPOConfig(RolloutConfig, TrackingArgs, GoldArgs):
         False,
         "Keep the frozen reference and reward models in CPU memory and copy each layer's weights to the GPU only while it runs (accelerate's cpu_offload): they then take about one layer of GPU memory each, at the price of copying their weights in every forward pass (see README, Scaling out).",
     )
-    checkpoint_every: int = help_field(
-        20,
-        "Write a policy checkpoint every K steps (0: none). Performance often peaks early, then over-optimization sets in.",
-    )
-    checkpoint_dir: str | None = help_field(
-        None,
-        "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.",
-    )
-    resume: bool = help_field(
-        False, "Continue from the newest checkpoint in the checkpoint folder."
-    )
-    # LoRA adapters on the policy and the value model; the KL reference is the policy without them
-    lora: bool = shared_field("lora", False)
-    lora_rank: int = shared_field("lora_rank", 16)
-    lora_alpha: int = shared_field("lora_alpha", 32)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(
-            self,
-            "steps",
-            "rollout_batch_size",
-            "minibatch_size",
-            "micro_batch_size",
-            "ppo_epochs",
-            "lora_rank",
-        )
-        if self.rollout_batch_size % self.minibatch_size:
-            raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
-        if self.learning_rate <= 0:
-            raise ValueError("learning-rate must be positive")
-        if self.kl_coef < 0 or self.clip_range <= 0 or self.value_clip_range <= 0:
-            raise ValueError("kl-coef must be >= 0; clip-range and value-clip-range > 0")
+        if self.value_clip_range <= 0:
+            raise ValueError("value-clip-range must be > 0")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError("gamma and lam must lie in [0, 1]")
-        if self.checkpoint_every < 0:
-            raise ValueError("checkpoint-every must be >= 0")
 
 
 class PPOMethod(OnPolicyMethod):
@@ -164,40 +126,18 @@ class PPOMethod(OnPolicyMethod):
         )
         return Prepared(advantages, kl, returns=returns, old_values=old_values)
 
-    def loss(
-        self,
-        logprobs: Any,
-        values: Any,
-        prepared: Prepared,
-        index: Any,
-        chunk: Any,
-        old_logprobs: Any,
-        ref_logprobs: Any,
-        *,
-        responses: int,
-        tokens: Any,
-        weights: Any,
-    ) -> tuple[Any, dict[str, Any]]:
+    def loss(self, micro: MicroBatch, prepared: Prepared) -> tuple[Any, dict[str, Any]]:
         from farmkit.methods import rl_common
-        from farmkit.methods.estimators import policy_loss
 
-        config, mask = self.config, chunk.response_mask
-        loss, policy_stats = policy_loss("token-mean")(
-            logprobs,
-            old_logprobs[index],
-            prepared.advantages[index],
-            mask,
-            config.clip_range,
-            tokens=tokens,
-            weights=weights,
-        )
+        config = self.config
+        loss, policy_stats = micro.surrogate("token-mean", prepared.advantages, config.clip_range)
         value_loss, value_stats = rl_common.clipped_value_loss(
-            values,
-            prepared.old_values[index],
-            prepared.returns[index],
-            mask,
+            micro.values,
+            micro.rows(prepared.old_values),
+            micro.rows(prepared.returns),
+            micro.mask,
             config.value_clip_range,
-            tokens,
+            micro.tokens,
         )
         figures = {"policy_loss": loss, "value_loss": value_loss, **policy_stats, **value_stats}
         return loss + config.value_loss_coef * value_loss, figures
@@ -207,29 +147,16 @@ class PPOMethod(OnPolicyMethod):
             return None
         return row["policy_loss"] + self.config.value_loss_coef * row["value_loss"]
 
-    def message(self, row: dict[str, Any]) -> str:
-        return (
-            f"reward {row['reward']:.4f}  kl {row['kl']:.4f}  entropy {row['entropy']:.3f}  "
-            f"length {row['response_length']:.1f}  value loss {row['value_loss']:.4f}  "
-            f"clip {row['clip_fraction']:.3f}"
-        )
+    def message_figures(self, row: dict[str, Any]) -> str:
+        return f"value loss {row['value_loss']:.4f}"
 
 
-def train_ppo(
-    sft: str,
-    reward_model: str,
-    prompts: list[dict[str, Any]],
-    output: str,
-    config: PPOConfig,
-    seed: int = 0,
-    inputs: list[str] | None = None,
-) -> dict[str, Any]:
-    """Train a policy with PPO and write it to `output`; returns the last step's metrics."""
-    from farmkit.methods.onpolicy import train_on_policy
+def train_ppo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """train_ppo(sft, reward_model, prompts, output, config, seed=0, inputs=None): train a policy
+    with PPO (a PPOConfig) and write it to `output`; returns the last step's metrics."""
+    from farmkit.methods.onpolicy import run_method
 
-    return train_on_policy(
-        PPOMethod(config), sft, reward_model, prompts, output, seed=seed, inputs=inputs
-    )
+    return run_method(PPOMethod, *args, **kwargs)
 
 
 def load_value_model(source: str | Path, device: str, head: str) -> Any:
