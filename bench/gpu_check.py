@@ -3,8 +3,11 @@
 Meant for a GPU machine without network that has PyTorch (CUDA), transformers, accelerate, peft,
 pytest and scikit-learn (so also numpy, scipy, pyyaml, tqdm, tokenizers, safetensors: their
 dependencies), and nothing of farmkit's. Nothing is installed: the repository goes first on sys.path
-and the wheels of `make gpu-wheels` (in --wheels, default gpu-wheels/) are unpacked into a temporary
-folder put LAST on sys.path, so they only fill gaps (a package the machine has wins). The wheels are
+(farmkit.schemas and farmkit.tools, which pyproject.toml's package-dir maps from schemas/ and tools/,
+registered from there; an installed farmkit's editable finder set aside, so a dry run here imports
+farmkit as the GPU machine does) and the wheels of `make gpu-wheels` (in --wheels, default
+gpu-wheels/) are unpacked into a temporary folder put LAST on sys.path, so they only fill gaps (a
+package the machine has wins). The wheels are
 the two farmkit dependencies on these code paths that the machine lacks (pinned in the Makefile,
 manylinux x86_64, CPython 3.12, --no-deps):
 
@@ -319,6 +322,42 @@ def where_imported(wheels: list[dict[str, Any]]) -> None:
         wheel["used"] = any(
             isinstance(path, str) and path.startswith(wheel["site"]) for path in origins.values()
         )
+
+
+def farmkit_from_the_repository() -> dict[str, Any]:
+    """Import farmkit from this working tree the way the GPU machine must (nothing installed): the
+    repository first on sys.path, the finder of an installed (editable) farmkit set aside, and the
+    subpackages pyproject.toml maps from other folders (farmkit.schemas from schemas/,
+    farmkit.tools from tools/) registered from those folders, as an install would."""
+    import tomllib
+
+    sys.path.insert(0, str(REPO))
+    dropped = [
+        finder for finder in sys.meta_path if "farmkit" in str(getattr(finder, "__module__", ""))
+    ]
+    for finder in dropped:
+        sys.meta_path.remove(finder)
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    import farmkit
+
+    mapped = {}
+    for package, folder in setuptools.get("package-dir", {}).items():
+        if not package.startswith("farmkit.") or package in sys.modules:
+            continue
+        path = REPO / folder
+        spec = importlib.util.spec_from_file_location(
+            package, path / "__init__.py", submodule_search_locations=[str(path)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = module
+        spec.loader.exec_module(module)
+        setattr(farmkit, package.rsplit(".", 1)[1], module)
+        mapped[package] = str(path)
+    return {
+        "farmkit_path": str(Path(farmkit.__file__).parent),
+        "package_dirs": mapped,
+        "installed_finders_set_aside": [str(finder) for finder in dropped],
+    }
 
 
 def check_imports() -> None:
@@ -741,9 +780,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(REPO))
     wheels = add_wheels(Path(args.wheels))
     check_imports()
+    source = farmkit_from_the_repository()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -767,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("gpu-check: no CUDA device (use --dry-run on a CPU)")
     sizes = Sizes(args.dry_run)
     report.data["environment"] = environment(device)
+    report.data["farmkit_source"] = source
     report.data["wheels"] = wheels
     report.data["budget_s"] = args.budget_s
     report.data["torch_threads"] = torch.get_num_threads()

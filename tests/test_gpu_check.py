@@ -148,7 +148,15 @@ def test_each_training_run_reports_its_steps_memory_and_first_step_kl(dry_run):
 
 def test_the_wheels_go_last_on_sys_path_and_nothing_absent_on_the_gpu_is_imported(dry_run):
     report, _ = dry_run
+    # farmkit as the GPU machine imports it: from the working tree, its subpackages kept in other
+    # folders (schemas/, tools/) mapped as pyproject.toml says, an installed copy's finder unused
     assert report["environment"]["farmkit_path"] == str(ROOT / "farmkit")
+    source = report["farmkit_source"]
+    assert source["farmkit_path"] == str(ROOT / "farmkit")
+    assert source["package_dirs"] == {
+        "farmkit.tools": str(ROOT / "tools"),
+        "farmkit.schemas": str(ROOT / "schemas"),
+    }
     (probe,) = [wheel for wheel in report["wheels"] if wheel["wheel"].startswith(PROBE)]
     assert probe["modules"] == [PROBE]
     assert probe["used"] is True
