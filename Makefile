@@ -6,7 +6,7 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 EXTRAS ?= ml,api,plot,dev
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-slow test-dist test-vllm test-deepspeed bench demo overopt lint clean
+.PHONY: install test test-fast test-slow test-dist test-vllm test-deepspeed bench gpu-wheels gpu-check demo overopt lint clean
 
 install: $(VENV)/.installed
 
@@ -62,6 +62,34 @@ test-slow: install
 
 bench: install
 	$(PY) bench/run.py
+
+# gpu-check (bench/gpu_check.py, NOTES-gpu.md): farm-sample's generation and one farm-ppo / farm-grpo
+# step timed on a GPU machine without network that has torch, transformers, accelerate, peft, pytest
+# and scikit-learn only. gpu-wheels downloads, here, the wheels of farmkit's other dependencies on
+# those paths that such a machine lacks (pinned; manylinux x86_64, CPython 3.12, no dependencies)
+# into GPU_WHEELS (ignored by git: carry it to the GPU machine). gpu-check installs nothing: the
+# script puts the repository first on sys.path and the wheels' contents last, and writes its report
+# to GPU_REPORT (default $OUT/gpu-check.json, or gpu-check.json). DRY_RUN=1: the same code paths at
+# tiny sizes on the CPU (with .venv's Python here; tests/test_gpu_check.py runs it).
+GPU_WHEELS ?= gpu-wheels
+GPU_WHEEL_PINS ?= click==8.5.1 orjson==3.13.0
+GPU_PY_VERSION ?= 3.12
+GPU_PIP ?= python3 -m pip
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_REPORT ?=
+GPU_CHECK_ARGS ?=
+
+gpu-wheels:
+	rm -rf $(GPU_WHEELS).tmp
+	$(GPU_PIP) download -q --no-deps --only-binary=:all: --implementation cp \
+		--python-version $(GPU_PY_VERSION) --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS).tmp $(GPU_WHEEL_PINS)
+	rm -rf $(GPU_WHEELS) && mv $(GPU_WHEELS).tmp $(GPU_WHEELS)
+	ls -l $(GPU_WHEELS)
+
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py --wheels $(GPU_WHEELS) $(if $(DRY_RUN),--dry-run) \
+		$(if $(GPU_REPORT),--output $(GPU_REPORT)) $(GPU_CHECK_ARGS)
 
 demo: install
 	$(MAKE) -C examples demo PATH="$(abspath $(VENV))/bin:$$PATH"

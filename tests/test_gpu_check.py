@@ -1,0 +1,231 @@
+"""`make gpu-check DRY_RUN=1`: bench/gpu_check.py's every section (models built from configs with an
+in-script tokenizer, farm-sample's engine batched and one prompt at a time, two farm-ppo and
+farm-grpo steps in three precisions, at two tiny shapes) on the CPU, run the way make runs it on
+the GPU machine: the repository first on sys.path, the wheels folder unpacked last (here a probe
+wheel, since .venv already holds click and orjson). The report's fields are checked, and the
+first-step KL is 0 where policy and reference compute alike."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.heavy
+
+SHAPES = ("tiny-a", "tiny-b")
+METHODS = ("ppo", "grpo")
+PRECISIONS = ("fp32", "bf16-autocast", "bf16-weights")
+PROBE = "farmkit_gpu_check_probe"
+
+
+def _probe_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel, to see the script unpack and import what a wheel holds."""
+    wheel = folder / f"{PROBE}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{PROBE}/__init__.py", "LOADED = True\n")
+        archive.writestr(
+            f"{PROBE}-1.0.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {PROBE}\nVersion: 1.0\n",
+        )
+    return wheel
+
+
+def _make_gpu_check(folder: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path, float]:
+    wheels = folder / "wheels"
+    wheels.mkdir(exist_ok=True)
+    _probe_wheel(wheels)
+    report = folder / "gpu-check.json"
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(ROOT),
+            "gpu-check",
+            "DRY_RUN=1",
+            f"GPU_PYTHON={sys.executable}",
+            f"GPU_WHEELS={wheels}",
+            f"GPU_REPORT={report}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
+    return result, report, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> tuple[dict, str]:
+    result, report, _ = _make_gpu_check(tmp_path_factory.mktemp("gpu-check"))
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
+    return json.loads(report.read_text()), result.stderr
+
+
+def test_every_section_runs_and_the_report_says_so(dry_run):
+    report, _ = dry_run
+    assert report["schema"] == "farmkit-gpu-check/1"
+    assert report["dry_run"] is True
+    assert report["status"] == "complete"
+    statuses = {section["name"]: section["status"] for section in report["sections"]}
+    assert len(statuses) == 16
+    assert set(statuses.values()) == {"ok"}, statuses
+    assert report["environment"]["device"] == "cpu"
+    assert report["torch_threads"] == 1
+    for shape in SHAPES:
+        built = report["shapes"][shape]
+        assert built["tokenizer_vocabulary"] == built["config"]["vocab_size"]
+        assert built["parameters"] > 0
+    assert report["shapes"]["tiny-b"]["stands_for"] == "llama-1b"
+
+
+def test_sampling_reports_tokens_per_second_batched_and_one_at_a_time(dry_run):
+    report, _ = dry_run
+    for shape in SHAPES:
+        sampling = report["sampling"][shape]
+        assert sampling["dtype"] == "float32"  # farmkit's choice on a CPU
+        batched, single = sampling["batched"], sampling["one_at_a_time"]
+        assert batched["batch_size"] > 1 and single["batch_size"] == 1
+        for figures in (batched, single):
+            assert figures["records_written"] == figures["prompts"]
+            assert (
+                0 < figures["completion_tokens"] <= figures["prompts"] * figures["max_new_tokens"]
+            )
+            assert figures["generation_s"] > 0
+            assert figures["tokens_per_s"] == pytest.approx(
+                figures["completion_tokens"] / figures["generation_s"], rel=0.01
+            )
+            assert figures["tokens_per_s"] > 0
+        assert sampling["batched_speedup"] == pytest.approx(
+            batched["tokens_per_s"] / single["tokens_per_s"], rel=0.01
+        )
+
+
+def test_each_training_run_reports_its_steps_memory_and_first_step_kl(dry_run):
+    report, _ = dry_run
+    runs = {(run["shape"], run["method"], run["precision"]): run for run in report["training"]}
+    assert len(report["training"]) == len(runs) == len(SHAPES) * len(METHODS) * len(PRECISIONS)
+    for (shape, method, precision), run in runs.items():
+        assert shape in SHAPES and method in METHODS and precision in PRECISIONS
+        assert [step["step"] for step in run["steps"]] == [1, 2]
+        assert all(step["wall_s"] > 0 for step in run["steps"])
+        assert run["step1_s"] == run["steps"][0]["wall_s"]
+        assert run["step2_s"] == run["steps"][1]["wall_s"]
+        assert run["run_wall_s"] >= run["step1_s"] + run["step2_s"]
+        assert "peak_gpu_memory_gb" in run  # None on the CPU
+        kl = run["kl_step1"]
+        assert isinstance(kl, float) and math.isfinite(kl)
+        assert run["kl_step1_is_exactly_zero"] is (kl == 0.0)
+        # the precision really took effect: accelerate's mixed precision, the trained weights' dtype
+        assert run["launch"]["mixed_precision"] == (
+            "bf16" if precision == "bf16-autocast" else "no"
+        )
+        assert run["saved_policy_dtype"] == (
+            "bfloat16" if precision == "bf16-weights" else "float32"
+        )
+        if precision in ("fp32", "bf16-weights"):
+            # policy and reference are the same weights computed the same way: no KL before an update
+            assert kl == 0.0, (shape, method, precision, kl)
+    summary = {
+        (row["shape"], row["method"], row["precision"]): row for row in report["first_step_kl"]
+    }
+    assert summary.keys() == runs.keys()
+    for key, row in summary.items():
+        assert row["kl_step1"] == runs[key]["kl_step1"]
+        assert row["is_exactly_zero"] is runs[key]["kl_step1_is_exactly_zero"]
+
+
+def test_the_wheels_go_last_on_sys_path_and_nothing_absent_on_the_gpu_is_imported(dry_run):
+    report, _ = dry_run
+    # farmkit as the GPU machine imports it: from the working tree, its subpackages kept in other
+    # folders (schemas/, tools/) mapped as pyproject.toml says, an installed copy's finder unused
+    assert report["environment"]["farmkit_path"] == str(ROOT / "farmkit")
+    source = report["farmkit_source"]
+    assert source["farmkit_path"] == str(ROOT / "farmkit")
+    assert source["package_dirs"] == {
+        "farmkit.tools": str(ROOT / "tools"),
+        "farmkit.schemas": str(ROOT / "schemas"),
+    }
+    (probe,) = [wheel for wheel in report["wheels"] if wheel["wheel"].startswith(PROBE)]
+    assert probe["modules"] == [PROBE]
+    assert probe["used"] is True
+    assert probe["imported_from"][PROBE].startswith(probe["site"])
+    assert report["imported_but_absent_on_gpu"] == []
+
+
+def test_progress_goes_to_stderr_with_timestamps(dry_run):
+    _, stderr = dry_run
+    lines = [line for line in stderr.splitlines() if line.startswith("[gpu-check ")]
+    assert any("start sample tiny-a" in line for line in lines)
+    assert any("start train tiny-b grpo bf16-autocast" in line for line in lines)
+    assert "done: complete" in lines[-1]
+    stamps = [float(line.split("+", 1)[1].split("s]", 1)[0]) for line in lines]
+    assert stamps == sorted(stamps) and stamps[-1] > 0
+
+
+def test_a_spent_budget_skips_the_sections_and_still_writes_the_report(tmp_path):
+    result, report_path, _ = _make_gpu_check(tmp_path, "GPU_CHECK_ARGS=--budget-s 0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "partial"
+    assert report["sections"] and {s["status"] for s in report["sections"]} == {
+        "skipped (time budget)"
+    }
+    assert report["training"] == [] and report["sampling"] == {}
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tokenizer_has_exactly_the_models_vocabulary_and_a_chat_template():
+    """Past 3 + 256 + 256^2 tokens (Llama-3.2-1B's 128,256) the merges are of three bytes."""
+    module = _script()
+    size = 3 + 256 + 256**2 + 1000
+    tokenizer = module.build_tokenizer(size)
+    assert len(tokenizer) == size
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (2, 2)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a colour, é."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    # every id decodes, the last (a three-byte merge) to three bytes' worth of text
+    assert len(tokenizer.convert_ids_to_tokens(size - 1)) == 3
+    assert tokenizer.decode(list(range(3, size, 997)))
+
+
+def test_the_small_shape_is_the_embedded_models():
+    """SHAPES['smollm2-135m'] copies the converted SmolLM2-135M-Instruct folder's config."""
+    cache = Path(
+        os.environ.get("FARMKIT_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "farmkit"
+    )
+    configs = sorted((cache / "models").glob("SmolLM2-135M-Instruct-*/config.json"))
+    if not configs:
+        pytest.skip(f"no converted embedded model under {cache / 'models'}")
+    shape = _script().SHAPES["smollm2-135m"]
+    config = json.loads(configs[0].read_text())
+    theta = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
+    assert shape["rope_theta"] == theta
+    assert shape["rms_norm_eps"] == pytest.approx(config["rms_norm_eps"], rel=1e-6)
+    for key, value in shape.items():
+        if key not in ("rope_theta", "rms_norm_eps"):
+            assert config[key] == value, key
