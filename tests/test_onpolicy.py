@@ -45,7 +45,9 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
     with pytest.raises(ValueError, match="unknown policy loss"):
         E.policy_loss("token-sum")
     scores = torch.tensor([1.0, 2.0, 4.0, 4.0])
-    assert torch.allclose(E.advantage_estimator("dr_grpo")(scores, 2), torch.tensor([-0.5, 0.5, 0, 0]))
+    assert torch.allclose(
+        E.advantage_estimator("dr_grpo")(scores, 2), torch.tensor([-0.5, 0.5, 0, 0])
+    )
 
 
 @pytest.mark.parametrize("name", sorted(E.POLICY_LOSSES))
@@ -197,3 +199,37 @@ def test_truncated_importance_sampling_reweights_the_updates(models, tmp_path, m
     names = sorted(runs["exact"])
     assert all(torch.equal(runs["exact"][k], runs["off"][k]) for k in names)
     assert any(not torch.allclose(runs["exact"][k], runs["on"][k], atol=1e-6) for k in names)
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one process-wide state; a test that changes the launch's precision needs its
+    own, and leaves none behind."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("method", ["ppo", "rloo", "grpo"])
+def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
+    models, tmp_path, monkeypatch, fresh_accelerate_state, method
+):
+    """Under `accelerate launch --mixed_precision bf16` the policy's forward runs under autocast; the
+    reference's and the sampling's must too, or the KL before the first update is not 0 (it was
+    3.6e-4 for PPO and 7e-7 for GRPO's k3 in the GPU check's dry run)."""
+    sft, rm = models
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    small = {**SMALL, "rollout_batch_size": 8, "minibatch_size": 8, "micro_batch_size": 8}
+    train, config = {
+        "ppo": (train_ppo, PPOConfig(steps=1, kl_estimator="k1", **small)),
+        "rloo": (train_group, RLOOConfig(steps=1, **small)),
+        "grpo": (train_group, GRPOConfig(steps=1, kl_estimator="k1", kl_in="reward", **small)),
+    }[method]
+    output = tmp_path / method
+    train(str(sft), str(rm), prompt_records(8), str(output), config)
+    meta = json.loads((output / "meta.json").read_text())
+    assert meta["launch"]["mixed_precision"] == "bf16"
+    row = json.loads((output / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["kl"] == 0.0

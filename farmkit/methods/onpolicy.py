@@ -343,12 +343,16 @@ def train_on_policy(
     def reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
         return accelerator.reduce(tensor, reduction="sum") if world > 1 else tensor
 
+    # under a mixed-precision launch the prepared module's forward runs under autocast: the
+    # reference's forward and the sampling must too, or the KL is not 0 before the first update and
+    # the rollout is not drawn from the function the update's ratio assumes
     def reference_logits(chunk: P.Rollout) -> torch.Tensor:
-        if reference is not None:
-            return P.response_logits(reference, chunk, config.temperature)
-        policy = accelerator.unwrap_model(model).policy
-        with policy.disable_adapter():
-            return P.response_logits(policy, chunk, config.temperature)
+        with accelerator.autocast():
+            if reference is not None:
+                return P.response_logits(reference, chunk, config.temperature)
+            policy = accelerator.unwrap_model(model).policy
+            with policy.disable_adapter():
+                return P.response_logits(policy, chunk, config.temperature)
 
     record = C.RunRecord(
         accelerator,
@@ -372,7 +376,7 @@ def train_on_policy(
     started = time.time()
     for step in range(start_step, config.steps):
         batch_indices = method.rows(order[step * per_step : (step + 1) * per_step][rank::world])
-        with launch.for_generation(accelerator, model) as unwrapped:
+        with launch.for_generation(accelerator, model) as unwrapped, accelerator.autocast():
             if stale:
                 backend.sync(unwrapped.policy)
             batch = sample_and_score(

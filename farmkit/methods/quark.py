@@ -318,7 +318,7 @@ def train_quark(
         control = token_ids[:1] if round_number > 0 and tokens else []
         conditioned_prompts = [prompt + control for prompt in plain_prompts]
         # under ZeRO-3 the policy is gathered whole for the round's sampling (launch.for_generation)
-        with launch.for_generation(accelerator, model) as sampler:
+        with launch.for_generation(accelerator, model) as sampler, accelerator.autocast():
             if round_number > 0:  # the engine, if it has weights of its own, gets the policy's
                 backend.sync(sampler)
             pool = sample_round(sampler, chosen, conditioned_prompts, round_number)
@@ -366,7 +366,9 @@ def train_quark(
                 ..., :reference_vocab
             ]
             nll = -rl_common.masked_mean(P.token_logprobs(logits, conditioned.response_ids), mask)
-            with torch.no_grad():
+            # under a mixed-precision launch the policy's forward runs under autocast: so does the
+            # reference's (and the sampling), or the KL is not 0 where the two agree
+            with torch.no_grad(), accelerator.autocast():
                 reference_logp = torch.log_softmax(
                     P.response_logits(reference, plain, config.temperature), dim=-1
                 )
