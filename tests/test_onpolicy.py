@@ -84,12 +84,12 @@ def test_truncated_importance_weights_are_capped_ratios():
     sequence = RB.truncated_is_weights(trainer, engine, mask, cap=2.0, per_sequence=True)
     assert torch.allclose(sequence, torch.tensor([0.5 - 1.0, 1.9]).exp().clamp(max=2.0))
     figures = RB.logprob_mismatch(engine, trainer, mask)
-    assert figures["rollout_logprob_diff_max"] == pytest.approx(1.9)
-    assert figures["rollout_logprob_diff_mean"] == pytest.approx((0.5 + 1.0 + 0 + 1.9 + 0) / 5)
+    assert figures["max"] == pytest.approx(1.9)
+    assert figures["mean"] == pytest.approx((0.5 + 1.0 + 0 + 1.9 + 0) / 5)
 
 
 def test_vllm_asked_for_without_vllm_is_refused_before_any_work(tmp_path, monkeypatch):
-    monkeypatch.setattr(RB, "vllm_available", lambda: False)
+    monkeypatch.setattr(RB, "vllm_installed", lambda: False)
     with pytest.raises(FarmError, match="needs vLLM"):
         train_ppo(
             "no-such-sft",

@@ -413,7 +413,11 @@ def train_on_policy(
             weights = None
             if batch.engine_logprobs is not None:
                 engine_logprobs = batch.engine_logprobs.to(old_logprobs.device)
-                engine_figures = logprob_mismatch(engine_logprobs, old_logprobs, mask, reduce_sum)
+                # one process: the vllm backend refuses several (see rollout_backends)
+                engine_figures = {
+                    f"rollout_logprob_diff_{name}": value
+                    for name, value in logprob_mismatch(engine_logprobs, old_logprobs, mask).items()
+                }
                 if is_cap:
                     weights = truncated_is_weights(
                         old_logprobs,
