@@ -27,11 +27,12 @@ each token is multiplied by its weight; None leaves it as it is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the functions: `farm-grpo --help` must not load it
+    import torch
 
-from farmkit.methods import rl_common
+    from farmkit.methods import rl_common
 
 STD_EPS = 1e-4  # added to a group's standard deviation (GRPO): a group of equal scores gets 0
 
@@ -84,6 +85,8 @@ def gae_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), both [batch, tokens]: GAE over each response, the advantages whitened
     over the whole rollout batch (every process with `reduce`), padding left out."""
+    from farmkit.methods import rl_common
+
     advantages, returns = rl_common.generalized_advantages(rewards, values, mask, gamma, lam)
     return rl_common.masked_whiten(advantages, mask, reduce=reduce), returns
 
@@ -140,6 +143,8 @@ def token_mean_loss(
     **_: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token advantages [batch, tokens]; divided by the minibatch's `tokens`."""
+    from farmkit.methods import rl_common
+
     return rl_common.clipped_policy_loss(
         logprobs, old_logprobs, _weighted(advantages, weights), mask, clip, tokens
     )
@@ -160,6 +165,8 @@ def sequence_ratio_loss(
     """Per-response advantages [batch]; one ratio per response (its summed token log-ratio),
     divided by the minibatch's `responses`. Stats per response. `weights` here are per response
     [batch] (the capped ratio of the whole response's probabilities)."""
+    from farmkit.methods import rl_common
+
     sequence = (logprobs * mask).sum(dim=1, keepdim=True)
     old_sequence = (old_logprobs * mask).sum(dim=1, keepdim=True)
     ones = mask.new_ones(sequence.shape)
@@ -182,6 +189,8 @@ def _grouped_token_loss(
     tokens: Any,
     weights: torch.Tensor | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    from farmkit.methods import rl_common
+
     per_token = advantages[:, None] * mask
     loss, _ = rl_common.clipped_policy_loss(
         logprobs, old_logprobs, _weighted(per_token, weights), token_weights, clip, responses
