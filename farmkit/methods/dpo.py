@@ -281,6 +281,8 @@ def train_dpo(
             report_to=report_to,
             logging_steps=1,
             disable_tqdm=cli.quiet(),
+            # several DeepSpeed processes on CPUs: keep the process count accelerate was given
+            **launch.trainer_state_config(),
         )
         trainer = _pretokenized(DPOTrainer)(
             model=model,

@@ -26,11 +26,57 @@ def use_cpu(on_gpu: bool) -> bool:
     return not on_gpu and not deepspeed_launched()
 
 
+def join_deepspeed_processes() -> bool:
+    """Make accelerate count the processes of a DeepSpeed launch on CPUs; call it before any
+    Accelerator or Trainer is made. Returns whether it had to (a Trainer must then be told to keep
+    that state: `trainer_state_config`).
+
+    accelerate (1.15) learns the number of processes and this process's index from the
+    communication backend it picks itself, and it picks one only for an accelerator (a GPU...):
+    on a machine without one it lets DeepSpeed join the launcher's processes (DeepSpeed's CPU
+    accelerator: gloo, or ccl where oneCCL is installed) but then records one process, of index 0,
+    on every process. Each process takes itself for the main and only one, and the batch size
+    computed for one process fails DeepSpeed's check, which counts them all ("train_batch_size is
+    not equal to micro_batch_per_gpu * gradient_acc_step * world_size 4 != 4 * 1 * 2"). Naming
+    DeepSpeed's backend to accelerate's process state makes it read the count from the process
+    group."""
+    if not deepspeed_launched() or int(os.environ.get("LOCAL_RANK", "-1")) == -1:
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return False
+    from accelerate.state import AcceleratorState, PartialState
+
+    # a fresh state (a previous Trainer's, e.g. expert iteration's last round, held its own plugin);
+    # the process group itself, once joined, stays
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState(backend=accelerator.communication_backend_name())
+    return True
+
+
+def trainer_state_config() -> dict[str, Any]:
+    """The TrainingArguments keywords of a Trainer that must join the processes as
+    `join_deepspeed_processes` does (it calls it): a Trainer resets accelerate's state and makes its
+    own, with the process count wrong on CPUs, unless told to use the state made before it."""
+    if not join_deepspeed_processes():
+        return {}
+    return {"accelerator_config": {"use_configured_state": True}}
+
+
 def make_accelerator(cpu: bool = False, **kwargs: Any) -> Any:
-    """An Accelerator that joins the launcher's processes (see `use_cpu`)."""
+    """An Accelerator that joins the launcher's processes (see `use_cpu` and
+    `join_deepspeed_processes`)."""
     import torch
     from accelerate import Accelerator
 
+    if not cpu:
+        join_deepspeed_processes()
     return Accelerator(cpu=cpu or use_cpu(torch.cuda.is_available()), **kwargs)
 
 

@@ -357,6 +357,8 @@ def train_sft(
             gradient_checkpointing=False,
             deepspeed=_deepspeed_config(config.deepspeed),
             dataset_num_proc=None,
+            # several DeepSpeed processes on CPUs: keep the process count accelerate was given
+            **launch.trainer_state_config(),
         )
     trainer = SFTTrainer(
         model=network,
