@@ -68,7 +68,7 @@ test-slow: install
 bench: install
 	$(PY) bench/run.py
 
-# gpu-check (bench/gpu_check.py, NOTES-gpu.md): farm-sample's generation and one farm-ppo / farm-grpo
+# gpu-check (bench/gpu_check.py; README, Scaling out; bench/README.md): farm-sample's generation and one farm-ppo / farm-grpo
 # step timed on a GPU machine without network that has torch, transformers, accelerate, peft, pytest
 # and scikit-learn only. gpu-wheels downloads, here, the wheels of farmkit's other dependencies on
 # those paths that such a machine lacks (pinned; manylinux x86_64, CPython 3.12, no dependencies)
