@@ -395,7 +395,7 @@ def farmkit_worker(
 
     threads = set_threads(settings)
     from farmkit.methods import policy as P
-    from farmkit.methods.ppo import RunRecord
+    from farmkit.methods.checkpoints import RunRecord
     from farmkit.methods.reward import RewardScorer
     from farmkit.models import load_tokenizer
 
