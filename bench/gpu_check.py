@@ -604,7 +604,7 @@ def sample_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str)
             "max_new_tokens": max_new_tokens,
             "records_written": len(lines),
             "completion_tokens": int(figures["completion_tokens"]),
-            "generation_s": round(figures["seconds"], 3),
+            "generation_s": round(figures["seconds"], 6),
             "tokens_per_s": round(figures["tokens_per_second"], 2),
             "wall_s_with_load": round(wall, 2),
             **memory_figures(),
@@ -621,7 +621,7 @@ def sample_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str)
         "temperature": 0.7,
         "batched": batched,
         "one_at_a_time": single,
-        "batched_speedup": round(batched["tokens_per_s"] / single["tokens_per_s"], 2)
+        "batched_speedup": round(batched["tokens_per_s"] / single["tokens_per_s"], 4)
         if single["tokens_per_s"]
         else None,
     }
