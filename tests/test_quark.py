@@ -446,3 +446,36 @@ def test_gradients_are_clipped_at_the_configured_norm(models, tmp_path, monkeypa
     for max_norm, before, after in clipped:
         assert max_norm == 0.05 and before > 0.05
         assert after == pytest.approx(0.05, rel=1e-3)
+
+
+def test_vllm_rollouts_are_refused_with_control_tokens_and_auto_samples_with_hf(
+    monkeypatch, tmp_path
+):
+    """--control-token condition grows the vocabulary a vLLM engine built from the SFT folder serves:
+    --rollout-backend vllm is refused before any model is read (not after the first round, when
+    the first push failed), and auto (which picks vllm on a GPU with vLLM installed) samples with
+    hf; --control-token none adds no token and keeps vllm."""
+    import importlib.util
+
+    from farmkit.io import FarmError
+    from farmkit.methods.quark import rollout_backend_kind
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a)
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rollout_backend_kind(QuarkConfig()) == "hf"  # auto, control tokens
+    assert rollout_backend_kind(QuarkConfig(control_token="none")) == "vllm"
+    assert rollout_backend_kind(QuarkConfig(rollout_backend="vllm", control_token="none")) == "vllm"
+    assert rollout_backend_kind(QuarkConfig(rollout_backend="hf", control_token="none")) == "hf"
+    output = tmp_path / "quark"
+    with pytest.raises(FarmError, match="cannot sample Quark's control tokens"):
+        train_quark(
+            "no-such-sft",
+            "no-such-rm",
+            prompt_records(4),
+            str(output),
+            QuarkConfig(rollout_backend="vllm", **SMALL),
+        )
+    assert not output.exists()

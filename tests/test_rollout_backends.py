@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from farmkit.generation import Sample
 from farmkit.io import FarmError
 from farmkit.methods import policy as P
 from farmkit.methods import rollout_backends as R
@@ -207,3 +208,23 @@ def test_truncated_importance_weights_cap_exp_of_trainer_minus_engine():
     for cap in (0.0, -1.0, float("nan")):
         with pytest.raises(FarmError, match="cap"):
             R.truncated_is_weights(trainer, engine, mask, cap=cap)
+
+
+def test_a_vllm_completion_counts_its_tokens_as_generate_does():
+    """vLLM's token_ids end with the end (or stop) token that stopped the answer; generate()'s
+    completion_tokens leave it out, and the budgets add it back from `finished` (it was counted
+    twice for vLLM's samples)."""
+    from types import SimpleNamespace
+
+    from farmkit.sampling import vllm_sample
+
+    def output(tokens, reason, stop_reason=None):
+        return SimpleNamespace(
+            text=" blue ", token_ids=tokens, finish_reason=reason, stop_reason=stop_reason
+        )
+
+    assert vllm_sample(7, output([5, 2], "stop")) == Sample("blue", 7, 1, True)  # 2: the end token
+    assert vllm_sample(7, output([5, 9], "stop", stop_reason=9)) == Sample("blue", 7, 1, True)
+    assert vllm_sample(7, output([5, 6], "length")) == Sample("blue", 7, 2, False)
+    assert vllm_sample(7, output([5], "stop", stop_reason="END")) == Sample("blue", 7, 1, True)
+    assert vllm_sample(7, output([2], "stop")) == Sample("blue", 7, 0, True)  # an empty answer

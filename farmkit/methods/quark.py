@@ -148,6 +148,27 @@ def training_batches(
     return batches
 
 
+def rollout_backend_kind(config: QuarkConfig) -> str:
+    """hf or vllm for a Quark run, decided before any model is loaded. The control tokens of
+    --control-token condition grow the policy's vocabulary after the SFT folder is read, and a vLLM
+    engine built from that folder cannot take the grown policy's weights (rollout_backends refuses
+    the push): --rollout-backend vllm is refused with them, and auto samples with hf."""
+    from farmkit.methods.rollout_backends import resolve_backend
+
+    kind = resolve_backend(config.rollout_backend, config.device)
+    if kind != "vllm" or config.control_token != "condition":
+        return kind
+    if config.rollout_backend == "vllm":
+        raise FarmError(
+            "--rollout-backend vllm cannot sample Quark's control tokens: --control-token condition "
+            "adds them to the policy's vocabulary, which the vLLM engine (built from the SFT folder) "
+            "does not have. Use --control-token none (AlpacaFarm's top-quantile training on the "
+            "plain prompt) or --rollout-backend hf"
+        )
+    log.info("rollouts: hf backend (the control tokens grow the vocabulary a vLLM engine serves)")
+    return "hf"
+
+
 def train_quark(
     sft: str,
     reward_model: str,
@@ -170,6 +191,7 @@ def train_quark(
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
     from farmkit.models import PromptFormat, choose_device
 
+    backend_kind = rollout_backend_kind(config)  # vllm refused with control tokens, before any work
     if launch.deepspeed_launched() and config.device != "auto":
         # Accelerator(cpu=True) would drop DeepSpeed without a word; the run would not be what was launched
         raise FarmError(
@@ -258,7 +280,7 @@ def train_quark(
     if reference.dtype != trained_dtype:
         reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy: like with like
     backend = make_backend(
-        config.rollout_backend,
+        backend_kind,
         sft,
         seed=seed,
         device=device,

