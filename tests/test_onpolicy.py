@@ -212,7 +212,7 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-@pytest.mark.parametrize("method", ["ppo", "rloo", "grpo"])
+@pytest.mark.parametrize("method", ["ppo", "rloo", "grpo", "grpo-one-update"])
 def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
     models, tmp_path, monkeypatch, fresh_accelerate_state, method
 ):
@@ -226,6 +226,11 @@ def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
         "ppo": (train_ppo, PPOConfig(steps=1, kl_estimator="k1", **small)),
         "rloo": (train_group, RLOOConfig(steps=1, **small)),
         "grpo": (train_group, GRPOConfig(steps=1, kl_estimator="k1", kl_in="reward", **small)),
+        # one epoch of one minibatch: the old log-probabilities come from the update's forward
+        "grpo-one-update": (
+            train_group,
+            GRPOConfig(steps=1, kl_estimator="k1", **{**small, "ppo_epochs": 1}),
+        ),
     }[method]
     output = tmp_path / method
     train(str(sft), str(rm), prompt_records(8), str(output), config)
@@ -233,3 +238,50 @@ def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
     assert meta["launch"]["mixed_precision"] == "bf16"
     row = json.loads((output / "metrics.jsonl").read_text().splitlines()[0])
     assert row["kl"] == 0.0
+
+
+def test_one_update_per_step_takes_the_old_logprobs_from_the_updates_forward(
+    models, tmp_path, monkeypatch
+):
+    """With one epoch of one minibatch and advantages that do not read the old log-probabilities
+    (GRPO, KL in the loss), the no-gradient policy pass before the update is redundant: its
+    log-probabilities equal the update's own forward's. Skipping it saves one policy forward per
+    micro-batch and changes neither the weights nor the figures."""
+    from safetensors.torch import load_file
+
+    from farmkit.methods import policy as P
+    from farmkit.methods.group import GroupMethod
+
+    sft, rm = models
+    calls = {"n": 0}
+    forward = P.PolicyOnly.forward
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(P.PolicyOnly, "forward", counting)
+    small = {**SMALL, "rollout_batch_size": 8, "minibatch_size": 8, "ppo_epochs": 1}
+    config = GRPOConfig(steps=2, kl_coef=0.1, **small)  # micro-batches of 4: 2 per step
+    runs = {}
+    for name, pass_of_their_own in (("one-update", False), ("own-pass", True)):
+        monkeypatch.setattr(
+            GroupMethod, "advantages_use_old_logprobs", lambda self, flag=pass_of_their_own: flag
+        )
+        calls["n"] = 0
+        output = tmp_path / name
+        train_group(str(sft), str(rm), prompt_records(8), str(output), config)
+        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = (calls["n"], load_file(output / "model.safetensors"), rows)
+    (fused_calls, fused, fused_rows), (own_calls, own, own_rows) = (
+        runs["one-update"],
+        runs["own-pass"],
+    )
+    assert own_calls - fused_calls == 2 * 2  # 2 steps x 2 micro-batches
+    assert any(not torch.equal(own[k], load_file(sft / "model.safetensors")[k]) for k in own)
+    for key in own:
+        assert torch.allclose(fused[key], own[key], atol=1e-6), key
+    for a, b in zip(fused_rows, own_rows, strict=True):
+        for figure in ("reward", "kl", "entropy", "policy_loss", "clip_fraction"):
+            assert a[figure] == pytest.approx(b[figure], rel=1e-4, abs=1e-7), figure
+    assert fused_rows[1]["kl"] != 0.0  # step 2's KL is measured, not left at its stand-in

@@ -174,6 +174,9 @@ class GroupMethod(OnPolicyMethod):
     def sequence_weights(self) -> bool:
         return self.config.method == "rloo"
 
+    def advantages_use_old_logprobs(self) -> bool:
+        return self.config.kl_in == "reward" and self.config.kl_coef > 0
+
     def prepare(
         self, batch: Any, old_logprobs: Any, ref_logprobs: Any, old_values: Any, reduce: Any
     ) -> Prepared:

@@ -118,6 +118,12 @@ class OnPolicyMethod:
     ) -> Prepared:
         raise NotImplementedError
 
+    def advantages_use_old_logprobs(self) -> bool:
+        """Whether prepare's advantages depend on the sampling policy's log-probabilities (a KL
+        penalty in the reward does). When they do not, one epoch of one minibatch takes the old
+        log-probabilities from the update's own forward instead of a pass of their own."""
+        return True
+
     def loss(self, micro: MicroBatch, prepared: Prepared) -> tuple[Any, dict[str, Any]]:
         """(the loss to back-propagate, the figures to average over the step's updates)."""
         raise NotImplementedError
@@ -305,7 +311,7 @@ def train_on_policy(
         for p in model.parameters()
         if p.requires_grad
     ]
-    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, eps=config.adam_eps)
+    optimizer = P.adamw(parameters, lr=config.learning_rate, eps=config.adam_eps)
     updates_per_step = config.ppo_epochs * (local_rollouts // local_minibatch)
     scheduler = C.linear_scheduler(optimizer, config, updates_per_step)
     C.load_trainer_state(state, engine, optimizer, scheduler)
@@ -373,6 +379,34 @@ def train_on_policy(
     order = prompt_order(len(prompts), config.steps * per_step, seed)
     # the engine starts from the SFT folder: it needs the policy's weights once they differ from it
     stale = resume_from is not None or state is not None
+    # one epoch of one minibatch: the update's forward runs before any weight changes, so it gives the
+    # old log-probabilities (the ratio's denominator, detached) and no pass of their own is needed,
+    # as TRL's GRPOTrainer does. PPO's value model and truncated importance sampling (whose weights
+    # are needed before the update) keep the pass
+    fused = (
+        updates_per_step == 1
+        and value_model is None
+        and not is_cap
+        and not method.advantages_use_old_logprobs()
+    )
+
+    def engine_mismatch(batch: Any, old_logprobs: Any, mask: Any) -> tuple[dict[str, Any], Any]:
+        """The engine/trainer log-probability figures and the truncated importance weights."""
+        if batch.engine_logprobs is None:
+            return {}, None
+        engine_logprobs = batch.engine_logprobs.to(old_logprobs.device)
+        # one process: the vllm backend refuses several (see rollout_backends)
+        figures = {
+            f"rollout_logprob_diff_{name}": value
+            for name, value in logprob_mismatch(engine_logprobs, old_logprobs, mask).items()
+        }
+        if not is_cap:
+            return figures, None
+        weights = truncated_is_weights(
+            old_logprobs, engine_logprobs, mask, is_cap, per_sequence=method.sequence_weights()
+        )
+        return figures, weights
+
     started = time.time()
     for step in range(start_step, config.steps):
         batch_indices = method.rows(order[step * per_step : (step + 1) * per_step][rank::world])
@@ -398,35 +432,30 @@ def train_on_policy(
             old_logprobs, ref_logprobs, old_values, entropies = [], [], [], []
             for start in range(0, len(batch_indices), config.micro_batch_size):
                 chunk = rollout.rows(slice(start, start + config.micro_batch_size))
+                ref_logprobs.append(P.token_logprobs(reference_logits(chunk), chunk.response_ids))
+                if fused:
+                    continue
                 forward = model(chunk, config.temperature)
                 logits, values = forward if value_model is not None else (forward, None)
                 old_logprobs.append(P.token_logprobs(logits, chunk.response_ids))
                 entropies.append(P.entropy(logits))
-                ref_logprobs.append(P.token_logprobs(reference_logits(chunk), chunk.response_ids))
                 if values is not None:
                     old_values.append(values)
-            old_logprobs, ref_logprobs = torch.cat(old_logprobs), torch.cat(ref_logprobs)
-            entropies = torch.cat(entropies)
-            old_values = torch.cat(old_values) * mask if old_values else None
-            prepared = method.prepare(batch, old_logprobs, ref_logprobs, old_values, reduce_sum)
-            engine_figures: dict[str, Any] = {}
-            weights = None
-            if batch.engine_logprobs is not None:
-                engine_logprobs = batch.engine_logprobs.to(old_logprobs.device)
-                # one process: the vllm backend refuses several (see rollout_backends)
-                engine_figures = {
-                    f"rollout_logprob_diff_{name}": value
-                    for name, value in logprob_mismatch(engine_logprobs, old_logprobs, mask).items()
-                }
-                if is_cap:
-                    weights = truncated_is_weights(
-                        old_logprobs,
-                        engine_logprobs,
-                        mask,
-                        is_cap,
-                        per_sequence=method.sequence_weights(),
-                    )
-
+            ref_logprobs = torch.cat(ref_logprobs)
+            if fused:
+                # filled row by row by the update's forward, which runs before any weight changes
+                old_logprobs, entropies = (
+                    torch.zeros_like(ref_logprobs),
+                    torch.zeros_like(mask, dtype=ref_logprobs.dtype),
+                )
+                # the advantages do not read the old log-probabilities (advantages_use_old_logprobs)
+                prepared = method.prepare(batch, ref_logprobs, ref_logprobs, None, reduce_sum)
+                engine_figures, weights = {}, None  # measured after the update
+            else:
+                old_logprobs, entropies = torch.cat(old_logprobs), torch.cat(entropies)
+                old_values = torch.cat(old_values) * mask if old_values else None
+                prepared = method.prepare(batch, old_logprobs, ref_logprobs, old_values, reduce_sum)
+                engine_figures, weights = engine_mismatch(batch, old_logprobs, mask)
         totals: dict[str, float] = {}
         for epoch in range(config.ppo_epochs):
             generator = torch.Generator().manual_seed(
@@ -443,8 +472,13 @@ def train_on_policy(
                     with accelerator.accumulate(model):
                         forward = model(chunk, config.temperature)
                         logits, values = forward if value_model is not None else (forward, None)
+                        logprobs = P.token_logprobs(logits, chunk.response_ids)
+                        if fused:
+                            with torch.no_grad():
+                                old_logprobs[index] = logprobs.detach()
+                                entropies[index] = P.entropy(logits.detach())
                         micro_batch = MicroBatch(
-                            P.token_logprobs(logits, chunk.response_ids),
+                            logprobs,
                             values,
                             index,
                             chunk.response_mask,
@@ -468,6 +502,10 @@ def train_on_policy(
                         )
                 scheduler.step()
         stale = True  # the policy moved: the engine (if it has its own weights) needs them
+        if fused:  # the KL figures from the log-probabilities the update's forward gave
+            with torch.no_grad():
+                prepared = method.prepare(batch, old_logprobs, ref_logprobs, None, reduce_sum)
+                engine_figures, _ = engine_mismatch(batch, old_logprobs, mask)
 
         local = {
             "reward": batch.rewards.sum(),
