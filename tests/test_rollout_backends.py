@@ -88,6 +88,24 @@ def test_an_unknown_backend_is_refused():
         R.make_backend("sglang", "/nonexistent", seed=0, device="cpu")
 
 
+def test_the_tools_that_sample_a_saved_policy_decide_by_the_same_rule(no_vllm, monkeypatch):
+    """farm-expiter and farm-online-dpo (farmkit.sampling.rollout_backend) pick and refuse exactly
+    as the trainers' make_backend does."""
+    from farmkit.sampling import rollout_backend
+
+    with pytest.raises(FarmError, match="auto, hf, vllm"):
+        rollout_backend("sglang")
+    with pytest.raises(FarmError, match=r"farmkit\[gpu\]"):
+        rollout_backend("vllm")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rollout_backend("auto") == "hf"  # no vLLM
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None
+    )
+    assert rollout_backend("auto") == "vllm"
+    assert rollout_backend("auto", "cpu") == "hf"
+
+
 def test_hf_backend_rollout_is_sample_rollouts_under_the_same_seed(tiny_model_path):
     from farmkit.models import load_causal_lm
 
