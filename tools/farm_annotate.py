@@ -40,7 +40,8 @@ from farmkit.io import RecordWriter, records_stdout
     multiple=True,
     metavar="NAME",
     help="The system that wrote output records without a `generator` field (AlpacaFarm's published "
-    "outputs have none): one name for every input file, or one per file in order; repeatable.",
+    "outputs have none): one name for every input file, or one per file in order; repeatable. "
+    "Default: the file's name (rlhf_ppo.jsonl.gz -> rlhf_ppo), said on stderr.",
 )
 @click.option(
     "--skip-missing",

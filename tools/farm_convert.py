@@ -59,8 +59,9 @@ def cli(records, output, target, kind):
     Every farm-* tool already reads TRL, hh-rlhf and chat `messages` files directly; this command
     writes them out (for TRL's trainers or HF datasets) and normalises them in. Preferences go out as
     prompt/chosen/rejected, instructions and outputs as prompt/completion; a soft label is kept in
-    `farmkit_preference` and every other field (generator, id, input, ...) in a column of its own,
-    which TRL ignores, so the rows read back as the records they came from. Ties and null verdicts
+    `farmkit_preference`, where chosen stood in `farmkit_chosen`, and every other field (generator,
+    id, input, ...) in a column of its own, which TRL ignores, so the rows read back as the records
+    they came from. Ties and null verdicts
     are left out and counted. `-o FILE.parquet` writes Parquet.
 
     \b

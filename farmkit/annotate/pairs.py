@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from farmkit.formats import generator_stand_in, log_stand_in
 from farmkit.io import FarmError, RecordError, display_name, iter_json, read_records
 from farmkit.validate import problems
 
@@ -101,8 +102,19 @@ def _read_file(
                     "--reference pairs output records with the reference; this is a pair record "
                     "(expected fields instruction, output, generator)",
                 )
-        if generator is not None and kind == "output" and isinstance(record, dict):
-            record.setdefault("generator", generator)
+        if (
+            kind == "output"
+            and isinstance(record, dict)
+            and "generator" not in record
+            and "output" in record
+        ):
+            if generator is None and path != "-":
+                # AlpacaFarm's published outputs name no generator: the file's name stands in, as
+                # it does for --reference and farm-convert
+                generator = generator_stand_in(name)
+                log_stand_in(name)
+            if generator is not None:
+                record["generator"] = generator
         problem = problems(record, kind)
         if problem:
             if kind == "output" and "'generator'" in problem and generator is None:
