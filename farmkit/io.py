@@ -125,8 +125,16 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     A JSON array (AlpacaEval's .json files) is recognised by its first non-blank byte; its items
     are numbered from 1 in the order they appear. Blank lines in JSONL are skipped.
     """
-    name = display_name(path)
     stream = open_binary(path)
+    try:
+        yield from iter_json_stream(stream, display_name(path))
+    finally:
+        if str(path) != "-":
+            stream.close()
+
+
+def iter_json_stream(stream: IO[bytes], name: str) -> Iterator[tuple[int, Any]]:
+    """`iter_json` over an open binary stream (with `peek`) that errors call `name`."""
     number: int | None = None  # the last line read, once reading line by line
     try:
         items, skipped_lines = _array_or_skipped_lines(stream, name)
@@ -145,9 +153,27 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
         raise RecordError(name, None if number is None else number + 1, exc.reason) from None
     except OSError as exc:
         raise FarmError(f"{name}: cannot read: {exc}") from None
-    finally:
-        if str(path) != "-":
-            stream.close()
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """A whole text file's bytes as text: UTF-8 (a byte order mark skipped), or UTF-16 when it starts
+    with a UTF-16 byte order mark (what spreadsheets and PowerShell save); anything else is an error
+    naming the line of the first byte that is not UTF-8."""
+    try:
+        if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            return data.decode("utf-16")
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+        line = data[: exc.start].decode(exc.encoding, "replace").count("\n") + 1
+        found = data[exc.start : exc.start + 4].hex(" ")
+        raise RecordError(
+            name,
+            line,
+            f"not {'UTF-16' if utf16 else 'UTF-8'} text (bytes {found} at offset {exc.start}); "
+            "expected UTF-8 (or UTF-16 with a byte order mark): is it a binary file? "
+            "Save it as UTF-8 text",
+        ) from None
 
 
 def iter_json_chunks(
