@@ -298,10 +298,11 @@ def converted(
     records: Iterator[tuple[int, Any]],
     kind: str,
     source: str,
-    error: Callable[[str, int, str], Exception],
+    reject: Callable[[str, int, str], None],
 ) -> Iterator[tuple[int, Any]]:
     """(line, record) pairs with foreign formats converted to `kind`; a record that does not fit the
-    format the first one set raises error(source, line, message)."""
+    format the first one set goes to reject(source, line, message), which raises, or returns to
+    have it left out."""
     chosen: Format | None = None
     first = True
     # AlpacaFarm's published outputs (and TRL rows) name no generator: the file's name stands in
@@ -321,20 +322,22 @@ def converted(
                 log_stand_in(source)
         if chosen is not None:
             if not isinstance(record, dict):
-                raise error(
+                reject(
                     source,
                     number,
                     f"a {type(record).__name__} is not a record; expected {chosen.description}",
                 )
+                continue
             try:
                 record = chosen.convert(record)
             except (FormatError, KeyError, TypeError, ValueError) as exc:
                 detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                raise error(
+                reject(
                     source,
                     number,
                     f"{detail} (the file's first record made it {chosen.description})",
-                ) from None
+                )
+                continue
         if (
             kind == "output"
             and isinstance(record, dict)

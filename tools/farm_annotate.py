@@ -13,6 +13,7 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     judge_options,
+    on_error_option,
     output_option,
     seed_option,
     shared_option,
@@ -95,6 +96,7 @@ from farmkit.io import RecordWriter, records_stdout
     "when stderr is not a terminal; -q silences it.",
 )
 @click.option("--list-pools", is_flag=True, help="Print every shipped pool as JSON lines and exit.")
+@on_error_option
 @common_options
 def cli(
     inputs,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmkit.formats import generator_stand_in, log_stand_in
-from farmkit.io import FarmError, RecordError, display_name, iter_json, read_records
+from farmkit.io import FarmError, RecordError, bad_records, display_name, iter_json, read_records
 from farmkit.validate import problems
 
 log = logging.getLogger("farmkit")
@@ -119,8 +119,10 @@ def _read_file(
         if problem:
             if kind == "output" and "'generator'" in problem and generator is None:
                 problem += " (name the system of a file without one with --generator NAME)"
-            raise RecordError(name, line, problem)
+            bad_records().reject(RecordError(name, line, problem))  # raises, unless --on-error skip
+            continue
         records.append((line, record))
+    bad_records().finish(name, len(records))
     return name, kind, records
 
 
