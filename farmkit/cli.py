@@ -79,6 +79,16 @@ on_error_option = click.option(
     "reason) and counts them per file (a file with no good record still fails).",
 )
 
+long_prompts_option = click.option(
+    "--long-prompts",
+    type=click.Choice(["fail", "skip", "truncate"]),
+    default="fail",
+    show_default=True,
+    help="A prompt longer than the model's context holds beside --max-new-tokens, decided per "
+    "record before the model loads: fail stops naming its FILE:LINE; skip leaves it out (counted "
+    "on stderr); truncate keeps its end (the last tokens, where the instruction meets the answer).",
+)
+
 # ---------------------------------------------------------------------------------------------
 # The shared options: one name, type and help per concept (the help texts live beside the method
 # configs, in farmkit.methods.config.SHARED_HELP, since the configs' fields carry them too).

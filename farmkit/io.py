@@ -339,6 +339,17 @@ def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[d
     yield from check_rows(iter_rows(path), display_name(path), kind)
 
 
+def read_numbered(
+    path: str | os.PathLike, kind: str | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of `path` (as `read_records` reads it) with where it is: (FILE:LINE, record)."""
+    name = display_name(path)
+    return [
+        (f"{name}:{number}", record)
+        for number, record in numbered_records(iter_rows(path), name, kind)
+    ]
+
+
 def check_rows(
     rows: Iterable[tuple[int, Any]], name: str, kind: str | None = None
 ) -> Iterator[dict[str, Any]]:
