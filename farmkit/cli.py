@@ -37,7 +37,7 @@ from typing import Any
 import click
 
 from farmkit import __version__
-from farmkit.io import FarmError, set_records_stdout
+from farmkit.io import ON_ERROR, FarmError, set_on_error, set_records_stdout
 from farmkit.methods import config as method_config
 from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP
 from farmkit.models import TEMPLATES
@@ -59,6 +59,34 @@ output_option = click.option(
     default="-",
     type=click.Path(allow_dash=True, dir_okay=False),
     help="Write records to this file (atomically: whole or not at all; .gz compresses). Default: stdout.",
+)
+
+
+def _on_error(ctx: click.Context, param: click.Parameter, value: str) -> None:
+    set_on_error(value)
+    ctx.call_on_close(lambda: set_on_error("fail"))  # the next command in this process starts over
+
+
+on_error_option = click.option(
+    "--on-error",
+    type=click.Choice(ON_ERROR),
+    default="fail",
+    show_default=True,
+    expose_value=False,
+    callback=_on_error,
+    help="A bad input record (not JSON, not the format or schema expected): fail stops at the "
+    "first, naming FILE:LINE; skip leaves each out, names the first few on stderr (FILE:LINE: "
+    "reason) and counts them per file (a file with no good record still fails).",
+)
+
+long_prompts_option = click.option(
+    "--long-prompts",
+    type=click.Choice(["fail", "skip", "truncate"]),
+    default="fail",
+    show_default=True,
+    help="A prompt longer than the model's context holds beside --max-new-tokens, decided per "
+    "record before the model loads: fail stops naming its FILE:LINE; skip leaves it out (counted "
+    "on stderr); truncate keeps its end (the last tokens, where the instruction meets the answer).",
 )
 
 # ---------------------------------------------------------------------------------------------

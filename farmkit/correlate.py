@@ -35,7 +35,6 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
 
 from __future__ import annotations
 
-import codecs
 import csv
 import hashlib
 import io
@@ -48,7 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, RecordError, display_name, iter_json, open_binary
+from farmkit.io import (
+    FarmError,
+    RecordError,
+    decode_text,
+    display_name,
+    iter_json,
+    iter_json_stream,
+    open_binary,
+)
 from farmkit.validate import problems
 
 TIE = 1.5
@@ -140,10 +147,16 @@ def read_board(path: str, name: str | None = None, score: str | None = None) -> 
     """
     source = display_name(path)
     stream = open_binary(path)
-    head = stream.peek(64).removeprefix(codecs.BOM_UTF8).lstrip()[:1]
-    if path != "-" and (str(path).endswith((".csv", ".csv.gz")) or head not in (b"{", b"[", b"")):
-        text = stream.read().decode("utf-8-sig")
-        stream.close()
+    try:
+        data = stream.read()  # a leaderboard is small: one row per model
+    except OSError as exc:
+        raise FarmError(f"{source}: cannot read: {exc}") from None
+    finally:
+        if path != "-":
+            stream.close()
+    text = decode_text(data, source)
+    head = text.lstrip()[:1]
+    if path != "-" and (str(path).endswith((".csv", ".csv.gz")) or head not in ("{", "[", "")):
         rows = list(csv.reader(io.StringIO(text)))
         if not rows:
             return Board(source, {})
@@ -161,10 +174,10 @@ def read_board(path: str, name: str | None = None, score: str | None = None) -> 
         )
         label, judges = score_column, set()
     else:
-        if path != "-":
-            stream.close()
         records = []
-        for number, record in iter_json(path):
+        for number, record in iter_json_stream(
+            io.BufferedReader(io.BytesIO(text.encode())), source
+        ):
             problem = problems(record, "leaderboard")
             if problem:
                 raise RecordError(source, number, problem)
@@ -327,6 +340,7 @@ class Annotations:
         self.missing: dict[
             str, list[Any]
         ] = {}  # label field -> [records without it, the first FILE:LINE]
+        self.records_read: Counter = Counter()  # file -> records read from it
 
     def _note_missing(
         self, record: dict[str, Any], label_fields: Sequence[str], source: str, number: int
@@ -362,7 +376,25 @@ class Annotations:
                     number,
                     f"a {type(record).__name__} is not a record; expected a JSON object",
                 )
+            self.records_read[source] += 1
             yield source, number, record
+
+    def judge_labels(self) -> int:
+        """How many judge labels were read (a verdict, not a record left out)."""
+        return sum(len(pair.judge) for pair in self.pairs.values())
+
+    def require_judge_labels(self, paths: Sequence[str], label_field: str) -> None:
+        """Refuse judge files that gave no usable label: every record skipped is not a result."""
+        if self.judge_labels():
+            return
+        names = [display_name(path) for path in paths]
+        read = sum(self.records_read[name] for name in names)
+        missing = self.missing.get(label_field, [0])[0]
+        raise FarmError(
+            f"no usable judge label in {', '.join(names)}: {read} records read, {missing} without "
+            f"the {label_field!r} field, {self.unparsed} no verdict; expected labels 1, 2 or 1.5 "
+            "(name the field with --judge-label)"
+        )
 
     def add_judge(self, path: str, label_field: str = "preference") -> None:
         first_run = self.judge_runs

@@ -11,7 +11,8 @@ A file's format is detected from its first record and every later record must ag
 
 Written out as TRL rows (farm-convert), a record keeps its other fields (`generator`, `id`,
 `sample_index`, ...) in columns of their own, which TRL ignores, and its `input` beside the prompt
-that joins it to the instruction, so that reading the rows back gives the records again.
+that joins it to the instruction; a preference keeps where its chosen output stood
+(`farmkit_chosen`), so that reading the rows back gives the records again, in their own order.
 
 A multi-turn prompt is kept in `messages` (the conversation before the response, a list of
 {"role", "content"}); `instruction` is then its last user turn, so judges, win rates and every tool
@@ -32,6 +33,8 @@ ROLES = ("system", "user", "assistant")
 HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
 # the field a soft label keeps when preferences go out as TRL rows: TRL ignores columns it does not know
 SOFT_LABEL_FIELD = "farmkit_preference"
+# where the chosen output stood in the farmkit record (1 or 2), so that the rows read back as that record
+CHOSEN_FIELD = "farmkit_chosen"
 # TRL's own columns: a farmkit field of one of these names is not carried beside them
 TRL_COLUMNS = ("prompt", "completion", "chosen", "rejected", "messages", "label")
 
@@ -197,13 +200,26 @@ def _trl_preference(record: dict[str, Any]) -> dict[str, Any]:
             fields = {"instruction": chosen_text[:shared], "input": ""}
             chosen, rejected = chosen_text[shared:], rejected_text[shared:]
     soft = rest.pop(SOFT_LABEL_FIELD, None)
+    position = rest.pop(CHOSEN_FIELD, None)
     # chosen goes first: preference 1 (output_1 better), or the soft label farmkit wrote out for that order
+    preference = 1.0 if soft is None else float(soft)
+    if position is None or position == 1:
+        return {
+            **rest,
+            **fields,
+            "output_1": chosen,
+            "output_2": rejected,
+            "preference": preference,
+        }
+    if position != 2:
+        raise FormatError(f"{CHOSEN_FIELD} is {position!r}; expected 1 or 2 (where chosen stood)")
+    # farm-convert wrote a record whose second output was chosen: put it (and its fields) back there
     return {
-        **rest,
+        **_swapped(rest),
         **fields,
-        "output_1": chosen,
-        "output_2": rejected,
-        "preference": 1.0 if soft is None else float(soft),
+        "output_1": rejected,
+        "output_2": chosen,
+        "preference": 3.0 - preference,
     }
 
 
@@ -263,18 +279,34 @@ def detect(record: Any, kind: str) -> Format | None:
     return None
 
 
+def generator_stand_in(source: str) -> str:
+    """The generator of an output file that names none (AlpacaFarm's published outputs): the file's
+    name without its folder and extensions (`rlhf_ppo.jsonl.gz` -> `rlhf_ppo`)."""
+    return Path(source).name.split(".")[0]
+
+
+def log_stand_in(source: str) -> None:
+    log.info(
+        "farmkit: reading %s as AlpacaFarm/AlpacaEval outputs without a generator "
+        "(the file's name %r stands in)",
+        source,
+        generator_stand_in(source),
+    )
+
+
 def converted(
     records: Iterator[tuple[int, Any]],
     kind: str,
     source: str,
-    error: Callable[[str, int, str], Exception],
+    reject: Callable[[str, int, str], None],
 ) -> Iterator[tuple[int, Any]]:
     """(line, record) pairs with foreign formats converted to `kind`; a record that does not fit the
-    format the first one set raises error(source, line, message)."""
+    format the first one set goes to reject(source, line, message), which raises, or returns to
+    have it left out."""
     chosen: Format | None = None
     first = True
     # AlpacaFarm's published outputs (and TRL rows) name no generator: the file's name stands in
-    stand_in = Path(source).name.split(".")[0]
+    stand_in = generator_stand_in(source)
     for number, record in records:
         if first:
             first = False
@@ -287,28 +319,25 @@ def converted(
                 and "generator" not in record
                 and "output" in record
             ):
-                log.info(
-                    "farmkit: reading %s as AlpacaFarm/AlpacaEval outputs without a generator "
-                    "(the file's name %r stands in)",
-                    source,
-                    stand_in,
-                )
+                log_stand_in(source)
         if chosen is not None:
             if not isinstance(record, dict):
-                raise error(
+                reject(
                     source,
                     number,
                     f"a {type(record).__name__} is not a record; expected {chosen.description}",
                 )
+                continue
             try:
                 record = chosen.convert(record)
             except (FormatError, KeyError, TypeError, ValueError) as exc:
                 detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                raise error(
+                reject(
                     source,
                     number,
                     f"{detail} (the file's first record made it {chosen.description})",
-                ) from None
+                )
+                continue
         if (
             kind == "output"
             and isinstance(record, dict)
@@ -360,7 +389,8 @@ def to_trl(record: dict[str, Any], kind: str, conversational: bool) -> dict[str,
     """A farmkit record as a TRL row: preferences as prompt/chosen/rejected (None for a tie or a null
     verdict, which TRL cannot hold), instructions and outputs as prompt(/completion). The record's
     other fields go along in columns TRL ignores (see _carried); a preference whose second output was
-    chosen has its _1/_2 fields exchanged with the outputs, so chosen-first still holds for them."""
+    chosen has its _1/_2 fields exchanged with the outputs, so chosen-first still holds for them, and
+    `farmkit_chosen` (2) says so, so that reading the row back restores the record's own order."""
     messages = prompt_messages(record)
     prompt: Any = messages if conversational else messages[-1]["content"]
     if not conversational and len(messages) > 1:
@@ -370,7 +400,8 @@ def to_trl(record: dict[str, Any], kind: str, conversational: bool) -> dict[str,
         if preference is None or preference == 1.5 or preference == 0:
             return None
         carried = _carried(
-            record, ("output_1", "output_2", "preference", "messages", SOFT_LABEL_FIELD)
+            record,
+            ("output_1", "output_2", "preference", "messages", SOFT_LABEL_FIELD, CHOSEN_FIELD),
         )
         chosen, rejected = (
             (record["output_1"], record["output_2"])
@@ -390,6 +421,7 @@ def to_trl(record: dict[str, Any], kind: str, conversational: bool) -> dict[str,
         if preference not in (1, 2):
             # soft label, expressed for chosen-first order: in [1, 1.5)
             row[SOFT_LABEL_FIELD] = preference if preference < 1.5 else 3.0 - preference
+        row[CHOSEN_FIELD] = 1 if preference < 1.5 else 2
         return {**row, **carried}
     row = {"prompt": prompt}
     if isinstance(record.get("output"), str):

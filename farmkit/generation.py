@@ -1,7 +1,8 @@
 """Batched sampling with transformers: prompts bucketed by length, left padding, n samples per prompt,
 seeded per batch so that a run is reproducible for a given batch layout. Used by farm-sample's `hf`
 backend and by every method that samples (best-of-n, expert iteration, Quark). Prompts longer than
-the model's context leave room for the new tokens by losing their beginning, with a warning."""
+the model's context leave room for the new tokens by losing their beginning, with a warning; the
+tools that read prompt files decide about such prompts first (farmkit.sampling.screen_long_prompts)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ log = logging.getLogger("farmkit")
 # Characters tokenized per token of room when a prompt may be too long: a window this wide almost
 # always holds enough tokens, and a 50 MB prompt is never tokenized whole (the window grows if not).
 CHARS_PER_TOKEN_WINDOW = 8
+# ... up to this many characters per token of room: a prompt longer than that is over-long without
+# being tokenized (no text a model is prompted with averages 64 characters a token), so the time and
+# memory a prompt costs are bounded by the context, not by the prompt
+MAX_CHARS_PER_TOKEN = 64
+# what to do with a prompt the model's context cannot hold beside max_new_tokens
+LONG_PROMPTS = ("fail", "skip", "truncate")
 
 
 @dataclass
@@ -140,8 +147,13 @@ def generate(
 
 def prompt_room(model: Any, tokenizer: Any, max_new_tokens: int) -> int | None:
     """How many prompt tokens fit in the model's context beside max_new_tokens (None: no known limit)."""
+    return config_room(model.config, tokenizer, max_new_tokens)
+
+
+def config_room(config: Any, tokenizer: Any, max_new_tokens: int) -> int | None:
+    """`prompt_room` from the model's configuration, before its weights are loaded."""
     limits = [
-        getattr(model.config, "max_position_embeddings", None),
+        getattr(config, "max_position_embeddings", None),
         getattr(tokenizer, "model_max_length", None),
     ]
     known = [int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 10**7]
@@ -173,25 +185,42 @@ def fit_prompts(
     Warnings name prompt `numbers[i]` of `total` (default: i + 1 of len(prompts))."""
     if room is None:
         return tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    window = room * CHARS_PER_TOKEN_WINDOW
-    encoded = tokenizer([prompt[-window:] for prompt in prompts], add_special_tokens=False)[
-        "input_ids"
-    ]
-    for index, prompt in enumerate(prompts):
-        ids, wide = encoded[index], window
-        while len(ids) <= room and len(prompt) > wide:  # the window held too few tokens: widen it
-            wide *= 4
-            ids = tokenizer(prompt[-wide:], add_special_tokens=False)["input_ids"]
-        if len(ids) > room:
+    fitted = []
+    for index, (ids, over) in enumerate(_tails(tokenizer, prompts, room)):
+        if over:
             log.warning(
                 "prompt %d of %d is longer than the model's context allows (%d tokens beside max_new_tokens; "
                 "it has %s characters): keeping its last %d tokens",
                 numbers[index] if numbers is not None else index + 1,
                 total if total is not None else len(prompts),
                 room,
-                f"{len(prompt):,}",
+                f"{len(prompts[index]):,}",
                 room,
             )
-            ids = ids[-room:]
-        encoded[index] = ids
-    return encoded
+        fitted.append(ids)
+    return fitted
+
+
+def over_long(tokenizer: Any, prompts: Sequence[str], room: int | None) -> list[bool]:
+    """Which prompts the context cannot hold whole: more than `room` tokens (or, beyond
+    MAX_CHARS_PER_TOKEN characters a token of room, too long to be worth tokenizing)."""
+    if room is None:
+        return [False] * len(prompts)
+    return [over for _, over in _tails(tokenizer, prompts, room)]
+
+
+def _tails(tokenizer: Any, prompts: Sequence[str], room: int) -> list[tuple[list[int], bool]]:
+    """(the last `room` token ids of each prompt, whether it had more), tokenizing a window of its
+    last characters that widens while it holds too few tokens, up to MAX_CHARS_PER_TOKEN a token."""
+    window, bound = room * CHARS_PER_TOKEN_WINDOW, room * MAX_CHARS_PER_TOKEN
+    encoded = tokenizer([prompt[-window:] for prompt in prompts], add_special_tokens=False)[
+        "input_ids"
+    ]
+    tails = []
+    for prompt, ids in zip(prompts, encoded, strict=True):
+        wide = window
+        while len(ids) <= room and len(prompt) > wide and wide < bound:
+            wide = min(wide * 4, bound)
+            ids = tokenizer(prompt[-wide:], add_special_tokens=False)["input_ids"]
+        tails.append((ids[-room:], len(ids) > room or len(prompt) > wide))
+    return tails

@@ -76,5 +76,28 @@ def read(path: str | os.PathLike) -> list[dict[str, Any]]:
                 number,
                 f"no {', '.join(missing)}; expected a row written by farm-winrate --history",
             )
+        problem = _entry_problem(entry)
+        if problem:
+            raise RecordError(
+                display_name(path),
+                number,
+                f"{problem}, as farm-winrate --history writes it",
+            )
         entries.append(entry)
     return entries
+
+
+def _entry_problem(entry: dict[str, Any]) -> str | None:
+    """What is wrong with the types of a history entry's fields, or None."""
+    if not isinstance(entry["generator"], str):
+        return f"generator is {entry['generator']!r}; expected the model's name (a string)"
+    for name in ("win_rate", "length_controlled_win_rate"):
+        value = entry.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{name} is {value!r}; expected a number or null"
+    when = entry["evaluated_at"]
+    try:
+        datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return f"evaluated_at is {when!r}; expected an ISO 8601 time (2026-01-31T09:00:00Z)"
+    return None

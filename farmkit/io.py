@@ -8,6 +8,7 @@ import contextlib
 import gzip
 import io
 import itertools
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ import orjson
 
 from farmkit.validate import problems
 
+log = logging.getLogger("farmkit")
+
 
 class FarmError(Exception):
     """A data or runtime problem the user can fix; reported without a traceback, exit 1."""
@@ -35,6 +38,66 @@ class RecordError(FarmError):
         self.source, self.line, self.message = source, line, message
         where = f"{source}:{line}" if line is not None else source
         super().__init__(f"{where}: {message}")
+
+
+ON_ERROR = ("fail", "skip")
+SHOWN_BAD_RECORDS = 5  # bad records named one by one on stderr under --on-error skip
+
+
+class BadRecords:
+    """What reading does with a bad record (invalid JSON, a foreign format that does not fit, a
+    schema violation): `fail` raises its RecordError; `skip` leaves it out, names the first few on
+    stderr (FILE:LINE: reason) and counts them per file, so that nothing is left out silently."""
+
+    def __init__(self, mode: str = "fail"):
+        if mode not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}")
+        self.mode = mode
+        self.skipped: dict[str, int] = {}  # file -> bad records left out
+        self.reported: set[str] = set()
+
+    def reject(self, error: RecordError) -> None:
+        """Raise `error`, or (skip) note it and return so that the reader goes on."""
+        if self.mode == "fail":
+            raise error
+        count = self.skipped[error.source] = self.skipped.get(error.source, 0) + 1
+        if sum(self.skipped.values()) <= SHOWN_BAD_RECORDS:
+            log.warning("%s (skipped: --on-error skip)", error)
+        elif count == 1:
+            log.warning("%s: skipping its bad records too (--on-error skip)", error.source)
+
+    def finish(self, source: str, kept: int) -> None:
+        """At the end of a file: say how many bad records it had; a file whose every record was bad
+        is an error, not an empty input."""
+        skipped = self.skipped.get(source, 0)
+        if not skipped or source in self.reported:
+            return
+        self.reported.add(source)
+        if not kept:
+            raise FarmError(
+                f"{source}: every record ({skipped:,}) is bad, none left to read; see the reasons "
+                "above (run without --on-error skip to stop at the first)"
+            )
+        log.warning(
+            "%s: skipped %s bad record(s) of %s (--on-error skip; the first reasons above)",
+            source,
+            f"{skipped:,}",
+            f"{skipped + kept:,}",
+        )
+
+
+_bad_records = BadRecords()
+
+
+def bad_records() -> BadRecords:
+    """The policy for bad records of the command that runs (set by --on-error; default fail)."""
+    return _bad_records
+
+
+def set_on_error(mode: str) -> BadRecords:
+    global _bad_records
+    _bad_records = BadRecords(mode)
+    return _bad_records
 
 
 def display_name(path: str | os.PathLike) -> str:
@@ -125,8 +188,16 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     A JSON array (AlpacaEval's .json files) is recognised by its first non-blank byte; its items
     are numbered from 1 in the order they appear. Blank lines in JSONL are skipped.
     """
-    name = display_name(path)
     stream = open_binary(path)
+    try:
+        yield from iter_json_stream(stream, display_name(path))
+    finally:
+        if str(path) != "-":
+            stream.close()
+
+
+def iter_json_stream(stream: IO[bytes], name: str) -> Iterator[tuple[int, Any]]:
+    """`iter_json` over an open binary stream (with `peek`) that errors call `name`."""
     number: int | None = None  # the last line read, once reading line by line
     try:
         items, skipped_lines = _array_or_skipped_lines(stream, name)
@@ -138,16 +209,36 @@ def iter_json(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield number, orjson.loads(line)
+                value = orjson.loads(line)
             except orjson.JSONDecodeError:
-                raise _bad_line(name, number, line) from None
+                bad_records().reject(_bad_line(name, number, line))
+                continue
+            yield number, value
     except CorruptInput as exc:  # the line being read when the data broke
         raise RecordError(name, None if number is None else number + 1, exc.reason) from None
     except OSError as exc:
         raise FarmError(f"{name}: cannot read: {exc}") from None
-    finally:
-        if str(path) != "-":
-            stream.close()
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """A whole text file's bytes as text: UTF-8 (a byte order mark skipped), or UTF-16 when it starts
+    with a UTF-16 byte order mark (what spreadsheets and PowerShell save); anything else is an error
+    naming the line of the first byte that is not UTF-8."""
+    try:
+        if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            return data.decode("utf-16")
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+        line = data[: exc.start].decode(exc.encoding, "replace").count("\n") + 1
+        found = data[exc.start : exc.start + 4].hex(" ")
+        raise RecordError(
+            name,
+            line,
+            f"not {'UTF-16' if utf16 else 'UTF-8'} text (bytes {found} at offset {exc.start}); "
+            "expected UTF-8 (or UTF-16 with a byte order mark): is it a binary file? "
+            "Save it as UTF-8 text",
+        ) from None
 
 
 def iter_json_chunks(
@@ -183,7 +274,8 @@ def iter_json_chunks(
                     try:
                         values.append(orjson.loads(line))
                     except orjson.JSONDecodeError:
-                        raise _bad_line(name, number + offset, line) from None
+                        bad_records().reject(_bad_line(name, number + offset, line))
+                        continue
                     numbers.append(number + offset)
             number += len(lines)
             yield numbers, values
@@ -247,24 +339,53 @@ def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[d
     yield from check_rows(iter_rows(path), display_name(path), kind)
 
 
+def read_numbered(
+    path: str | os.PathLike, kind: str | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every record of `path` (as `read_records` reads it) with where it is: (FILE:LINE, record)."""
+    name = display_name(path)
+    return [
+        (f"{name}:{number}", record)
+        for number, record in numbered_records(iter_rows(path), name, kind)
+    ]
+
+
 def check_rows(
     rows: Iterable[tuple[int, Any]], name: str, kind: str | None = None
 ) -> Iterator[dict[str, Any]]:
     """`read_records` over (line, value) pairs already read from the file called `name`."""
+    for _, record in numbered_records(rows, name, kind):
+        yield record
+
+
+def numbered_records(
+    rows: Iterable[tuple[int, Any]], name: str, kind: str | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, record) pairs of `check_rows`. A bad record raises its RecordError, or is left out and
+    reported under --on-error skip (see BadRecords)."""
     from farmkit.formats import converted
 
+    policy = bad_records()
+
+    def reject(source: str, number: int, message: str) -> None:
+        policy.reject(RecordError(source, number, message))
+
     if kind is not None:
-        rows = converted(rows, kind, name, RecordError)
+        rows = converted(rows, kind, name, reject)
+    kept = 0
     for number, record in rows:
         if kind is not None:
             problem = problems(record, kind)
-            if problem:
-                raise RecordError(name, number, problem)
         elif not isinstance(record, dict):
-            raise RecordError(
-                name, number, f"a {type(record).__name__} is not a record; expected a JSON object"
-            )
-        yield record
+            problem = f"a {type(record).__name__} is not a record; expected a JSON object"
+        else:
+            problem = None
+        if problem:
+            policy.reject(RecordError(name, number, problem))
+            continue
+        kept += 1
+        yield number, record
+    policy.finish(name, kept)
 
 
 def read_many(

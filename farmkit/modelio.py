@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit import __version__
-from farmkit.io import FarmError
+from farmkit.io import FarmError, process_umask
 from farmkit.models import META_FILE, file_sha256, package_versions, write_meta
 from farmkit.seeds import stable_hash
 
@@ -98,6 +98,7 @@ def model_folder(target: str | os.PathLike, main_process: bool = True) -> Iterat
         if main_process:
             if not (partial / META_FILE).is_file():
                 raise FarmError(f"{target}: the model folder was written without {META_FILE}")
+            follow_umask(partial)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(partial, target)
@@ -105,6 +106,17 @@ def model_folder(target: str | os.PathLike, main_process: bool = True) -> Iterat
         if main_process:
             shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def follow_umask(folder: Path) -> None:
+    """Give every file and folder under `folder` the mode the umask gives other outputs: savers that
+    write through a private temporary file (safetensors' mkstemp) leave 0600 weights behind, which
+    would lock the rest of a group out of a shared model folder."""
+    mask = process_umask()
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def save_model_folder(

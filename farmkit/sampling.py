@@ -353,6 +353,70 @@ def sample_openai(
     )
 
 
+SHOWN_LONG_PROMPTS = 5  # over-long prompts named one by one on stderr under --long-prompts skip
+
+
+def screen_long_prompts(
+    model: str,
+    numbered: Sequence[tuple[str, dict]],
+    template: str,
+    max_new_tokens: int,
+    mode: str,
+) -> list[dict]:
+    """The prompt records to sample, decided once per record before the model's weights load:
+    `numbered` holds (FILE:LINE, record). A prompt the model's context cannot hold beside
+    max_new_tokens stops the run naming its FILE:LINE (`fail`), is left out and counted on stderr
+    (`skip`), or is kept for generation to cut to its last tokens, with a warning (`truncate`).
+    Only the tokenizer and the configuration are read, and a prompt is never tokenized whole."""
+    from transformers import AutoConfig
+
+    from farmkit.generation import MAX_CHARS_PER_TOKEN, config_room, over_long
+    from farmkit.models import PromptFormat, load_tokenizer, resolve
+
+    records = [record for _, record in numbered]
+    if mode == "truncate" or not records:
+        return records
+    path = resolve(model)
+    tokenizer = load_tokenizer(path)
+    room = config_room(AutoConfig.from_pretrained(path), tokenizer, max_new_tokens)
+    if room is None:
+        return records
+    prompt_format = PromptFormat.for_model(path, template)
+    bound = room * MAX_CHARS_PER_TOKEN
+    # a prompt over the bound is over-long as it is: it is neither rendered nor tokenized
+    rendered = {
+        index: prompt_format.record_prompt(tokenizer, record)
+        for index, record in enumerate(records)
+        if prompt_chars(record) <= bound
+    }
+    flags = dict(zip(rendered, over_long(tokenizer, list(rendered.values()), room), strict=True))
+    long = [index for index in range(len(records)) if flags.get(index, True)]
+    if not long:
+        return records
+
+    def described(index: int) -> str:
+        return (
+            f"{numbered[index][0]}: the prompt has {prompt_chars(records[index]):,} characters, more "
+            f"than the model's context holds beside max_new_tokens ({room:,} tokens)"
+        )
+
+    if mode == "fail":
+        more = f" (and {len(long) - 1:,} more prompt(s) like it)" if len(long) > 1 else ""
+        raise FarmError(
+            f"{described(long[0])}{more}; expected a shorter prompt: --long-prompts skip leaves such "
+            "prompts out, --long-prompts truncate keeps their end"
+        )
+    for index in long[:SHOWN_LONG_PROMPTS]:
+        log.warning("%s: skipped (--long-prompts skip)", described(index))
+    log.warning(
+        "skipped %s over-long prompt(s) of %s (--long-prompts skip); the other records are sampled",
+        f"{len(long):,}",
+        f"{len(records):,}",
+    )
+    dropped = set(long)
+    return [record for index, record in enumerate(records) if index not in dropped]
+
+
 def prompt_chars(record: dict) -> int:
     """The characters of a prompt record's text (instruction, input and any chat messages)."""
     size = len(record.get("instruction") or "") + len(record.get("input") or "")

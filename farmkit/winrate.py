@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from farmkit.io import RecordError, display_name, iter_json_chunks
+from farmkit.io import RecordError, bad_records, display_name, iter_json_chunks
 from farmkit.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
 from farmkit.validate import first_invalid, problems
 
@@ -342,14 +342,25 @@ class WinrateTable:
     def add_file(self, path: str) -> None:
         """Read and count every record of a file (JSONL, JSON array, .gz, `-`), a chunk at a time."""
         name = display_name(path)
+        policy, kept = bad_records(), 0
         for numbers, records in iter_json_chunks(path, CHUNK):
             bad = first_invalid(records, "preference")
-            if bad is not None:
-                raise RecordError(name, numbers[bad], problems(records[bad], "preference") or "")
+            if bad is not None:  # raised at the first (--on-error fail), else each left out
+                good = []
+                for index in range(bad, len(records)):
+                    problem = problems(records[index], "preference")
+                    if problem:
+                        policy.reject(RecordError(name, numbers[index], problem))
+                    else:
+                        good.append(index)
+                good = list(range(bad)) + good
+                numbers, records = [numbers[i] for i in good], [records[i] for i in good]
+            kept += len(records)
             try:
                 self.add_records(records, name, numbers)
             except InvalidRecord as exc:
                 raise RecordError(name, exc.line, exc.message) from None
+        policy.finish(name, kept)
 
     def self_judged(self) -> list[tuple[str, Tally]]:
         """(model, tally) of each model judged against itself: no ranking, only position bias."""

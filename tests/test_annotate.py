@@ -378,10 +378,10 @@ def test_several_files_unnamed_generators_and_missing_references(tmp_path):
         files.append(str(path))
     common = ("--pool", "gold", "--no-cache", "--reference", str(reference))
 
-    unnamed = run_tool("farm-annotate", *common, *files)
-    assert unnamed.returncode == 1
-    assert b"ckpt-a.jsonl:1: missing field 'generator'" in unnamed.stderr
-    assert b"--generator NAME" in unnamed.stderr
+    unnamed = run_tool("farm-annotate", *common, "--skip-missing", *files)
+    assert unnamed.returncode == 0, unnamed.stderr.decode()
+    assert b"the file's name 'ckpt-a' stands in" in unnamed.stderr
+    assert [r["generator_2"] for r in _records(unnamed.stdout)] == ["ckpt-a"] * 2 + ["ckpt-b"] * 2
 
     missing = run_tool("farm-annotate", *common, "--generator", "a", "--generator", "b", *files)
     assert missing.returncode == 1 and b"ckpt-a.jsonl:2: no reference output" in missing.stderr
@@ -476,3 +476,34 @@ def test_a_pool_that_needs_an_endpoint_fails_before_any_work_and_names_offline_p
         and figures["requests"] >= 2
         and figures["price"] > 0
     )
+
+
+def test_outputs_without_a_generator_take_the_file_name(tmp_path, caplog):
+    """AlpacaFarm's published outputs carry no `generator`: farm-annotate names them after their file,
+    as --reference and farm-convert do, and says so on stderr; --generator still wins."""
+    from farmkit.annotate.pairs import read_items
+
+    reference = tmp_path / "text_davinci_003.json"
+    reference.write_text(
+        orjson.dumps([{"instruction": f"Q{i}", "output": f"ref {i}"} for i in range(2)]).decode()
+    )
+    policy = tmp_path / "rlhf_ppo.jsonl.gz"
+    import gzip
+
+    with gzip.open(policy, "wb") as stream:
+        stream.write(_jsonl([{"instruction": f"Q{i}", "output": f"ppo {i}"} for i in range(2)]))
+    with caplog.at_level("INFO", logger="farmkit"):
+        items = read_items([str(policy)], str(reference))
+    assert [(i.record["generator_1"], i.record["generator_2"]) for i in items] == [
+        ("text_davinci_003", "rlhf_ppo")
+    ] * 2
+    assert f"{policy}" in caplog.text and "'rlhf_ppo'" in caplog.text
+
+    samples = tmp_path / "sft_samples.jsonl"  # consecutive outputs, no reference
+    samples.write_bytes(_jsonl([{"instruction": "Q", "output": f"s{k}"} for k in range(2)]))
+    pairs = read_items([str(samples)])
+    assert [(i.record["generator_1"], i.record["generator_2"]) for i in pairs] == [
+        ("sft_samples", "sft_samples")
+    ]
+    named = read_items([str(samples)], generators=["sft10k"])
+    assert named[0].record["generator_1"] == "sft10k"

@@ -581,3 +581,65 @@ def test_price_and_seconds_per_1000_from_provenance(tmp_path):
     assert by_name["alpaca"]["price_per_1000"] == pytest.approx(10.0)
     assert by_name["alpaca"]["seconds_per_1000"] == pytest.approx(500.0)
     assert by_name["free"]["price_per_1000"] is None and by_name["free"]["seconds_per_1000"] is None
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_utf16_boards_with_a_byte_order_mark_are_read(tmp_path, encoding, kind):
+    """Spreadsheets and PowerShell save UTF-16 with a byte order mark: such a board reads like UTF-8."""
+    import codecs
+
+    bom = {"utf-16": b"", "utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE}
+    if kind == "csv":
+        text = "generator,win_rate\nalpha,10\nbéta,30\ngamma,20\n"
+    else:
+        text = "".join(
+            orjson.dumps({"generator": g, "win_rate": s}).decode() + "\n"
+            for g, s in (("alpha", 10), ("béta", 30), ("gamma", 20))
+        )
+    path = tmp_path / f"board.{kind}"
+    path.write_bytes(bom[encoding] + text.encode(encoding))
+    other = board(tmp_path / "other.jsonl", {"alpha": 1, "béta": 3, "gamma": 2})
+    (row,) = records_of(CliRunner().invoke(cli, [str(path), str(other)]))
+    assert row["n"] == 3 and row["spearman"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        (b"generator,win_rate\na,1\nb\xff\xfe\x00,2\n", 3),  # Latin-1 / binary bytes in a CSV
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00", 1),  # a picture, not a board
+        (b"generator,win_rate\na,1\n" + b"\x00\x9f\x92\x96" * 4, 3),
+    ],
+)
+def test_a_board_that_is_not_utf8_names_the_file_line_and_encoding(tmp_path, capfd, content, line):
+    path = tmp_path / "board.csv"
+    path.write_bytes(content)
+    good = board(tmp_path / "good.jsonl", {"a": 1, "b": 2})
+    code, out, err = run_main(capfd, str(good), str(path))
+    assert code == 1 and out == ""
+    assert err.startswith(f"farm-correlate: error: {path}:{line}: not UTF-8 text"), err
+    assert "expected UTF-8 (or UTF-16 with a byte order mark)" in err
+    assert "Traceback" not in err and "UnicodeDecodeError" not in err
+
+
+def test_judge_files_with_no_usable_label_are_an_error(tmp_path, capfd):
+    """Every record skipped (no label field, or no verdict) is not a result: exit 1, saying why."""
+    judge = write_jsonl(
+        tmp_path / "j.jsonl", [{"pair_id": i, "verdict": 2} for i in range(3)] + [{"pair_id": 9}]
+    )
+    humans = write_jsonl(tmp_path / "h.jsonl", [{"pair_id": i, "preference": 1} for i in range(3)])
+    code, out, err = run_main(capfd, "--judge", str(judge), "--humans", str(humans))
+    assert code == 1 and out == ""
+    assert f"farm-correlate: error: no usable judge label in {judge}" in err
+    assert "4 records read" in err and "--judge-label" in err
+
+    nulls = write_jsonl(
+        tmp_path / "n.jsonl", [{"pair_id": i, "preference": None} for i in range(3)]
+    )
+    code, out, err = run_main(capfd, "--judge", str(nulls))
+    assert code == 1 and out == "" and "no usable judge label" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    code, out, err = run_main(capfd, "--judge", str(empty))
+    assert code == 1 and out == "" and "0 records read" in err

@@ -206,3 +206,27 @@ def test_plot_history_names_an_unknown_model_and_a_bad_line(tmp_path):
         and str(result.exception) == "no entries for Z in the history; its models are A"
     )
     assert not (tmp_path / "h.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"generator": 12345}, "generator is 12345; expected the model's name (a string)"),
+        ({"generator": None}, "generator is None; expected the model's name (a string)"),
+        ({"win_rate": "40%"}, "win_rate is '40%'; expected a number or null"),
+        ({"win_rate": True}, "win_rate is True; expected a number or null"),
+        ({"evaluated_at": "last tuesday"}, "evaluated_at is 'last tuesday'; expected an ISO 8601"),
+        ({"evaluated_at": 1767225600}, "evaluated_at is 1767225600; expected an ISO 8601"),
+    ],
+)
+def test_a_history_entry_of_the_wrong_type_names_file_and_line(tmp_path, bad, message):
+    good = {"evaluated_at": "2026-01-01T00:00:00Z", "generator": "A", "win_rate": 40.0}
+    path = write_jsonl(tmp_path / "h.jsonl", [good, {**good, **bad}])
+    with pytest.raises(history.RecordError) as error:
+        history.read(path)
+    assert str(error.value).startswith(f"{path}:2: {message}")
+    result = CliRunner().invoke(
+        farm_plot.cli, ["history", str(path), "-o", str(tmp_path / "h.png")]
+    )
+    assert result.exit_code == 1 and str(result.exception).startswith(f"{path}:2: {message}")
+    assert not (tmp_path / "h.png").exists()

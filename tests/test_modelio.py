@@ -200,3 +200,33 @@ def test_a_copied_folder_replaces_the_old_one_whole_or_not_at_all(tmp_path, monk
         "metrics.jsonl": "every round\n",
     }
     assert json.loads((target / "meta.json").read_text())["tool"] == "t"
+
+
+class SafetensorsSaver:
+    """Writes its weights the way safetensors does (a private temporary file renamed into place)."""
+
+    def save_pretrained(self, folder: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({"weight": torch.zeros(2)}, str(Path(folder) / "model.safetensors"))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_every_file_of_a_model_folder_follows_the_umask(tmp_path, umask):
+    import os
+
+    previous = os.umask(umask)
+    try:
+        target = tmp_path / "model"
+        save_model_folder(target, SafetensorsSaver(), Saver("tokenizer.json"), {"kind": "policy"})
+        (tmp_path / "beside.jsonl").write_text("{}\n")  # any other output the tool writes
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in target.iterdir()}
+    expected = 0o666 & ~umask
+    assert (tmp_path / "beside.jsonl").stat().st_mode & 0o777 == expected
+    assert modes == {
+        name: expected for name in ("meta.json", "model.safetensors", "tokenizer.json")
+    }
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask

@@ -236,3 +236,121 @@ def test_reward_model_inputs_keep_their_end_without_tokenizing_a_huge_text_whole
         undo()
     assert encoded[0] == tokenizer(short, add_special_tokens=False)["input_ids"]
     assert len(encoded[1]) == 64 and encoded[1] == expected
+
+
+def _prompt_files(tmp_path):
+    """prompts.jsonl: two ordinary prompts around a 10 MB one (line 2); short.jsonl: the two alone."""
+    import orjson
+
+    short = [{"instruction": "Say hi.", "id": 1}, {"instruction": "Say bye.", "id": 3}]
+    huge = {"instruction": "word " * 2_000_000 + "Now answer: what is two plus two?", "id": 2}
+    both = tmp_path / "prompts.jsonl"
+    both.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in (short[0], huge, short[1])))
+    alone = tmp_path / "short.jsonl"
+    alone.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in short))
+    return both, alone
+
+
+def _timed(run_farm, *args):
+    import time
+
+    start = time.perf_counter()
+    done = run_farm(*args, timeout=600)
+    return done, time.perf_counter() - start
+
+
+def _outputs(done):
+    import orjson
+
+    return [orjson.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_farm_sample_decides_each_over_long_prompt_early_as_long_prompts_says(
+    tiny_model_path, tmp_path, run_farm
+):
+    """A 10 MB prompt among ordinary ones, with the tiny model (a 1,024-token context): fail stops
+    naming FILE:2 before the model loads, skip leaves it out (counted) and truncate keeps its end; each
+    within a small multiple of the time the ordinary prompts take alone, and the other records'
+    outputs are those of a run without it (greedy decoding)."""
+    both, alone = _prompt_files(tmp_path)
+    common = ("-n", "1", "--temperature", "0", "--max-new-tokens", "4", "--backend", "hf")
+    base, base_seconds = _timed(run_farm, "farm-sample", str(tiny_model_path), str(alone), *common)
+    assert base.returncode == 0, base.stderr.decode()
+    expected = _outputs(base)
+
+    failed, seconds = _timed(run_farm, "farm-sample", str(tiny_model_path), str(both), *common)
+    assert failed.returncode == 1 and failed.stdout == b""
+    stderr = failed.stderr.decode()
+    assert (
+        f"farm-sample: error: {both}:2: the prompt has 10,000,033 characters, more than the "
+        in (stderr)
+    )
+    assert "(1,020 tokens); expected a shorter prompt: --long-prompts skip" in stderr
+    assert seconds < 3 * base_seconds, (seconds, base_seconds)
+
+    default_is_fail = run_farm(
+        "farm-sample", str(tiny_model_path), str(both), *common, "--long-prompts", "fail"
+    )
+    assert default_is_fail.stderr == failed.stderr
+
+    skipped, seconds = _timed(
+        run_farm, "farm-sample", str(tiny_model_path), str(both), *common, "--long-prompts", "skip"
+    )
+    assert skipped.returncode == 0, skipped.stderr.decode()
+    assert _outputs(skipped) == expected
+    stderr = skipped.stderr.decode()
+    assert f"{both}:2: the prompt has 10,000,033 characters" in stderr
+    assert "skipped 1 over-long prompt(s) of 3 (--long-prompts skip)" in stderr
+    assert seconds < 3 * base_seconds, (seconds, base_seconds)
+
+    cut, seconds = _timed(
+        run_farm,
+        "farm-sample",
+        str(tiny_model_path),
+        str(both),
+        *common,
+        "--long-prompts",
+        "truncate",
+    )
+    assert cut.returncode == 0, cut.stderr.decode()
+    records = _outputs(cut)
+    assert [r["id"] for r in records] == [1, 2, 3]
+    assert [records[0], records[2]] == expected
+    assert "prompt 2 of 3 is longer than the model's context allows" in cut.stderr.decode()
+    assert "keeping its last 1020 tokens" in cut.stderr.decode()
+    assert seconds < 3 * base_seconds, (seconds, base_seconds)
+
+
+@pytest.mark.parametrize("tool", ["farm-bon", "farm-expiter"])
+def test_best_of_n_and_expert_iteration_refuse_an_over_long_prompt_before_any_model(
+    tiny_model_path, tmp_path, run_farm, tool
+):
+    """The same decision, made in the same place: the reward model is not even looked at."""
+    both, _ = _prompt_files(tmp_path)
+    output = ["-o", str(tmp_path / "out")] if tool == "farm-expiter" else []
+    done = run_farm(tool, str(tiny_model_path), str(tmp_path / "no-rm"), str(both), *output)
+    assert done.returncode == 1 and done.stdout == b""
+    assert f"{both}:2: the prompt has 10,000,033 characters" in done.stderr.decode()
+
+
+def test_the_decision_never_tokenizes_a_huge_prompt_whole(tiny_model_path):
+    from farmkit.sampling import screen_long_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    undo = _no_huge_tokenization(tokenizer)
+    spaces = {"instruction": " " * 5_000_000 + "hi"}  # few tokens per character: the char bound
+    try:
+        kept = screen_long_prompts(
+            str(tiny_model_path),
+            [
+                ("p:1", {"instruction": "Say hi."}),
+                ("p:2", spaces),
+                ("p:3", {"instruction": "x" * 900}),
+            ],
+            "auto",
+            4,
+            "skip",
+        )
+    finally:
+        undo()
+    assert kept == [{"instruction": "Say hi."}, {"instruction": "x" * 900}]

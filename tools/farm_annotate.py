@@ -13,6 +13,7 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     judge_options,
+    on_error_option,
     output_option,
     seed_option,
     shared_option,
@@ -40,7 +41,8 @@ from farmkit.io import RecordWriter, records_stdout
     multiple=True,
     metavar="NAME",
     help="The system that wrote output records without a `generator` field (AlpacaFarm's published "
-    "outputs have none): one name for every input file, or one per file in order; repeatable.",
+    "outputs have none): one name for every input file, or one per file in order; repeatable. "
+    "Default: the file's name (rlhf_ppo.jsonl.gz -> rlhf_ppo), said on stderr.",
 )
 @click.option(
     "--skip-missing",
@@ -94,6 +96,7 @@ from farmkit.io import RecordWriter, records_stdout
     "when stderr is not a terminal; -q silences it.",
 )
 @click.option("--list-pools", is_flag=True, help="Print every shipped pool as JSON lines and exit.")
+@on_error_option
 @common_options
 def cli(
     inputs,

@@ -15,6 +15,7 @@ from farmkit.cli import (
     decoding_options,
     entry_point,
     input_argument,
+    long_prompts_option,
     model_options,
     output_option,
     provenance,
@@ -22,7 +23,7 @@ from farmkit.cli import (
     shared_option,
     stamp,
 )
-from farmkit.io import RecordWriter, read_records
+from farmkit.io import FarmError, RecordWriter, display_name, read_numbered
 
 log = logging.getLogger("farmkit")
 
@@ -68,6 +69,7 @@ log = logging.getLogger("farmkit")
 @shared_option("gold")
 @shared_option("gold_prompts")
 @shared_option("gold_size")
+@long_prompts_option
 @seed_option
 @common_options
 def cli(
@@ -89,6 +91,7 @@ def cli(
     gold,
     gold_prompts,
     gold_size,
+    long_prompts,
     seed,
 ):
     """Sample n outputs per prompt of PROMPTS from POLICY, score them with the reward model RM and
@@ -102,9 +105,14 @@ def cli(
         raise click.UsageError(
             "under a launcher every process reads the prompts: give a file, not stdin"
         )
-    records = list(read_records(prompts, "instruction"))
-    if not records:
+    numbered = read_numbered(prompts, "instruction")
+    if not numbered:
         return
+    from farmkit.sampling import screen_long_prompts
+
+    records = screen_long_prompts(policy, numbered, template, max_new_tokens, long_prompts)
+    if not records:
+        raise FarmError(f"{display_name(prompts)}: every prompt is over-long; nothing to sample")
     from farmkit.methods.bon import (
         BestOfNConfig,
         ScoredPrompt,

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import click
 
-from farmkit.cli import common_options, entry_point, input_argument, log, output_option
+from farmkit.cli import (
+    common_options,
+    entry_point,
+    input_argument,
+    log,
+    on_error_option,
+    output_option,
+)
 from farmkit.formats import FormatError, to_trl
 from farmkit.io import (
     FarmError,
     RecordError,
     RecordWriter,
     atomic_path,
-    check_rows,
     display_name,
     iter_rows,
+    numbered_records,
 )
 
 KINDS = ("auto", "preference", "instruction", "output")
@@ -52,6 +59,7 @@ def guess_kind(record: object) -> str:
     "output_1/output_2 are preferences, records with a generator and an output, completion or "
     "messages are outputs, the rest instructions).",
 )
+@on_error_option
 @common_options
 def cli(records, output, target, kind):
     """Convert RECORDS between farmkit's record kinds and TRL's dataset formats.
@@ -59,8 +67,9 @@ def cli(records, output, target, kind):
     Every farm-* tool already reads TRL, hh-rlhf and chat `messages` files directly; this command
     writes them out (for TRL's trainers or HF datasets) and normalises them in. Preferences go out as
     prompt/chosen/rejected, instructions and outputs as prompt/completion; a soft label is kept in
-    `farmkit_preference` and every other field (generator, id, input, ...) in a column of its own,
-    which TRL ignores, so the rows read back as the records they came from. Ties and null verdicts
+    `farmkit_preference`, where chosen stood in `farmkit_chosen`, and every other field (generator,
+    id, input, ...) in a column of its own, which TRL ignores, so the rows read back as the records
+    they came from. Ties and null verdicts
     are left out and counted. `-o FILE.parquet` writes Parquet.
 
     \b
@@ -73,7 +82,7 @@ def cli(records, output, target, kind):
         return
     chosen_kind = guess_kind(raw[0][1]) if kind == "auto" else kind
     rows, skipped = [], 0
-    for (number, _), record in zip(raw, check_rows(raw, name, chosen_kind), strict=True):
+    for number, record in numbered_records(raw, name, chosen_kind):
         if target == "farmkit":
             rows.append(record)
             continue

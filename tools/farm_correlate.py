@@ -157,6 +157,8 @@ def cli(
         annotations = Annotations(key_field=key, outputs=outputs)
         for path in judges:
             annotations.add_judge(path, judge_label)
+        if judges:
+            annotations.require_judge_labels(judges, judge_label)
         for path in humans:
             annotations.add_humans(path, human_label)
         for name, (count, first) in annotations.missing.items():

@@ -11,6 +11,7 @@ from farmkit.cli import (
     config_options,
     entry_point,
     input_argument,
+    on_error_option,
     output_dir_option,
     resolve_config,
 )
@@ -25,6 +26,7 @@ log = logging.getLogger("farmkit")
 @input_argument("prefs")
 @output_dir_option
 @config_options(DPOConfig)
+@on_error_option
 @common_options
 def cli(sft: str, prefs: str, output: str, config_file: str | None, **values) -> None:
     """Fine-tune SFT on PREFS (preference records) with DPO; write the policy to -o DIR.

@@ -13,12 +13,13 @@ from farmkit.cli import (
     decoding_options,
     entry_point,
     input_argument,
+    long_prompts_option,
     model_dir_option,
     model_options,
     seed_option,
     shared_option,
 )
-from farmkit.io import FarmError, display_name, read_records
+from farmkit.io import FarmError, display_name, read_numbered
 from farmkit.methods.sft import SFTConfig
 
 log = logging.getLogger("farmkit")
@@ -57,6 +58,7 @@ HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fiel
 @shared_option("gold")
 @shared_option("gold_prompts")
 @shared_option("gold_size")
+@long_prompts_option
 @seed_option
 @common_options
 def cli(
@@ -84,6 +86,7 @@ def cli(
     gold,
     gold_prompts,
     gold_size,
+    long_prompts,
     seed,
 ):
     """Expert iteration: sample N outputs per prompt of PROMPTS from POLICY, keep the one the reward
@@ -96,9 +99,14 @@ def cli(
             "under a launcher every process reads the prompts: give a file, not stdin"
         )
     name = display_name(prompts)
-    records = list(read_records(prompts, "instruction"))
-    if not records:
+    numbered = read_numbered(prompts, "instruction")
+    if not numbered:
         raise FarmError(f"{name}: no prompts to run expert iteration on")
+    from farmkit.sampling import screen_long_prompts
+
+    records = screen_long_prompts(policy, numbered, template, max_new_tokens, long_prompts)
+    if not records:
+        raise FarmError(f"{name}: every prompt is over-long; nothing to sample")
     from farmkit.methods.bon import BestOfNConfig
     from farmkit.methods.expiter import expert_iteration
     from farmkit.methods.tracking import check

@@ -12,6 +12,7 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     model_dir_option,
+    on_error_option,
     resolve_config,
 )
 from farmkit.io import FarmError, display_name, read_records
@@ -25,6 +26,7 @@ log = logging.getLogger("farmkit")
 @input_argument("prefs")
 @model_dir_option("output_dir")
 @config_options(RewardConfig)
+@on_error_option
 @common_options
 def cli(model, prefs, output_dir, config_file, **values):
     """Train a reward model (MODEL's backbone + a scalar head read at the end token) on PREFS by

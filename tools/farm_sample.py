@@ -12,6 +12,7 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     log,
+    long_prompts_option,
     model_options,
     output_option,
     provenance,
@@ -19,7 +20,7 @@ from farmkit.cli import (
     shared_option,
     stamp,
 )
-from farmkit.io import read_records
+from farmkit.io import FarmError, display_name, read_numbered
 
 TOOL = "farm-sample"
 
@@ -74,6 +75,7 @@ TOOL = "farm-sample"
     is_flag=True,
     help="With -o: continue an interrupted run from FILE.resume.jsonl instead of starting over.",
 )
+@long_prompts_option
 @output_option
 @seed_option
 @common_options
@@ -92,6 +94,7 @@ def cli(
     dtype,
     concurrency,
     resume,
+    long_prompts,
     output,
     seed,
 ):
@@ -112,7 +115,8 @@ def cli(
         raise click.UsageError(
             "--resume needs -o FILE (the run's progress is kept beside that file)"
         )
-    records = list(read_records(prompts, "instruction"))
+    numbered = read_numbered(prompts, "instruction")
+    records = [record for _, record in numbered]
     if not records:
         if output != "-":
             from farmkit.io import write_records
@@ -125,6 +129,14 @@ def cli(
 
     if backend == "auto":
         backend = default_backend(device)
+    if backend != "openai":  # an endpoint's context is unknown here: it answers for itself
+        from farmkit.sampling import screen_long_prompts
+
+        records = screen_long_prompts(model, numbered, template, max_new_tokens, long_prompts)
+        if not records:
+            raise FarmError(
+                f"{display_name(prompts)}: every prompt is over-long; nothing to sample"
+            )
     decoding = DecodingConfig(
         n=n,
         temperature=temperature,

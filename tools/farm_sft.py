@@ -12,6 +12,7 @@ from farmkit.cli import (
     input_argument,
     log,
     model_dir_option,
+    on_error_option,
     resolve_config,
 )
 from farmkit.io import FarmError, RecordError, display_name, read_records
@@ -46,6 +47,7 @@ from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
     help="Control token of the other outputs.",
 )
 @config_options(SFTConfig)
+@on_error_option
 @common_options
 def cli(
     model,

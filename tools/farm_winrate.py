@@ -11,6 +11,7 @@ from farmkit.cli import (
     common_options,
     entry_point,
     log,
+    on_error_option,
     provenance,
     seed_option,
     stamp,
@@ -113,6 +114,7 @@ FORMATS = ("jsonl", "table", "csv", "markdown")
     help="Write to this file (atomically). Default: stdout.",
 )
 @seed_option
+@on_error_option
 @common_options
 def cli(
     prefs,

@@ -8,7 +8,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from farmkit.io import FarmError, RecordError, display_name, iter_json, read_records
+from farmkit.formats import generator_stand_in, log_stand_in
+from farmkit.io import FarmError, RecordError, bad_records, display_name, iter_json, read_records
 from farmkit.validate import problems
 
 log = logging.getLogger("farmkit")
@@ -101,14 +102,27 @@ def _read_file(
                     "--reference pairs output records with the reference; this is a pair record "
                     "(expected fields instruction, output, generator)",
                 )
-        if generator is not None and kind == "output" and isinstance(record, dict):
-            record.setdefault("generator", generator)
+        if (
+            kind == "output"
+            and isinstance(record, dict)
+            and "generator" not in record
+            and "output" in record
+        ):
+            if generator is None and path != "-":
+                # AlpacaFarm's published outputs name no generator: the file's name stands in, as
+                # it does for --reference and farm-convert
+                generator = generator_stand_in(name)
+                log_stand_in(name)
+            if generator is not None:
+                record["generator"] = generator
         problem = problems(record, kind)
         if problem:
             if kind == "output" and "'generator'" in problem and generator is None:
                 problem += " (name the system of a file without one with --generator NAME)"
-            raise RecordError(name, line, problem)
+            bad_records().reject(RecordError(name, line, problem))  # raises, unless --on-error skip
+            continue
         records.append((line, record))
+    bad_records().finish(name, len(records))
     return name, kind, records
 
 
