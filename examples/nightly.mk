@@ -15,11 +15,13 @@
 #
 # make decides what is new from the files under $(OUT); the verdict cache ($(CACHE)) makes a
 # re-annotation (a changed reference; or a changed POOL after `rm -r $(OUT)/annotations`) pay only
-# for pairs no judge has seen. The farm-* tools must be on cron's PATH (set PATH in the crontab).
+# for pairs no judge has seen. The farm-* tools come from the project's .venv (venv.mk), else cron's PATH.
 # A crontab line (02:30 every night; flock keeps two nights from overlapping):
 #
 #   30 2 * * * cd /path/to/farmkit && flock -n /tmp/farmkit-nightly.lock \
 #       make -f examples/nightly.mk CHECKPOINTS=... PROMPTS=... REFERENCE=... >> nightly.log 2>&1
+
+include $(dir $(lastword $(MAKEFILE_LIST)))venv.mk
 
 CHECKPOINTS ?= checkpoints
 PROMPTS ?= prompts.jsonl

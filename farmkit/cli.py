@@ -582,9 +582,19 @@ def entry_point(command: click.Command) -> Callable[[], None]:
     """
 
     command.context_settings.setdefault("help_option_names", ["-h", "--help"])
-    click.version_option(
+    version = click.version_option(
         __version__, "--version", prog_name=command.name, message="%(prog)s %(version)s"
-    )(command)
+    )
+    version(command)
+    group = isinstance(command, click.Group)
+    if group:
+        # A subcommand's options (its --help, --version) are parsed inside the group's invoke: only
+        # its callback runs with stdout reserved for records, so its help goes to stdout as the
+        # group's does.
+        for sub in command.commands.values():
+            version(sub)
+            if sub.callback is not None:
+                sub.callback = _records_only_stdout_callback(sub.callback)
 
     def main(argv: list[str] | None = None) -> None:
         code = 0
@@ -594,7 +604,7 @@ def entry_point(command: click.Command) -> Callable[[], None]:
             with command.make_context(
                 command.name, sys.argv[1:] if argv is None else list(argv)
             ) as context:
-                with records_only_stdout():
+                with contextlib.nullcontext() if group else records_only_stdout():
                     command.invoke(context)
         except click.exceptions.Exit as exc:
             code = exc.exit_code
@@ -627,6 +637,15 @@ def entry_point(command: click.Command) -> Callable[[], None]:
         sys.exit(code)
 
     return main
+
+
+def _records_only_stdout_callback(callback: Callable) -> Callable:
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with records_only_stdout():
+            return callback(*args, **kwargs)
+
+    return run
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -75,11 +76,104 @@ def resolve(model: str | os.PathLike) -> str:
         return str(converted_gguf(path, path.stem))
     if path.exists():
         raise FarmError(f"{text}: not a model folder or a .gguf file")
+    expected = "expected a folder, a .gguf file, 'embedded' or a hub id"
     if text.startswith((".", "/", "~")) or text.count("/") > 1:
-        raise FarmError(
-            f"{text}: no such model folder; expected a folder, a .gguf file, 'embedded' or a hub id"
-        )
+        raise FarmError(f"{text}: no such model folder{_did_you_mean(text)}; {expected}")
+    _check_hub_id(text, expected)
     return text  # a hub id; transformers reports it if it cannot be fetched
+
+
+ALIASES = (EMBEDDED,)  # model names farmkit knows besides paths and hub ids
+HUB_PROBE_SECONDS = 3.0
+
+
+def _did_you_mean(text: str, folders: bool = True) -> str:
+    """'; did you mean X?' naming the nearest known alias or (with `folders`) folder: a sibling of a
+    path whose folder exists, else one in the working directory; '' when nothing is close."""
+    import difflib
+
+    name = text.strip()
+    candidates = list(ALIASES)
+    if folders:
+        parent = Path(name).parent
+        around = parent if str(parent) not in ("", ".") and parent.is_dir() else None
+        with contextlib.suppress(OSError):
+            candidates += [
+                str(child) if around else child.name
+                for child in (around or Path()).iterdir()
+                if child.is_dir()
+            ]
+    lowered = {candidate.lower(): candidate for candidate in candidates}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.75)
+    return f"; did you mean '{lowered[close[0]]}'?" if close else ""
+
+
+def _hub_cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id, or no huggingface_hub: not cached
+        return False
+
+
+def _offline() -> bool:
+    flags = (os.environ.get(name, "") for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_reachable() -> bool:
+    """Whether the hub's host takes a TCP connection within HUB_PROBE_SECONDS (DNS included). Behind
+    a proxy the host is not dialled directly: assumed reachable, transformers goes through it."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    if any(
+        os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    ):
+        return True
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = (
+        endpoint.hostname or "huggingface.co",
+        endpoint.port or (80 if endpoint.scheme == "http" else 443),
+    )
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+            answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # a DNS lookup can outlast the timeout
+    thread.start()
+    thread.join(HUB_PROBE_SECONDS)
+    return bool(answer and answer[0])
+
+
+def _check_hub_id(text: str, expected: str) -> None:
+    """Refuse at once a hub id that transformers could only fail to fetch, after its retries (about
+    a minute without a network): a bare name close to a known alias ('embeded'), any id offline
+    (HF_HUB_OFFLINE) or with the hub unreachable, unless the hub cache holds it."""
+    if _hub_cached(text):
+        return
+    alias = _did_you_mean(text, folders=False)
+    if alias and "/" not in text:  # no hub id is that close to one of our names
+        raise FarmError(f"{text}: no such model folder or alias{alias}")
+    hint = _did_you_mean(text)
+    if _offline():
+        raise FarmError(
+            f"{text}: not a model folder and not in the hub cache, and the hub is off "
+            f"(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE){hint}; {expected}"
+        )
+    if not _hub_reachable():
+        raise FarmError(
+            f"{text}: not a model folder and not in the hub cache, and cannot reach the hub "
+            f"({os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}){hint}; {expected}"
+        )
 
 
 @contextlib.contextmanager

@@ -44,6 +44,31 @@ def _save(figure: Any, path: str | os.PathLike, layout: bool = True) -> str:
     return str(path)
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def line_styles(count: int) -> list[dict[str, Any]]:
+    """Plot keywords for `count` lines that share an axes, so that lines with identical values stay
+    visible: each later line is drawn narrower and with a smaller marker of another shape on top of
+    the earlier ones, with its own dash pattern (the earlier line shows as a border around it)."""
+    if count <= 1:
+        return [{"marker": "o", "markersize": 5, "linewidth": 1.5, "linestyle": "-"}]
+    styles = []
+    for index in range(count):
+        wider = min(4, count - 1 - index)  # how many narrower lines may lie on top of this one
+        styles.append(
+            {
+                "marker": MARKERS[index % len(MARKERS)],
+                "markersize": 4.0 + 1.0 * wider,
+                "linewidth": 1.2 + 0.5 * wider,
+                "linestyle": DASHES[index % len(DASHES)],
+                "zorder": 2 + index / 100,
+            }
+        )
+    return styles
+
+
 def shorten(label: str, width: int = LABEL_CHARACTERS) -> str:
     """`label`, or its start and end around an ellipsis when it is longer than `width` characters."""
     if len(label) <= width:
@@ -523,11 +548,15 @@ def win_rate_history(
         )
     several = len({reference for _, reference in lines}) > 1
     figure, axes = plt.subplots(figsize=(8, 4.8), dpi=DPI, layout="constrained")
+    styles = line_styles(len(lines))
     for (model, reference), points in sorted(lines.items()):
         points.sort(key=lambda point: point[0])
         times, values = [p[0] for p in points], [p[1] for p in points]
         (line,) = axes.plot(
-            times, values, marker="o", label=f"{model} (vs {reference})" if several else model
+            times,
+            values,
+            label=f"{model} (vs {reference})" if several else model,
+            **styles.pop(0),
         )
         banded = [p for p in points if p[2] is not None and p[3] is not None]
         if banded:
@@ -548,7 +577,9 @@ def win_rate_history(
             for name in str(entry["annotator"]).split(", ")
         }
     )
-    axes.set_title(
+    # the figure's title, above everything the layout places (the legend beside the axes included),
+    # so that a title wrapped over several lines never runs under the legend
+    figure.suptitle(
         f"{score.replace('_', ' ')} against {references} over time"
         + (f", judged by {', '.join(judges)}" if judges else ""),
         fontsize=10,
@@ -558,11 +589,21 @@ def win_rate_history(
     axes.set_xlabel("evaluated at (UTC)")
     locator = AutoDateLocator(tz=UTC)
     axes.xaxis.set_major_locator(locator)
-    axes.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz=UTC))
+    axes.xaxis.set_major_formatter(
+        ConciseDateFormatter(
+            locator,
+            tz=UTC,
+            # ticks seconds apart read as whole times (21:14:20), never as bare seconds ("20 40
+            # 21:15"); the date goes once into the offset below the axis
+            formats=["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"],
+            zero_formats=["", "%Y", "%b", "%b-%d", "%H:%M", "%H:%M:%S"],
+            offset_formats=["", "%Y", "%Y-%b", "%Y-%b-%d", "%Y-%b-%d", "%Y-%b-%d"],
+        )
+    )
     axes.axhline(50.0, color="grey", linestyle="--", linewidth=1)
     axes.grid(color="#dddddd", linewidth=0.5)
-    if lines:  # beside the axes, never over a line
-        figure.legend(fontsize=8, loc="outside right upper")
+    if lines:  # below the axes: never over a line, nor under a title that wraps
+        figure.legend(fontsize=8, loc="outside lower center", ncols=min(len(lines), 4))
     return _save(figure, path, layout=False)
 
 
@@ -576,8 +617,9 @@ def training_curves(
     against gold_kl, say), one panel per field (the given ones when named) and one line per run; a
     run without a field is left out of its panel, a row without both values out of its line."""
     plt = _pyplot()
+    titles: dict[str, str] = {}
     if not fields:
-        fields = list(
+        numeric = list(
             dict.fromkeys(
                 name
                 for rows in runs.values()
@@ -586,8 +628,16 @@ def training_curves(
                 if name not in ("step", x) and _number(value)
             )
         )
+        fields = [name for name in numeric if name not in BOOKKEEPING] or numeric
+        fields, titles = _same_curves(runs, fields, x)
     if not fields:
         raise FarmError("the metrics have no numeric field besides step")
+    methods = list(
+        dict.fromkeys(
+            str(row["method"]) for rows in runs.values() for row in rows if row.get("method")
+        )
+    )
+    sweep = bool(methods) and set(methods) == {"bon"}  # farm-bon --metrics: step is n
     columns = min(3, len(fields))
     rows_of_panels = math.ceil(len(fields) / columns)
     figure, axes = plt.subplots(
@@ -601,7 +651,19 @@ def training_curves(
     from matplotlib.ticker import MaxNLocator
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    figure.suptitle(shorten("Training curves: " + ", ".join(runs), 120), fontsize=11)
+    styles = line_styles(len(runs))
+    for style, color in zip(styles, colors * len(runs), strict=False):
+        style["color"] = color
+    what = (
+        "best-of-n sweep"
+        if sweep
+        else (
+            ", ".join(METHOD_NAMES.get(m, m) for m in methods) + " training curves"
+            if methods
+            else "Training curves"
+        )
+    )
+    figure.suptitle(shorten(f"{what}: " + ", ".join(runs), 120), fontsize=11)
     for index, name in enumerate(fields):
         panel = axes[index // columns][index % columns]
         for number, (run, rows) in enumerate(runs.items()):
@@ -611,28 +673,81 @@ def training_curves(
                 if _number(row.get(name)) and _number(row.get(x))
             ]
             if points:
-                panel.plot(
-                    [p[0] for p in points],
-                    [p[1] for p in points],
-                    color=colors[number % len(colors)],
-                    label=run,
-                    marker="o" if len(points) < 20 else None,
-                    markersize=3,
-                )
-        panel.set_title(name, fontsize=10, pad=12)  # room for a "1e-5" above the axis
-        panel.set_xlabel(x)
-        if x == "step":
-            panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+                style = dict(styles[number])
+                if len(points) >= 20:
+                    style["marker"] = None
+                panel.plot([p[0] for p in points], [p[1] for p in points], label=run, **style)
+        panel.set_title(titles.get(name, name), fontsize=10, pad=12)  # room for a "1e-5" above
+        panel.set_xlabel("n" if sweep and x == "step" else x)
+        if x == "step":  # whole steps, even for a panel with one point
+            panel.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         panel.ticklabel_format(axis="y", useOffset=False)
         panel.grid(color="#dddddd", linewidth=0.5)
     for index in range(len(fields), rows_of_panels * columns):
         axes[index // columns][index % columns].set_visible(False)
     if len(runs) > 1:
-        handles = [plt.Line2D([], [], color=colors[i % len(colors)]) for i in range(len(runs))]
+        handles = [
+            plt.Line2D([], [], **{k: v for k, v in style.items() if k != "zorder"})
+            for style in styles
+        ]
         figure.legend(
             handles, list(runs), loc="outside lower center", ncols=min(len(runs), 4), fontsize=8
         )
     return _save(figure, path, layout=False)
+
+
+# Figures every trainer writes that say where a run is rather than how it learns: left out of the
+# default panels of farm-plot curves (--field NAME still draws one, --x NAME puts one on the axis).
+BOOKKEEPING = frozenset(
+    {
+        "epoch",
+        "elapsed_s",
+        "round",
+        "n",
+        "num_tokens",
+        "labels_used",
+        "tokens_sampled",
+        "training_tokens",
+        "sampling_seed",
+        "training_seed",
+    }
+)
+METHOD_NAMES = {
+    "sft": "SFT",
+    "reward": "reward model",
+    "dpo": "DPO",
+    "online-dpo": "online DPO",
+    "ppo": "PPO",
+    "rloo": "RLOO",
+    "grpo": "GRPO",
+    "quark": "Quark",
+    "expiter": "expert iteration",
+    "bon": "best-of-n",
+}
+
+
+def _same_curves(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], fields: Sequence[str], x: str
+) -> tuple[list[str], dict[str, str]]:
+    """Fields whose curves are the same in every run (PPO's reward and score) share one panel, titled
+    with both names. Returns the fields to draw and the titles of the shared panels."""
+
+    def curves(name: str) -> tuple:
+        return tuple(
+            tuple((row.get(x), row.get(name)) for row in rows if _number(row.get(name)))
+            for rows in runs.values()
+        )
+
+    kept: dict[tuple, str] = {}
+    titles: dict[str, str] = {}
+    for name in fields:
+        key = curves(name)
+        if key in kept and any(key):
+            first = kept[key]
+            titles[first] = f"{titles.get(first, first)} = {name}"
+        else:
+            kept.setdefault(key, name)
+    return list(kept.values()), titles
 
 
 def _number(value: Any) -> bool:

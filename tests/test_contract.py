@@ -183,6 +183,38 @@ def test_short_help_and_version(script):
     assert version.stdout.decode() == f"{script} {__version__}\n"
 
 
+def _subcommands() -> list[tuple[str, str]]:
+    """(script, subcommand) for every command that is a group (farm-plot)."""
+    import importlib
+
+    import click
+
+    found = []
+    for script, target in sorted(SCRIPTS.items()):
+        module, name = target.split(":")
+        command = getattr(importlib.import_module(module), "cli", None)
+        if isinstance(command, click.Group):
+            found += [(script, sub) for sub in sorted(command.commands)]
+    return found
+
+
+@pytest.mark.parametrize(("script", "sub"), _subcommands())
+def test_subcommand_help_on_stdout_and_version(script, sub):
+    """`farm-plot history -h | less` shows the help: it goes to stdout, as the group's does, and
+    `farm-plot history --version` is the group's version."""
+    from farmkit import __version__
+
+    for flag in ("-h", "--help"):
+        shown = run_tool(script, sub, flag)
+        assert shown.returncode == 0, shown.stderr.decode()
+        assert shown.stdout.startswith(f"Usage: {script} {sub} ".encode()), shown.stdout[:200]
+        assert shown.stderr == b""
+    version = run_tool(script, sub, "--version")
+    assert version.returncode == 0, version.stderr.decode()
+    assert version.stdout.decode() == f"{script} {__version__}\n"
+    assert version.stderr == b""
+
+
 def test_quiet_silences_library_warnings(tmp_path):
     script = tmp_path / "warns.py"
     script.write_text(

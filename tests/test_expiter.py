@@ -164,11 +164,15 @@ def test_two_rounds_write_a_trained_policy_with_both_steps_recorded(
         json.loads(line)
         for line in (tmp_path / "policy" / "metrics.jsonl").read_text().splitlines()
     ]
+    # (every step: a round of 2 steps is a short run, logged whole)
     assert [(row["method"], row["round"], row["step"]) for row in metrics] == [
         ("expiter", 1, 1),
+        ("expiter", 1, 2),
         ("expiter", 2, 3),
+        ("expiter", 2, 4),
     ]
-    for row, figures in zip(metrics, rounds, strict=True):
+    for row in metrics:
+        figures = rounds[row["round"] - 1]
         assert row["reward"] == figures["mean_reward_first_sample"]
         assert row["best_of_n_reward"] == figures["mean_reward_best_of_4"] and row["n"] == 4
         assert isinstance(row["loss"], float)

@@ -148,7 +148,8 @@ def test_plot_history_draws_a_model_over_time_with_its_band(tmp_path, figures):
     assert [d.day for d in line.get_xdata()] == [1, 2, 3] and line.get_xdata()[0].tzinfo == UTC
     (band,) = axes.collections
     assert band.get_paths()[0].vertices[:, 1].min() == pytest.approx(41 - 1.96 * 2)
-    assert "judge" in axes.get_title() and "ref" in axes.get_title()
+    title = figures[0].get_suptitle()  # the figure's title, above the layout
+    assert "judge" in title and "ref" in title
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -41,7 +41,10 @@ def test_a_folder_cached_by_an_older_farmkit_is_repaired(tmp_path):
     assert json.loads((folder / "config.json").read_text()) == {"model_type": "llama"}
 
 
-def test_resolve_model_arguments(tmp_path):
+def test_resolve_model_arguments(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda: True)  # a hub id passes through
     assert models.resolve(tmp_path) == str(tmp_path)
     assert (
         models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -52,6 +55,98 @@ def test_resolve_model_arguments(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(FarmError, match="not a model folder or a .gguf file"):
         models.resolve(tmp_path / "weights.bin")
+
+
+def _hub_cache(monkeypatch, folder):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(folder))
+
+
+def _no_network(monkeypatch):
+    """Any attempt to reach the hub fails the test: the refusals below must not need one."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("resolve() tried the network")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(models, "_hub_reachable", refuse)  # the probe runs in a thread of its own
+
+
+@pytest.mark.parametrize("typo", ["embeded", "embedd", "Embedded", "embedded "])
+def test_a_typo_of_embedded_is_refused_at_once_naming_embedded(typo, monkeypatch, tmp_path):
+    """`farm-sample embeded` once spent 53 s on hub retries and then printed transformers' offline
+    message: a bare name close to a known alias is refused before any network call, naming it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    _no_network(monkeypatch)
+    with pytest.raises(FarmError, match="did you mean 'embedded'") as error:
+        models.resolve(typo)
+    assert str(error.value).startswith(f"{typo}: ")
+
+
+def test_offline_a_hub_id_not_in_the_cache_is_refused_at_once(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _hub_cache(monkeypatch, tmp_path / "hub")
+    _no_network(monkeypatch)
+    with pytest.raises(FarmError, match="HF_HUB_OFFLINE") as error:
+        models.resolve("someone/no-such-model")
+    assert "not in the hub cache" in str(error.value)
+
+
+def test_an_unreachable_hub_is_refused_at_once(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for name in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    _hub_cache(monkeypatch, tmp_path / "hub")
+    monkeypatch.setattr(models, "_hub_reachable", lambda: False)
+    with pytest.raises(FarmError, match="cannot reach the hub"):
+        models.resolve("someone/no-such-model")
+    # a folder typed wrong under an existing one: the neighbour is suggested
+    (tmp_path / "runs" / "sft").mkdir(parents=True)
+    with pytest.raises(FarmError, match="did you mean 'runs/sft'"):
+        models.resolve("runs/sfr")
+
+
+def test_a_cached_hub_id_resolves_offline(monkeypatch, tmp_path):
+    """HF_HUB_OFFLINE with the model in the hub cache: the id passes through (transformers loads it)."""
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--cached" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--someone--cached" / "refs").mkdir()
+    (cache / "models--someone--cached" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _hub_cache(monkeypatch, cache)
+    _no_network(monkeypatch)
+    assert models.resolve("someone/cached") == "someone/cached"
+
+
+def test_farm_sample_with_a_typo_fails_fast_naming_embedded(tmp_path):
+    """The audit's case end to end, without HF_HUB_OFFLINE: exit 1 in seconds, not after the hub's
+    retries (53 s), and the message names `embedded`."""
+    import time
+
+    from conftest import run_tool
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"instruction": "Say hi."}\n')
+    started = time.monotonic()
+    done = run_tool("farm-sample", "embeded", str(prompts), timeout=120)
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    assert "did you mean 'embedded'" in done.stderr.decode(), done.stderr.decode()[-800:]
+    assert took < 20, took
 
 
 def test_meta_round_trip_and_input_hashes(tmp_path):

@@ -391,9 +391,8 @@ def test_training_curves_draw_every_numeric_field_of_every_run(tmp_path, figures
     assert result.exit_code == 0, result.output
     (figure,) = figures
     panels = {ax.get_title(): ax for ax in figure.axes if ax.get_visible()}
-    assert sorted(panels) == sorted(
-        ["loss", "accuracy", "rewards/margins", "epoch", "reward", "kl"]
-    )
+    # (epoch is bookkeeping: left out unless named with --field)
+    assert sorted(panels) == sorted(["loss", "accuracy", "rewards/margins", "reward", "kl"])
     assert {line.get_label(): list(line.get_xdata()) for line in panels["loss"].lines} == {
         "rm": [1, 2, 3],
         "dpo": [2, 4],

@@ -69,7 +69,8 @@ def history(history, generators, length_controlled, output):
     "fields",
     multiple=True,
     metavar="NAME",
-    help="Draw only this metric (repeatable). Default: every numeric one.",
+    help="Draw only this metric (repeatable). Default: every numeric one but bookkeeping "
+    "(epoch, elapsed_s, round, n, num_tokens, labels_used, tokens_sampled, training_tokens).",
 )
 @click.option(
     "--x",

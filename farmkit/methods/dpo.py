@@ -299,7 +299,9 @@ def train_dpo(
             # several DeepSpeed processes on CPUs: keep the process count accelerate was given
             **launch.trainer_state_config(),
         )
-        trainer = _pretokenized(DPOTrainer)(
+        from farmkit.methods.schedule import warm_trainer
+
+        trainer = warm_trainer(_pretokenized(DPOTrainer))(  # the first step has a learning rate
             model=model,
             ref_model=reference,
             args=args,

@@ -376,10 +376,11 @@ def train_reward_model(
     import torch
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
-    from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
+    from transformers import AutoModelForSequenceClassification
 
     from farmkit.cli import progress
     from farmkit.methods import launch
+    from farmkit.methods import schedule as schedules
     from farmkit.modelio import model_folder, model_meta
     from farmkit.models import load_tokenizer, write_meta
 
@@ -444,8 +445,8 @@ def train_reward_model(
         lr=config.learning_rate,
         weight_decay=config.weight_decay,
     )
-    schedule = get_linear_schedule_with_warmup(
-        optimizer, int(config.warmup_ratio * total_steps), total_steps
+    schedule = schedules.scheduler(  # the first step already has a learning rate
+        "linear", optimizer, schedules.warmup_steps(config.warmup_ratio, total_steps), total_steps
     )
     # DeepSpeed's batch size is the loop's; no gradient clipping, as in the plain loop
     launch.configure_deepspeed(accelerator, config.batch_size, 1, 0.0)
@@ -483,6 +484,7 @@ def train_reward_model(
                 reward_1, reward_2 = _rewards(network, batch)
                 loss = bradley_terry_loss(reward_1, reward_2, batch["target"])
                 accelerator.backward(loss)
+                rate = schedule.get_last_lr()[0]  # this step's, before the scheduler moves on
                 optimizer.step()
                 schedule.step()
                 optimizer.zero_grad()
@@ -493,7 +495,7 @@ def train_reward_model(
                     "epoch": round(step / steps_per_epoch, 4),
                     "loss": float(loss.detach()),
                     "accuracy": right / counted if counted else None,
-                    "learning_rate": schedule.get_last_lr()[0],
+                    "learning_rate": rate,
                     "elapsed_s": round(time.time() - started, 2),
                 }
                 window.append(row["loss"])

@@ -75,7 +75,10 @@ class SFTConfig(ModelArgs, TrackingArgs):
         },
     )
     logging_steps: int = field(
-        default=10, metadata={"help": "Log the training loss every this many steps."}
+        default=10,
+        metadata={
+            "help": "Log the training loss every this many steps (a short run more often: at least every steps/10, and the last step)."
+        },
     )
     device: str = shared_field("device", "auto")
     deepspeed: str | None = field(
@@ -360,13 +363,15 @@ def train_sft(
             # several DeepSpeed processes on CPUs: keep the process count accelerate was given
             **launch.trainer_state_config(),
         )
-    trainer = SFTTrainer(
+    from farmkit.methods.schedule import step_logging_callback, warm_trainer
+
+    trainer = warm_trainer(SFTTrainer)(  # the first step already has a learning rate
         model=network,
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks,
+        callbacks=[*(callbacks or []), step_logging_callback(config.logging_steps)],
     )
     accelerator = trainer.accelerator
     try:
