@@ -90,87 +90,98 @@ def _parse_entry(model: str, entry: Any) -> tuple[float, float]:
     )
 
 
-MESSAGE_TOKENS = 4  # what a chat message costs beyond its text (role, delimiters)
+MESSAGE_TOKENS = 4  # what a chat message costs beyond its text (role, delimiters), as expected
+
+# What --max-cost relies on, from above: a cap is a promise, so what the budget holds for a request
+# and books for a reply whose bill it was not told must never be less than what the endpoint bills.
+# Byte-level BPE tokenizers (GPT, Llama 3, Qwen, SmolLM) and byte-fallback ones (Llama 2, Mistral)
+# never make more tokens of a text than it has UTF-8 bytes; the chat template adds its markers
+# around each message and, once per request, what some templates add (a default system prompt, a
+# date line, the assistant's header). An endpoint that bills more than this is learned from its
+# first reported usage (see Budget.learn).
+WORST_TOKENS_PER_BYTE = 1
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+TEMPLATE_TOKENS_PER_REQUEST = 48
+
+
+def prompt_bound(messages: list[dict[str, str]]) -> int:
+    """The most prompt tokens an endpoint can bill for `messages` (chat messages)."""
+    return TEMPLATE_TOKENS_PER_REQUEST + sum(
+        WORST_TOKENS_PER_BYTE * len(m["content"].encode()) + TEMPLATE_TOKENS_PER_MESSAGE
+        for m in messages
+    )
 
 
 class Budget:
-    """--max-cost while requests run. Each request in flight holds the most its next attempt could be
-    billed, so that requests running together cannot overshoot the cap: the prompt at the highest
-    billed tokens per UTF-8 byte this run has seen for the model (until a first reply reports usage,
-    a token per byte, which no tokenizer exceeds), and the completion at max_tokens. A retry (of a
-    reply that was billed but malformed, or of a failure) must fit again before it is sent."""
+    """--max-cost while requests run: a request is sent only if the most it can be billed fits in
+    what the cap leaves, counting what every request in flight may still be billed. A request holds
+    its worst case (the prompt at `prompt_bound`, the completion at max_tokens) from before it is
+    sent to its release; a retry must fit again before it is sent. What is spent is what replies
+    were billed (their usage) and, for attempts whose bill is unknown (a reply without usage, a
+    timeout, a dropped connection: the endpoint may have billed them), their worst case."""
 
     def __init__(self, cap: float, prices: PriceTable):
         self.cap, self.prices = cap, prices
-        self.spent = 0.0  # what replies were billed, priced
+        self.spent = 0.0  # what replies were billed, priced (unknown bills at their worst case)
         self.held = 0.0  # what the requests in flight may still be billed
-        self.per_byte: dict[str, float] = {}  # model -> highest billed prompt tokens per byte seen
+        self.holding = 0  # requests in flight (holds not yet released)
+        self.extra: dict[
+            str, int
+        ] = {}  # model -> prompt tokens billed beyond prompt_bound, at most
 
-    def worst_prompt(self, model: str, size: int, messages: int, bound: int) -> int:
-        """The prompt tokens to hold for a prompt of `size` UTF-8 bytes in `messages` messages (at
-        least `bound`, the character-based worst case)."""
-        rate = self.per_byte.get(model, 1.0)
-        return max(bound, math.ceil(size * rate) + MESSAGE_TOKENS * messages)
+    def worst_prompt(self, model: str, bound: int) -> int:
+        """The prompt tokens to hold for a prompt whose `prompt_bound` is `bound`."""
+        return bound + self.extra.get(model, 0)
 
-    def learn(self, model: str, prompt_tokens: float, size: int) -> None:
-        """One attempt at a prompt of `size` bytes was billed `prompt_tokens`: later holds follow the
-        highest rate seen."""
-        if prompt_tokens > 0 and size > 0:
-            rate = prompt_tokens / size
-            if model not in self.per_byte:
-                self.per_byte[model] = rate
-            else:
-                self.per_byte[model] = max(self.per_byte[model], rate)
+    def learn(self, model: str, prompt_tokens: float, bound: int) -> None:
+        """One attempt at a prompt bounded by `bound` was billed `prompt_tokens`: an endpoint that
+        bills more than the bound (a template longer than allowed for) raises later holds. Holds
+        are never lowered by what a reply shows: the next prompt may be denser."""
+        if prompt_tokens > bound + self.extra.get(model, 0):
+            self.extra[model] = math.ceil(prompt_tokens - bound)
 
     def pay(self, price: float) -> None:
         self.spent += price
 
-    def reserve(
-        self, model: str, size: int, messages: int, bound: int, max_completion: int
-    ) -> Reservation | None:
-        """A hold for one request's first attempt, or None when it does not fit under the cap."""
-        reservation = Reservation(self, model, size, messages, bound, max_completion)
+    def reserve(self, model: str, bound: int, max_completion: int) -> Reservation | None:
+        """A hold for one request's first attempt, or None when it does not fit under the cap now."""
+        reservation = Reservation(self, model, bound, max_completion)
         hold = reservation.attempt_price()
         if self.spent + self.held + hold > self.cap:
             return None
         reservation.hold, self.held = hold, self.held + hold
+        self.holding += 1
         return reservation
 
 
 class Reservation:
     """One request's hold on the budget, from its first attempt to its release."""
 
-    def __init__(
-        self, budget: Budget, model: str, size: int, messages: int, bound: int, max_completion: int
-    ):
+    def __init__(self, budget: Budget, model: str, bound: int, max_completion: int):
         self.budget, self.model = budget, model
-        self.size, self.messages, self.bound, self.max_completion = (
-            size,
-            messages,
-            bound,
-            max_completion,
-        )
+        self.bound, self.max_completion = bound, max_completion
         self.hold = 0.0
         self.billed = (0.0, 0.0)  # tokens reported so far, over every attempt
 
     def prompt_bound(self) -> int:
-        """The most prompt tokens an attempt is expected to be billed."""
-        return self.budget.worst_prompt(self.model, self.size, self.messages, self.bound)
+        """The most prompt tokens one attempt can be billed."""
+        return self.budget.worst_prompt(self.model, self.bound)
 
     def attempt_price(self) -> float:
         return self.budget.prices.price(self.model, self.prompt_bound(), self.max_completion)
 
     def update(self, prompt_tokens: float, completion_tokens: float) -> None:
-        """The tokens the request's attempts were billed so far (cumulative): the prompt tokens of the
-        attempt since the last update teach the budget how densely this model bills."""
-        self.budget.learn(self.model, prompt_tokens - self.billed[0], self.size)
+        """The tokens the request's attempts were billed so far (cumulative): the prompt tokens of
+        the attempt since the last update may teach the budget a larger template."""
+        self.budget.learn(self.model, prompt_tokens - self.billed[0], self.bound)
         self.billed = (prompt_tokens, completion_tokens)
 
-    def retry_fits(self, prompt_tokens: float, completion_tokens: float) -> bool:
-        """Before a retry: hold what was billed so far plus another worst case, if that fits."""
+    def retry_fits(self, prompt_tokens: float, completion_tokens: float, unknown: int = 0) -> bool:
+        """Before a retry: hold what was billed so far (`unknown` attempts whose bill was not told at
+        their worst case) plus another worst case, if that fits."""
         self.update(prompt_tokens, completion_tokens)
         billed = self.budget.prices.price(self.model, prompt_tokens, completion_tokens)
-        hold = billed + self.attempt_price()
+        hold = billed + (unknown + 1) * self.attempt_price()
         budget = self.budget
         if budget.spent + budget.held - self.hold + hold > budget.cap:
             return False
@@ -179,5 +190,8 @@ class Reservation:
         return True
 
     def release(self) -> None:
-        self.budget.held -= self.hold
+        budget = self.budget
+        budget.holding -= 1
+        # nothing in flight: nothing held (no float residue from the sums)
+        budget.held = budget.held - self.hold if budget.holding else 0.0
         self.hold = 0.0
