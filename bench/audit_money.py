@@ -119,6 +119,7 @@ def run(src, pool, prices, data, env, cap, cache, procs=1, extra=()):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=dict(base, OPENAI_API_KEY=f"audit-key-{p}"),
+                cwd=src or ROOT,  # python -c puts the working directory first on sys.path
             )
         )
     outs = [process.communicate(data, timeout=600) for process in running]
