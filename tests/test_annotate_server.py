@@ -380,9 +380,10 @@ def test_budget_refuses_to_start_or_stops_before_overspending(tmp_path):
             and b"exceeds --max-cost" in refused.stderr
             and server.outcomes == {}
         )
-        budget = expected[
-            "price"
-        ]  # enough on average, not for the worst case of every request in flight
+    # the estimate lets the run start; an endpoint that bills a token per character (4x the estimate)
+    # spends it before the end: the run stops asking instead of overspending
+    budget = expected["price"]
+    with OpenAIServer(respond=judge_longer, billing=len) as server:
         stopped = _annotate(
             "--pool",
             pool,
@@ -398,6 +399,7 @@ def test_budget_refuses_to_start_or_stops_before_overspending(tmp_path):
     records = _records(stopped.stdout)
     spent = sum(r["provenance"]["farm-annotate"]["price"] for r in records)
     unasked = [r for r in records if r["preference"] is None]
+    assert spent == pytest.approx(_spend(server, (1000.0, 1000.0)))
     assert spent <= budget and 0 < len(unasked) < 40
     assert all("max-cost" in r["preference_reason"] for r in unasked)
     assert server.outcomes["ok"] == 40 - len(unasked)
@@ -432,29 +434,30 @@ def test_budget_holds_when_the_endpoint_bills_far_more_tokens_than_estimated(tmp
     assert sum(r["provenance"]["farm-annotate"]["price"] for r in records) == pytest.approx(spent)
 
 
-_DIGITS = __import__("re").compile(r"\d|[^\W\d]+|[^\w\s]")
+_PIECES = __import__("re").compile(r"\d|[^\W\d]{13,}|[^\W\d]+|[^\w\s]")
 
 
-def _digit_billing(text: str) -> int:
-    """A tokenizer that splits numbers into digits (as Llama's does) and bills 5 tokens of chat template
-    per message: words are cheap, digits cost a token per byte."""
-    return len(_DIGITS.findall(text)) + 5
+def _rare_billing(text: str) -> int:
+    """A tokenizer that knows words but not strings of random letters (a token per letter there, as
+    BPE falls apart on them, 4 times the client's estimate), plus 5 tokens of chat template a message."""
+    return sum(len(p) if len(p) > 12 else 1 for p in _PIECES.findall(text)) + 5
 
 
 def _dense_later(n: int) -> list[dict]:
-    """Pairs of words first, then pairs of digits: a run learns a cheap rate, then meets dense text."""
+    """Pairs of words first, then pairs of random letters: a run sees cheap replies, then dense text."""
+    rng = __import__("random").Random(5)
     pairs = _pairs(n // 3)
     for i in range(n - n // 3):
-        digits = "".join(str((i * 7 + k) % 10) for k in range(300 + 7 * i))
+        letters = "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(300 + 7 * i))
         pairs.append(
-            {"instruction": f"Sum {i}?", "output_1": digits, "output_2": digits[::-1] + "0"}
+            {"instruction": f"Decode {i}?", "output_1": letters, "output_2": letters[::-1] + "q"}
         )
     return pairs
 
 
 @pytest.mark.parametrize("fraction", [0.05, 0.2, 0.6])
 def test_the_cap_holds_when_later_text_bills_denser_and_reports_no_usage(tmp_path, fraction):
-    # the first replies (words) report usage, the later ones (digits, a token a byte) do not: a
+    # the first replies (words) report usage, the later ones (random letters, a token a byte) do not: a
     # budget that learns a billing rate from the first and books its own estimate for the others
     # under-counts the dense text, and overspent 1.6 times; the cap is a promise
     settings = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 2, concurrency: 8}\n"
@@ -465,7 +468,7 @@ def test_the_cap_holds_when_later_text_bills_denser_and_reports_no_usage(tmp_pat
     script = [None] * 20 + ["null_usage"] * 100
 
     def server() -> OpenAIServer:
-        return OpenAIServer(respond=judge_longer, billing=_digit_billing, script=script)
+        return OpenAIServer(respond=judge_longer, billing=_rare_billing, script=script)
 
     with server() as s:
         assert _annotate(*args, input=pairs, env=_env(s)).returncode == 0
