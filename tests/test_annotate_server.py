@@ -489,6 +489,52 @@ def test_the_cap_holds_when_later_text_bills_denser_and_reports_no_usage(tmp_pat
     assert booked >= spent - 1e-9  # what a record says it cost never under-counts the bill
 
 
+@pytest.mark.heavy
+def test_each_of_two_runs_on_one_cache_stays_under_its_cap(tmp_path):
+    # two processes share a cache (each pays for what it asks and reads what the other paid for),
+    # the later replies report no usage, replies vary in length: each process's bill (the server
+    # keeps one per key) stays under the cap both were given
+    settings = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 2, concurrency: 6}\n"
+    pool, pairs = _pool(tmp_path, source="single", settings=settings), _jsonl(_dense_later(60))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("gpt-4.1: {prompt: 1000.0, completion: 1000.0}\n")
+    args = ["--pool", pool, "--prices", str(prices), "-q"]
+    rng = __import__("random").Random(3)
+
+    def respond(body: dict) -> str:
+        return judge_longer(body) + "\nBecause" + " it is better" * rng.randint(0, 12)
+
+    def server() -> OpenAIServer:
+        script = [None] * 20 + ["null_usage"] * 300  # the later replies report no usage
+        return OpenAIServer(respond=respond, billing=_rare_billing, script=script, latency=0.02)
+
+    with server() as s:
+        assert _annotate(*args, "--no-cache", input=pairs, env=_env(s)).returncode == 0
+        full = _spend(s, (1000.0, 1000.0))
+        estimate = orjson.loads(
+            _annotate(*args, "--no-cache", "--estimate", input=pairs, env=_env(s)).stdout
+        )
+    cap = estimate["price"] + 0.3 * (full - estimate["price"])
+    binary = str(Path(sys.executable).parent / "farm-annotate")
+    with server() as s:
+        runs = [
+            subprocess.Popen(
+                [binary, *args, "--cache", str(tmp_path / "c.sqlite"), "--max-cost", str(cap)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **_env(s, f"key-of-run-{number}")},
+            )
+            for number in range(2)
+        ]
+        done = [run.communicate(pairs, timeout=120) for run in runs]
+        bills = {
+            key: sum(p + c for p, c in billed) * 1000.0 / 1e6 for key, billed in s.billed_by.items()
+        }
+    assert all(run.returncode == 0 for run in runs), [err.decode() for _, err in done]
+    assert len(bills) == 2 and all(0 < bill <= cap for bill in bills.values()), (bills, cap)
+
+
 def test_budget_holds_when_billed_malformed_replies_are_retried(tmp_path):
     # every reply is malformed but billed as a real one; each request would be retried eight times, so
     # a reservation for one attempt per request is not enough: each retry must be paid for first
