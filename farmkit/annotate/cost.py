@@ -26,8 +26,8 @@ EXPECTED_COMPLETION_TOKENS = {"plain": 8, "ranking": 10, "json": 45, "choice": 1
 # The expected token count of a text, script by script: what byte-level BPE tokenizers (measured on
 # the embedded model's, SmolLM2) make of each kind of character. The 5th to 95th percentile of
 # estimate / real lies within 0.74-1.06 for Latin script, CJK, Cyrillic, emoji and code texts
-# (bench/audit_estimate.py);
-# tokenizers with larger multilingual vocabularies (GPT-4o's) make fewer tokens of CJK and Cyrillic.
+# (bench/audit_estimate.py); tokenizers with larger multilingual vocabularies (GPT-4o's) make fewer
+# tokens of CJK and Cyrillic.
 _WORD = re.compile(r"[A-Za-z]+")  # an English word is about a token; a long one a token per 4 more
 _DIGIT = re.compile(r"[0-9]")  # a token each
 _SYMBOL = re.compile(r"[!-/:-@\[-`{-~]")  # ASCII punctuation: most a token each, some merge
@@ -165,9 +165,8 @@ class Budget:
         self.spent = 0.0  # what replies were billed, priced (unknown bills at their worst case)
         self.held = 0.0  # what the requests in flight may still be billed
         self.holding = 0  # requests in flight (holds not yet released)
-        self.extra: dict[
-            str, int
-        ] = {}  # model -> prompt tokens billed beyond prompt_bound, at most
+        # model -> the most prompt tokens an attempt was billed beyond its prompt_bound
+        self.extra: dict[str, int] = {}
 
     def worst_prompt(self, model: str, bound: int) -> int:
         """The prompt tokens to hold for a prompt whose `prompt_bound` is `bound`."""

@@ -129,13 +129,13 @@ class OpenAIBackend(Backend):
         price = self.prices.price(model, prompt_tokens, completion_tokens)
         choices, reason = parse_verdicts(template.format, reply.text, len(pairs), template)
         # kept in the records of pairs without a verdict: an endpoint may echo the key in its reply
-        raw = redact(reply.text, self.client.api_key or "")
+        raw = redact(reply.text, self.client.api_key or "") if None in choices else None
         share = len(pairs)
         return [
             Verdict(
                 choice,
                 reason=None if choice else (reason or "no verdict"),
-                raw=raw,
+                raw=None if choice else raw,
                 prompt_tokens=prompt_tokens / share,
                 completion_tokens=completion_tokens / share,
                 price=price / share,
