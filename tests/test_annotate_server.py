@@ -487,6 +487,11 @@ def test_the_cap_holds_when_later_text_bills_denser_and_reports_no_usage(tmp_pat
     assert answered and len(answered) < 60
     booked = sum(r["provenance"]["farm-annotate"]["price"] for r in records)
     assert booked >= spent - 1e-9  # what a record says it cost never under-counts the bill
+    # a record whose reply told its usage says what it was billed; one whose reply did not says
+    # that its tokens and price are booked at their most
+    told = [r for r in answered if not r["provenance"]["farm-annotate"].get("tokens_estimated")]
+    untold = [r for r in answered if r["provenance"]["farm-annotate"].get("tokens_estimated")]
+    assert (len(told), len(untold)) == (s.outcomes["ok"], s.outcomes["null_usage"]) and untold
 
 
 @pytest.mark.heavy

@@ -60,6 +60,7 @@ class Ask:
     # what the attempts whose reply could not be parsed cost: they were paid too
     spent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     unparsed: int = 0  # replies whose verdict for this ask could not be read
+    estimated: bool = False  # some of what its attempts cost is booked at its most (see Verdict)
 
 
 @dataclass
@@ -553,6 +554,7 @@ class Annotator:
                     ask.spent[0] += exc.prompt_tokens / share
                     ask.spent[1] += exc.completion_tokens / share
                     ask.spent[2] += exc.price / share
+                    ask.estimated = ask.estimated or exc.estimated
                 reason = f"request failed: {exc}"
                 if exc.over_budget:
                     reason += f" (--max-cost {self.max_cost})"
@@ -590,6 +592,7 @@ class Annotator:
                             seconds=verdict.seconds + ask.spent[3],
                             attempts=attempt + 1,
                             parse_failures=ask.unparsed,
+                            estimated=verdict.estimated or ask.estimated,
                         ),
                     )
                 else:
@@ -602,6 +605,7 @@ class Annotator:
                         )
                     ):
                         ask.spent[position] += amount
+                    ask.estimated = ask.estimated or verdict.estimated
             answered = {
                 ask.key: _stored(ask.verdict)
                 for ask in pending
@@ -646,6 +650,7 @@ class Annotator:
                     seconds=seconds,
                     attempts=max(1, ask.unparsed + sent),
                     parse_failures=ask.unparsed,
+                    estimated=ask.estimated,
                 ),
             )
 
@@ -696,6 +701,9 @@ class Annotator:
                 details["parse_failures"] = sum(v.parse_failures for v in verdicts)
             if len(asks) == 1 and verdicts[0].probability is not None:
                 details["p_first_better"] = verdicts[0].probability
+            if any(v.estimated for v in verdicts):
+                # tokens and price include counts the endpoint did not tell, booked at their most
+                details["tokens_estimated"] = True
             if preference is None:
                 raw = [v.raw for v in verdicts if v.choice is None and v.raw is not None]
                 if raw:
@@ -760,6 +768,7 @@ def _stored(verdict: Verdict) -> dict[str, Any]:
         "probability": verdict.probability,
         "attempts": verdict.attempts,
         "parse_failures": verdict.parse_failures,
+        "estimated": verdict.estimated,
     }
 
 
@@ -775,4 +784,5 @@ def _verdict(stored: dict[str, Any]) -> Verdict:
         attempts=stored.get("attempts", 1),
         # stored before the count was kept: a cached verdict was read, so its earlier replies were not
         parse_failures=stored.get("parse_failures", stored.get("attempts", 1) - 1),
+        estimated=stored.get("estimated", False),
     )

@@ -114,6 +114,7 @@ class OpenAIBackend(Backend):
                 completion,
                 self.prices.price(model, prompt, completion),
                 over_budget=exc.over_budget,
+                estimated=exc.unknown > 0,
             ) from None
         elapsed = time.perf_counter() - started
         if reservation is not None:
@@ -136,6 +137,7 @@ class OpenAIBackend(Backend):
                 choice,
                 reason=None if choice else (reason or "no verdict"),
                 raw=None if choice else raw,
+                estimated=bool(unknown or reply.prompt_unreported or reply.completion_unreported),
                 prompt_tokens=prompt_tokens / share,
                 completion_tokens=completion_tokens / share,
                 price=price / share,
