@@ -521,7 +521,7 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
     _State.quiet, _State.verbose = quiet, verbose
     level = logging.ERROR if quiet else (logging.DEBUG if verbose else logging.INFO)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(_Redacting("%(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
@@ -534,6 +534,21 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
         os.environ.setdefault("DISABLE_TQDM", "1")
         # transformers 5 draws its "Loading weights" bars through huggingface_hub's switch
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _redacted(text: str) -> str:
+    """`text` without OPENAI_API_KEY or any 8-character piece of it: the last line of defence for
+    what reaches stderr (the endpoint client redacts what endpoints say at the source)."""
+    if not os.environ.get("OPENAI_API_KEY"):
+        return text
+    from farmkit.endpoint import redact
+
+    return redact(text, shapes=False)
+
+
+class _Redacting(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return _redacted(super().format(record))
 
 
 def quiet() -> bool:
@@ -609,7 +624,9 @@ def entry_point(command: click.Command) -> Callable[[], None]:
         except click.exceptions.Exit as exc:
             code = exc.exit_code
         except click.ClickException as exc:
-            exc.show()
+            shown = io.StringIO()
+            exc.show(file=shown)
+            sys.stderr.write(_redacted(shown.getvalue()))
             code = exc.exit_code
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
@@ -623,12 +640,12 @@ def entry_point(command: click.Command) -> Callable[[], None]:
             if _State.verbose:
                 import traceback
 
-                traceback.print_exc()
+                sys.stderr.write(_redacted(traceback.format_exc()))
             if isinstance(exc, FarmError):
                 message = str(exc)
             else:
                 message = f"{type(exc).__name__}: {exc} (run with -v for the traceback)"
-            click.echo(f"{command.name}: error: {message}", err=True)
+            click.echo(f"{command.name}: error: {_redacted(message)}", err=True)
             code = 1
         try:
             sys.stdout.flush()

@@ -52,20 +52,28 @@ class EndpointFatal(Exception):
 class EndpointFailed(Exception):
     """A request that failed for good (its retries spent, or rejected as it stands). `usage` holds the
     (prompt, completion) tokens its attempts reported: malformed replies may still have been billed.
-    `over_budget`: the caller's budget refused a retry."""
+    `over_budget`: the caller's budget refused a retry. `unknown`: attempts whose bill was not told
+    (timed out, dropped, or a malformed reply without usage): the endpoint may have billed them."""
 
-    def __init__(self, message: str, usage: tuple[int, int] = (0, 0), over_budget: bool = False):
+    def __init__(
+        self,
+        message: str,
+        usage: tuple[int, int] = (0, 0),
+        over_budget: bool = False,
+        unknown: int = 0,
+    ):
         super().__init__(message)
-        self.usage, self.over_budget = usage, over_budget
+        self.usage, self.over_budget, self.unknown = usage, over_budget, unknown
 
 
 class Malformed(Exception):
     """A 200 reply that is not a well-formed completion (treated as a transient failure); `usage` holds
-    the tokens it reports where it reports them, since the attempt may still be billed."""
+    the tokens it reports where it reports them, since the attempt may still be billed; `reported`:
+    whether it reported both counts."""
 
-    def __init__(self, message: str, usage: tuple[int, int] = (0, 0)):
+    def __init__(self, message: str, usage: tuple[int, int] = (0, 0), reported: bool = False):
         super().__init__(message)
-        self.usage = usage
+        self.usage, self.reported = usage, reported
 
 
 @dataclass
@@ -78,11 +86,14 @@ class Reply:
     # the answering attempt gave no count (usage missing or null): the caller adds its own estimate
     prompt_unreported: bool = False
     completion_unreported: bool = False
+    # earlier attempts whose bill was not told (timed out, dropped, malformed without usage)
+    unknown_attempts: int = 0
 
 
-def redact(text: str, key: str | None = None) -> str:
-    """`text` with the key blanked: the whole key, any run of FRAGMENT or more of its characters (an
-    endpoint may echo part of a rejected key), and anything shaped like a common provider's key."""
+def redact(text: str, key: str | None = None, shapes: bool = True) -> str:
+    """`text` with the key (OPENAI_API_KEY when None) blanked: the whole key, any run of FRAGMENT or
+    more of its characters (an endpoint may echo part of a rejected key), and, with `shapes`,
+    anything shaped like a common provider's key or a bearer token."""
     key = configured()[1] if key is None else key
     if key:
         if len(key) < FRAGMENT:
@@ -102,7 +113,7 @@ def redact(text: str, key: str | None = None) -> str:
                         pieces.append("***")
                     previous = hidden
                 text = "".join(pieces)
-    return _KEY_SHAPES.sub("***", text)
+    return _KEY_SHAPES.sub("***", text) if shapes else text
 
 
 class EndpointClient:
@@ -146,12 +157,14 @@ class EndpointClient:
         before_retry: Callable[[int, int], bool] | None = None,
     ) -> Reply:
         """The reply to one chat completion (or, with chat=False, a text completion) request.
-        `before_retry(prompt_tokens, completion_tokens)`, given what the attempts so far reported,
-        says whether a retry may be sent (a budget: a malformed reply may have been billed)."""
+        `before_retry(prompt_tokens, completion_tokens, unknown)`, given what the attempts so far
+        reported and how many were not told (timeouts, dropped connections, malformed replies without
+        usage: the endpoint may have billed them), says whether a retry may be sent (a budget).
+        An answer with an HTTP error status is taken as not billed."""
         path = "/chat/completions" if chat else "/completions"
         payload = orjson.dumps(body)
         attempts = self.max_retries + 1
-        prompt_tokens = completion_tokens = 0
+        prompt_tokens = completion_tokens = unknown = 0
         last = ""
         for attempt in range(attempts):
             wait = None
@@ -168,9 +181,9 @@ class EndpointClient:
                     ) from None
                 last = f"connection failed ({self._reason(exc)})"
             except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
-                last = "timed out"
+                last, unknown = "timed out", unknown + 1
             except _Dropped as exc:  # dropped connection, protocol error
-                last = f"connection dropped ({self._reason(exc)})"
+                last, unknown = f"connection dropped ({self._reason(exc)})", unknown + 1
             else:
                 self.stats["answered"] += 1
                 status = response.status_code
@@ -178,7 +191,7 @@ class EndpointClient:
                     try:
                         text, finished, prompt, completion = _parse(response.content, chat)
                     except Malformed as exc:
-                        last = f"malformed reply: {exc}"
+                        last, unknown = f"malformed reply: {exc}", unknown + (not exc.reported)
                         prompt_tokens, completion_tokens = (
                             prompt_tokens + exc.usage[0],
                             completion_tokens + exc.usage[1],
@@ -192,6 +205,7 @@ class EndpointClient:
                             attempt + 1,
                             prompt is None,
                             completion is None,
+                            unknown,
                         )
                 elif status in (401, 403):
                     raise EndpointFatal(
@@ -210,19 +224,25 @@ class EndpointClient:
                     raise EndpointFailed(
                         f"HTTP {status}: {self._message(response)}",
                         (prompt_tokens, completion_tokens),
+                        unknown=unknown,
                     )
             if attempt + 1 < attempts:
-                if before_retry is not None and not before_retry(prompt_tokens, completion_tokens):
+                if before_retry is not None and not before_retry(
+                    prompt_tokens, completion_tokens, unknown
+                ):
                     raise EndpointFailed(
                         f"{last}; not retried: the retry could exceed the budget",
                         (prompt_tokens, completion_tokens),
                         over_budget=True,
+                        unknown=unknown,
                     )
                 self.stats["retries"] += 1
                 backoff = self.backoff * 2**attempt * (0.5 + random.random())
                 await asyncio.sleep(min(MAX_BACKOFF, wait if wait is not None else backoff))
         raise EndpointFailed(
-            f"{last} (after {attempts} attempts)", (prompt_tokens, completion_tokens)
+            f"{last} (after {attempts} attempts)",
+            (prompt_tokens, completion_tokens),
+            unknown=unknown,
         )
 
     def _reason(self, exc: Exception) -> str:
@@ -418,18 +438,19 @@ def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | Non
     if any(count == -1 for count in counts):
         raise Malformed(f"usage is not token counts: {_snippet(orjson.dumps(usage))}")
     billed = (counts[0] or 0, counts[1] or 0)
+    told = None not in counts
     choices = reply.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise Malformed(f"no choices: {_snippet(content)}", billed)
+        raise Malformed(f"no choices: {_snippet(content)}", billed, told)
     choice = choices[0]
     text = choice.get("text")
     if chat:
         message = choice.get("message")
         text = message.get("content") if isinstance(message, dict) else None
         if not isinstance(message, dict):
-            raise Malformed(f"no message: {_snippet(content)}", billed)
+            raise Malformed(f"no message: {_snippet(content)}", billed, told)
     if not isinstance(text, str | None):
-        raise Malformed(f"the text is not a string: {_snippet(content)}", billed)
+        raise Malformed(f"the text is not a string: {_snippet(content)}", billed, told)
     return text or "", choice.get("finish_reason") == "stop", counts[0], counts[1]
 
 

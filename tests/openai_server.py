@@ -29,6 +29,9 @@ API:
   random draws start: a way to be sure each fault is met.
 - `models`: the model names it serves (None: any); others get a 404 `model_not_found`.
 - `api_key`: the key it accepts (None: any); others get a 401.
+- `echo_key`: every error message quotes the key the client presented, whole and as its
+  Authorization header, and every reply carries it in an `X-Echo-Key` header (endpoints and proxies
+  that echo what they were sent): what a client writes must still never hold it.
 - `chunked`: bodies go out with chunked transfer encoding instead of a Content-Length.
 - `tls`: (certificate file, key file): serve HTTPS (`url` starts with https).
 - `billing(text) -> int`: the token count each reply's usage reports for a text (`count_tokens` by
@@ -146,11 +149,14 @@ class OpenAIServer:
         chunked: bool = False,
         billing: Callable[[str], int] | None = None,
         tls: tuple[str, str] | None = None,
+        echo_key: bool = False,
     ):
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
-        self.script, self.chunked = list(script or []), chunked
+        self.script, self.chunked, self.echo_key = list(script or []), chunked, echo_key
         self.billing, self.dense = billing or count_tokens, billing is not None
         self.billed: list[tuple[int, int]] = []
+        # the same, per key presented (Authorization header without "Bearer "): what each client was billed
+        self.billed_by: dict[str, list[tuple[int, int]]] = {}
         self.models, self.api_key, self.retry_after, self.hang = models, api_key, retry_after, hang
         unknown = (set(self.faults) | set(self.script)) - {
             "400",
@@ -214,8 +220,9 @@ class OpenAIServer:
             point -= probability
         return None
 
-    def usage(self, body: dict[str, Any], text: str) -> tuple[int, int]:
-        """(prompt, completion) tokens billed for replying `text` to `body`, recorded in `billed`."""
+    def usage(self, body: dict[str, Any], text: str, who: str = "") -> tuple[int, int]:
+        """(prompt, completion) tokens billed for replying `text` to `body`, recorded in `billed` (and
+        in `billed_by[who]`, `who` being the key the client presented)."""
         if "prompt" in body:
             prompt = self.billing(body["prompt"])
         else:
@@ -225,6 +232,7 @@ class OpenAIServer:
             completion = min(completion, body["max_tokens"])
         with self._lock:
             self.billed.append((prompt, completion))
+            self.billed_by.setdefault(who, []).append((prompt, completion))
         return prompt, completion
 
     def record(self, outcome: str, body: dict[str, Any] | None = None) -> None:
@@ -278,6 +286,8 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                     self.send_header("Content-Length", str(len(data)))
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
+                if server.echo_key:
+                    self.send_header("X-Echo-Key", self._key())
                 self.end_headers()
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
@@ -291,7 +301,12 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             code: str | None = None,
             headers: dict[str, str] | None = None,
         ) -> None:
+            if server.echo_key:
+                message += f" (key {self._key()}; Authorization: Bearer {self._key()})"
             self._send(status, {"error": {"message": message, "type": kind, "code": code}}, headers)
+
+        def _key(self) -> str:
+            return (self.headers.get("Authorization") or "").removeprefix("Bearer ")
 
         def _key_quoted(self) -> str:
             """The start of the key the client sent, as OpenAI's own messages quote it."""
@@ -380,10 +395,11 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 usage = (10, 4)
                 if fault in ("null_choice", "list_content", "string_usage"):
                     if server.dense:
-                        usage = server.usage(body, "Pair 1: A")
+                        usage = server.usage(body, "Pair 1: A", self._key())
                     else:
                         with server._lock:
                             server.billed.append(usage)
+                            server.billed_by.setdefault(self._key(), []).append(usage)
                 self._send(200, *_malformed(fault, body, usage))
                 return
             if fault == "tls_garbage":
@@ -407,7 +423,7 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 server.record(fault, body)
             elif fault != "timeout":
                 server.record("ok", body)
-            prompt_tokens, completion_tokens = server.usage(body, text)
+            prompt_tokens, completion_tokens = server.usage(body, text, self._key())
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},

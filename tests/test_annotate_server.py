@@ -253,6 +253,49 @@ def test_repeated_kills_repay_only_what_was_in_flight(tmp_path):
 
 
 @pytest.mark.heavy
+@pytest.mark.parametrize("kill", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_a_signal_mid_run_repays_at_most_the_requests_in_flight(tmp_path, kill):
+    # SIGKILL loses the replies of the requests in flight (at most --concurrency: the endpoint
+    # answers them to nobody) and nothing else; SIGINT and SIGTERM stop sending, wait for the
+    # replies in flight, cache them, and exit: a resumed run pays for nothing twice
+    concurrency, n = 4, 40
+    settings = f"settings: {{concurrency: {concurrency}, timeout: 30, backoff: 0.02}}\n"
+    pool = _pool(tmp_path, source="single", settings=settings)
+    (tmp_path / "pairs.jsonl").write_bytes(_jsonl(_pairs(n)))
+    cache, output = tmp_path / "c.sqlite", tmp_path / "out.jsonl"
+    with OpenAIServer(respond=judge_longer, latency=0.3) as server:
+        env = {**os.environ, **_env(server)}
+        command = [str(Path(sys.executable).parent / "farm-annotate"), "--pool", pool]
+        command += ["--cache", str(cache), "-o", str(output), str(tmp_path / "pairs.jsonl")]
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        deadline = time.time() + 60
+        while _verdicts_in(cache) < 10 and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)  # mid-request: the next replies are on their way
+        os.kill(process.pid, getattr(signal, kill))
+        _, stderr = process.communicate(timeout=60)
+        time.sleep(0.6)  # the server answers what the killed run had in flight
+        paid, cached = server.outcomes["ok"], _verdicts_in(cache)
+        assert not output.exists()  # no partial output
+        if kill == "SIGKILL":
+            assert process.returncode == -signal.SIGKILL
+        else:
+            assert process.returncode in (130, 143), (process.returncode, stderr.decode())
+            assert b"Traceback" not in stderr, stderr.decode()
+        assert 10 <= cached < n, (paid, cached)
+        final = subprocess.run(command, env=env, capture_output=True, timeout=120)
+    assert final.returncode == 0, final.stderr.decode()
+    assert [r["preference"] for r in _records(output.read_bytes())] == [
+        _longer(p) for p in _pairs(n)
+    ]
+    repaid = server.outcomes["ok"] - n
+    if kill == "SIGKILL":
+        assert 0 < paid - cached <= concurrency and repaid == paid - cached, (paid, cached)
+    else:
+        assert paid == cached and repaid == 0, (paid, cached, repaid)
+
+
+@pytest.mark.heavy
 def test_concurrent_runs_share_one_cache(tmp_path):
     pool, cache = _pool(tmp_path), str(tmp_path / "shared.sqlite")
     with OpenAIServer(respond=judge_longer, latency=0.01) as server:
@@ -337,9 +380,10 @@ def test_budget_refuses_to_start_or_stops_before_overspending(tmp_path):
             and b"exceeds --max-cost" in refused.stderr
             and server.outcomes == {}
         )
-        budget = expected[
-            "price"
-        ]  # enough on average, not for the worst case of every request in flight
+    # the estimate lets the run start; an endpoint that bills a token per character (4x the estimate)
+    # spends it before the end: the run stops asking instead of overspending
+    budget = expected["price"]
+    with OpenAIServer(respond=judge_longer, billing=len) as server:
         stopped = _annotate(
             "--pool",
             pool,
@@ -355,6 +399,7 @@ def test_budget_refuses_to_start_or_stops_before_overspending(tmp_path):
     records = _records(stopped.stdout)
     spent = sum(r["provenance"]["farm-annotate"]["price"] for r in records)
     unasked = [r for r in records if r["preference"] is None]
+    assert spent == pytest.approx(_spend(server, (1000.0, 1000.0)))
     assert spent <= budget and 0 < len(unasked) < 40
     assert all("max-cost" in r["preference_reason"] for r in unasked)
     assert server.outcomes["ok"] == 40 - len(unasked)
@@ -387,6 +432,112 @@ def test_budget_holds_when_the_endpoint_bills_far_more_tokens_than_estimated(tmp
     assert spent <= cap, (spent / cap, len(answered))
     assert answered and len(answered) < 60  # some were asked, and the cap stopped the rest
     assert sum(r["provenance"]["farm-annotate"]["price"] for r in records) == pytest.approx(spent)
+
+
+_PIECES = __import__("re").compile(r"\d|[^\W\d]{13,}|[^\W\d]+|[^\w\s]")
+
+
+def _rare_billing(text: str) -> int:
+    """A tokenizer that knows words but not strings of random letters (a token per letter there, as
+    BPE falls apart on them, 4 times the client's estimate), plus 5 tokens of chat template a message."""
+    return sum(len(p) if len(p) > 12 else 1 for p in _PIECES.findall(text)) + 5
+
+
+def _dense_later(n: int) -> list[dict]:
+    """Pairs of words first, then pairs of random letters: a run sees cheap replies, then dense text."""
+    rng = __import__("random").Random(5)
+    pairs = _pairs(n // 3)
+    for i in range(n - n // 3):
+        letters = "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(300 + 7 * i))
+        pairs.append(
+            {"instruction": f"Decode {i}?", "output_1": letters, "output_2": letters[::-1] + "q"}
+        )
+    return pairs
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.2, 0.6])
+def test_the_cap_holds_when_later_text_bills_denser_and_reports_no_usage(tmp_path, fraction):
+    # the first replies (words) report usage, the later ones (random letters, a token a byte) do not: a
+    # budget that learns a billing rate from the first and books its own estimate for the others
+    # under-counts the dense text, and overspent 1.6 times; the cap is a promise
+    settings = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 2, concurrency: 8}\n"
+    pool, pairs = _pool(tmp_path, source="single", settings=settings), _jsonl(_dense_later(60))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("gpt-4.1: {prompt: 1000.0, completion: 1000.0}\n")
+    args = ("--pool", pool, "--no-cache", "--prices", str(prices))
+    script = [None] * 20 + ["null_usage"] * 100
+
+    def server() -> OpenAIServer:
+        return OpenAIServer(respond=judge_longer, billing=_rare_billing, script=script)
+
+    with server() as s:
+        assert _annotate(*args, input=pairs, env=_env(s)).returncode == 0
+        full = _spend(s, (1000.0, 1000.0))
+        estimate = orjson.loads(_annotate(*args, "--estimate", input=pairs, env=_env(s)).stdout)
+    # a cap the pre-flight estimate lets through, short of the whole run
+    assert estimate["price"] < 0.9 * full
+    cap = estimate["price"] + fraction * (0.9 * full - estimate["price"])
+    with server() as s:
+        capped = _annotate(*args, "--max-cost", str(cap), input=pairs, env=_env(s))
+        spent = _spend(s, (1000.0, 1000.0))
+    assert capped.returncode == 0, capped.stderr.decode()
+    records = _records(capped.stdout)
+    answered = [r for r in records if r["preference"] is not None]
+    assert spent <= cap, (spent / cap, len(answered))
+    assert answered and len(answered) < 60
+    booked = sum(r["provenance"]["farm-annotate"]["price"] for r in records)
+    assert booked >= spent - 1e-9  # what a record says it cost never under-counts the bill
+    # a record whose reply told its usage says what it was billed; one whose reply did not says
+    # that its tokens and price are booked at their most
+    told = [r for r in answered if not r["provenance"]["farm-annotate"].get("tokens_estimated")]
+    untold = [r for r in answered if r["provenance"]["farm-annotate"].get("tokens_estimated")]
+    assert (len(told), len(untold)) == (s.outcomes["ok"], s.outcomes["null_usage"]) and untold
+
+
+@pytest.mark.heavy
+def test_each_of_two_runs_on_one_cache_stays_under_its_cap(tmp_path):
+    # two processes share a cache (each pays for what it asks and reads what the other paid for),
+    # the later replies report no usage, replies vary in length: each process's bill (the server
+    # keeps one per key) stays under the cap both were given
+    settings = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 2, concurrency: 6}\n"
+    pool, pairs = _pool(tmp_path, source="single", settings=settings), _jsonl(_dense_later(60))
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("gpt-4.1: {prompt: 1000.0, completion: 1000.0}\n")
+    args = ["--pool", pool, "--prices", str(prices), "-q"]
+    rng = __import__("random").Random(3)
+
+    def respond(body: dict) -> str:
+        return judge_longer(body) + "\nBecause" + " it is better" * rng.randint(0, 12)
+
+    def server() -> OpenAIServer:
+        script = [None] * 20 + ["null_usage"] * 300  # the later replies report no usage
+        return OpenAIServer(respond=respond, billing=_rare_billing, script=script, latency=0.02)
+
+    with server() as s:
+        assert _annotate(*args, "--no-cache", input=pairs, env=_env(s)).returncode == 0
+        full = _spend(s, (1000.0, 1000.0))
+        estimate = orjson.loads(
+            _annotate(*args, "--no-cache", "--estimate", input=pairs, env=_env(s)).stdout
+        )
+    cap = estimate["price"] + 0.3 * (full - estimate["price"])
+    binary = str(Path(sys.executable).parent / "farm-annotate")
+    with server() as s:
+        runs = [
+            subprocess.Popen(
+                [binary, *args, "--cache", str(tmp_path / "c.sqlite"), "--max-cost", str(cap)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **_env(s, f"key-of-run-{number}")},
+            )
+            for number in range(2)
+        ]
+        done = [run.communicate(pairs, timeout=120) for run in runs]
+        bills = {
+            key: sum(p + c for p, c in billed) * 1000.0 / 1e6 for key, billed in s.billed_by.items()
+        }
+    assert all(run.returncode == 0 for run in runs), [err.decode() for _, err in done]
+    assert len(bills) == 2 and all(0 < bill <= cap for bill in bills.values()), (bills, cap)
 
 
 def test_budget_holds_when_billed_malformed_replies_are_retried(tmp_path):
@@ -475,6 +626,106 @@ def test_records_carry_provenance_and_never_the_key(tmp_path):
         assert details["prompt_tokens"] > 0
     for blob in (result.stdout, result.stderr, cache.read_bytes()):
         assert KEY.encode() not in blob
+
+
+def _fragments(key: str, size: int = 8) -> set[str]:
+    return {key[i : i + size] for i in range(len(key) - size + 1)}
+
+
+def test_a_key_the_endpoint_echoes_is_in_no_file_written_nor_on_stderr(tmp_path):
+    # the endpoint echoes the key in error bodies and headers, and its replies quote it whole, as a
+    # bearer header, split over two lines and in part: replies without a verdict are kept in the
+    # records (provenance raw), so every file the run writes, and its stderr, are searched
+    key = "sk-proj-Zq81LEAKmeNOT-0x5d7e21c9"
+    leaks = [
+        f"I cannot judge this. My key is {key}.",
+        f"Authorization: Bearer {key}",
+        f"part one {key[:16]}\npart two {key[16:]}",
+        f"a piece: ...{key[9:19]}...",
+    ]
+
+    def respond(body: dict) -> str:
+        text = body["messages"][-1]["content"]
+        for number, leak in enumerate(leaks):
+            if f"leak{number}?" in text:
+                return leak
+        return judge_longer(body)
+
+    pairs = _pairs(12)
+    for number in range(len(leaks)):
+        pairs[6 + number]["instruction"] = f"Please leak{number}?"
+    settings = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 2, concurrency: 2, parse_retries: 1}\n"
+    pool = _pool(tmp_path, source="single", settings=settings)
+    work = tmp_path / "run"
+    work.mkdir()
+    with OpenAIServer(respond=respond, echo_key=True, script=["400", "500", "429"]) as server:
+        done = run_tool(
+            "farm-annotate",
+            "--pool",
+            pool,
+            "--cache",
+            str(work / "cache.sqlite"),
+            "-o",
+            str(work / "out.jsonl"),
+            "-v",
+            input=_jsonl(pairs),
+            env=_env(server, key),
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    records = _records((work / "out.jsonl").read_bytes())
+    raw = [r["provenance"]["farm-annotate"].get("raw") for r in records[6 : 6 + len(leaks)]]
+    assert all(raw), raw  # the replies are kept, without the key
+    assert sum("HTTP 400" in (r.get("preference_reason") or "") for r in records) == 1
+    with OpenAIServer(respond=respond, echo_key=True, api_key="another-key") as server:
+        refused = run_tool(
+            "farm-annotate",
+            "--pool",
+            pool,
+            "--no-cache",
+            "-v",
+            input=_jsonl(pairs),
+            env=_env(server, key),
+        )
+    assert refused.returncode == 1 and b"HTTP 401" in refused.stderr
+    written = {path.name: path.read_bytes() for path in work.iterdir()}
+    written |= {"stderr": done.stderr + refused.stderr, "stdout": done.stdout + refused.stdout}
+    for name, blob in written.items():
+        text = blob.decode("utf-8", "replace")
+        found = [piece for piece in _fragments(key) if piece in text]
+        assert not found, (name, found)
+        assert "Bearer" not in text or "Bearer ***" in text, name
+
+
+@pytest.mark.heavy
+def test_an_error_message_that_holds_the_key_reaches_stderr_without_it(tmp_path):
+    # the last line of defence: whatever error a run ends with, stderr never shows the key (here a
+    # file named after it, as a user may do by mistake), with or without -v's traceback
+    key = "sk-proj-Zq81LEAKmeNOT-0x5d7e21c9"
+    (tmp_path / f"{key}.yaml").write_text("- not a price table\n")
+    for verbose in ((), ("-v",)):
+        done = run_tool(
+            "farm-annotate",
+            "--pool",
+            _pool(tmp_path),
+            "--prices",
+            str(tmp_path / f"{key}.yaml"),
+            *verbose,
+            input=_jsonl(_pairs(2)),
+            env={"OPENAI_API_KEY": key, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+        )
+        assert done.returncode == 1 and b"expected a mapping" in done.stderr, done.stderr
+        assert not [p for p in _fragments(key) if p.encode() in done.stderr], done.stderr
+    missing = run_tool(  # a usage error (exit 2) names the file too
+        "farm-annotate",
+        "--pool",
+        _pool(tmp_path),
+        "--prices",
+        str(tmp_path / f"no-{key}.yaml"),
+        input=b"",
+        env={"OPENAI_API_KEY": key},
+    )
+    assert missing.returncode == 2 and b"does not exist" in missing.stderr, missing.stderr
+    assert not [p for p in _fragments(key) if p.encode() in missing.stderr], missing.stderr
 
 
 def test_a_batch_with_missing_verdicts_fails_only_those_and_asks_them_again(tmp_path):

@@ -32,6 +32,8 @@ class Verdict:
     )
     attempts: int = 1  # requests it took: replies that could not be parsed are asked again
     parse_failures: int = 0  # of those, replies whose verdict could not be read
+    # its tokens include counts the endpoint did not tell (no usage, a timeout), booked at their most
+    estimated: bool = False
 
 
 class RequestFailed(Exception):
@@ -47,6 +49,7 @@ class RequestFailed(Exception):
         completion_tokens: float = 0.0,
         price: float = 0.0,
         over_budget: bool = False,
+        estimated: bool = False,
     ):
         super().__init__(message)
         self.prompt_tokens, self.completion_tokens, self.price = (
@@ -54,7 +57,7 @@ class RequestFailed(Exception):
             completion_tokens,
             price,
         )
-        self.over_budget = over_budget
+        self.over_budget, self.estimated = over_budget, estimated
 
 
 class FatalBackendError(Exception):

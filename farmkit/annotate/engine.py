@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from farmkit.annotate.cost import (
     PriceTable,
     Reservation,
     estimate_tokens,
-    most_tokens,
+    prompt_bound,
 )
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge, Pool, shipped_pools
@@ -42,6 +43,7 @@ CLAIM_POLL = 0.2  # seconds between looks at a verdict another run is asking for
 BULK_REQUEST = (
     512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
 )
+BUDGET_POLL = 0.02  # seconds between looks at the budget, while requests in flight may free room
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Ask:
     # what the attempts whose reply could not be parsed cost: they were paid too
     spent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     unparsed: int = 0  # replies whose verdict for this ask could not be read
+    estimated: bool = False  # some of what its attempts cost is booked at its most (see Verdict)
 
 
 @dataclass
@@ -159,6 +162,7 @@ class Annotator:
         self.stats = Stats()
         self._loop: asyncio.AbstractEventLoop | None = None  # made on first use, ended by close()
         self._stopped = False
+        self._signal: int | None = None  # SIGINT or SIGTERM received while requests ran
         self._followers: dict[str, list[Ask]] = {}
         self._weights = [judge.weight for judge in pool.judges]
         self._noised_details = self._details(None)
@@ -262,45 +266,42 @@ class Annotator:
             [self.shown(items[a.item], a) for a in request], judge.examples
         )
 
-    def request_cost(
-        self, request: list[Ask], items: list[Item], worst: bool
-    ) -> tuple[int, int, float]:
-        """(prompt tokens, completion tokens, price) expected for a request, or at most when `worst`
-        (by characters alone: the budget's holds also follow what the endpoint bills, see _reserve)."""
+    def request_cost(self, request: list[Ask], items: list[Item]) -> tuple[int, int, float]:
+        """(prompt tokens, completion tokens, price) expected for a request (the budget's holds are
+        bounds from above instead, see _reserve)."""
         judge = self.pool.judges[request[0].judge]
         if not self._classes[request[0].judge].priced:
             return 0, 0, 0.0
         template = load_template(judge.prompt)
         messages = self._messages(request, items)
-        count = most_tokens if worst else estimate_tokens
-        prompt = sum(count(m["content"]) + MESSAGE_TOKENS for m in messages)
-        # the request asks for at most max_tokens: the worst case is exactly that, whatever the format
-        completion = (
-            judge.max_tokens
-            if worst
-            else min(judge.max_tokens, EXPECTED_COMPLETION_TOKENS[template.format] * len(request))
+        prompt = sum(estimate_tokens(m["content"]) + MESSAGE_TOKENS for m in messages)
+        completion = min(
+            judge.max_tokens, EXPECTED_COMPLETION_TOKENS[template.format] * len(request)
         )
         model = self.pool.model_for(judge) or ""
         return prompt, completion, self.prices.price(model, prompt, completion)
 
-    def _reserve(self, request: list[Ask], items: list[Item]) -> Reservation | None:
-        """The budget's hold for `request`'s first attempt, or None when it could exceed --max-cost."""
+    async def _reserve(self, request: list[Ask], items: list[Item]) -> Reservation | None:
+        """The budget's hold for `request`'s first attempt (the most it can be billed), or None when
+        that cannot fit under --max-cost. While other requests are in flight, it waits for them:
+        they are billed less than they hold, and what they free may let this one fit."""
         assert self.budget is not None
         judge = self.pool.judges[request[0].judge]
-        messages = self._messages(request, items)
-        return self.budget.reserve(
+        model, bound = (
             self.pool.model_for(judge) or "",
-            sum(len(m["content"].encode()) for m in messages),
-            len(messages),
-            sum(most_tokens(m["content"]) + MESSAGE_TOKENS for m in messages),
-            judge.max_tokens,
+            prompt_bound(self._messages(request, items)),
         )
+        while True:
+            reservation = self.budget.reserve(model, bound, judge.max_tokens)
+            if reservation is not None or not self.budget.holding or self._stopped:
+                return reservation
+            await asyncio.sleep(BUDGET_POLL)
 
     def estimate(self, items: list[Item], plan: Plan) -> dict[str, Any]:
         prompt = completion = 0
         price = 0.0
         for request in plan.requests:
-            p, c, cost = self.request_cost(request, items, worst=False)
+            p, c, cost = self.request_cost(request, items)
             prompt, completion, price = prompt + p, completion + c, price + cost
         paid = [self._classes[r[0].judge].priced for r in plan.requests]
         return {
@@ -366,6 +367,7 @@ class Annotator:
             self._loop = asyncio.new_event_loop()
         loop = self._loop
         tasks: list[asyncio.Task] = []
+        restore = self._stop_on_signals(loop)
         try:
             slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
             tasks = [loop.create_task(self._request(request, items, slots)) for request in requests]
@@ -395,7 +397,10 @@ class Annotator:
                 flush()
                 yield from ready
                 ready.clear()
+            if self._signal is not None:
+                _interrupted(self._signal)
         finally:
+            restore()
             # stopped early (an error, or the reader closed the pipe): cancel what is left, quietly
             unfinished = [task for task in tasks if not task.done()]
             for task in unfinished:
@@ -405,6 +410,31 @@ class Annotator:
             for task in tasks:
                 if not task.cancelled():
                     task.exception()  # retrieved, so asyncio does not report it again at exit
+
+    def _stop_on_signals(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        """Until the returned function is called, SIGINT or SIGTERM stops sending requests: the
+        requests in flight (at most the pool's concurrency) are answered and their verdicts cached
+        before the run ends, so that a paid reply is not lost. A second signal acts at once."""
+        saved: dict[int, Any] = {}
+
+        def restore() -> None:
+            for number, handler in saved.items():
+                loop.remove_signal_handler(number)
+                signal.signal(number, signal.SIG_DFL if handler is None else handler)
+            saved.clear()
+
+        def stop(number: int) -> None:
+            self._stopped, self._signal = True, number
+            restore()
+
+        for number in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous = signal.getsignal(number)
+                loop.add_signal_handler(number, stop, number)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                continue
+            saved[number] = previous
+        return restore
 
     def close(self) -> None:
         """Close the backends it built, on the event loop their connections belong to, and the loop.
@@ -491,7 +521,7 @@ class Annotator:
                 return  # a fatal error elsewhere: send nothing more
             hold: dict[str, Any] = {}
             if backend.priced and self.budget is not None:
-                reservation = self._reserve(pending, items)
+                reservation = await self._reserve(pending, items)
                 if reservation is None:
                     self._fail(
                         pending,
@@ -524,6 +554,7 @@ class Annotator:
                     ask.spent[0] += exc.prompt_tokens / share
                     ask.spent[1] += exc.completion_tokens / share
                     ask.spent[2] += exc.price / share
+                    ask.estimated = ask.estimated or exc.estimated
                 reason = f"request failed: {exc}"
                 if exc.over_budget:
                     reason += f" (--max-cost {self.max_cost})"
@@ -561,6 +592,7 @@ class Annotator:
                             seconds=verdict.seconds + ask.spent[3],
                             attempts=attempt + 1,
                             parse_failures=ask.unparsed,
+                            estimated=verdict.estimated or ask.estimated,
                         ),
                     )
                 else:
@@ -573,6 +605,7 @@ class Annotator:
                         )
                     ):
                         ask.spent[position] += amount
+                    ask.estimated = ask.estimated or verdict.estimated
             answered = {
                 ask.key: _stored(ask.verdict)
                 for ask in pending
@@ -617,6 +650,7 @@ class Annotator:
                     seconds=seconds,
                     attempts=max(1, ask.unparsed + sent),
                     parse_failures=ask.unparsed,
+                    estimated=ask.estimated,
                 ),
             )
 
@@ -667,6 +701,9 @@ class Annotator:
                 details["parse_failures"] = sum(v.parse_failures for v in verdicts)
             if len(asks) == 1 and verdicts[0].probability is not None:
                 details["p_first_better"] = verdicts[0].probability
+            if any(v.estimated for v in verdicts):
+                # tokens and price include counts the endpoint did not tell, booked at their most
+                details["tokens_estimated"] = True
             if preference is None:
                 raw = [v.raw for v in verdicts if v.choice is None and v.raw is not None]
                 if raw:
@@ -699,6 +736,18 @@ class Annotator:
         )
 
 
+def _interrupted(number: int) -> None:
+    """End the run after a SIGINT or SIGTERM, once the replies in flight are cached."""
+    log.warning(
+        "farm-annotate: stopped by %s; the replies in flight were received and cached: rerun the "
+        "same command to finish",
+        signal.Signals(number).name,
+    )
+    if number == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + number)
+
+
 def _undo_order(ask: Ask) -> float:
     """The verdict on the pair as given (1: output_1 better, 2: output_2, 1.5: tie)."""
     choice = ask.verdict.choice
@@ -719,6 +768,7 @@ def _stored(verdict: Verdict) -> dict[str, Any]:
         "probability": verdict.probability,
         "attempts": verdict.attempts,
         "parse_failures": verdict.parse_failures,
+        "estimated": verdict.estimated,
     }
 
 
@@ -734,4 +784,5 @@ def _verdict(stored: dict[str, Any]) -> Verdict:
         attempts=stored.get("attempts", 1),
         # stored before the count was kept: a cached verdict was read, so its earlier replies were not
         parse_failures=stored.get("parse_failures", stored.get("attempts", 1) - 1),
+        estimated=stored.get("estimated", False),
     )

@@ -3,7 +3,8 @@ llama.cpp's server, Ollama) through farmkit's endpoint client (farmkit/endpoint.
 transient failures, malformed replies included, and stops the run on errors retrying cannot fix.
 
 Concurrency is bounded by the engine (one slot per request, held while backing off). The key comes
-from OPENAI_API_KEY and is never written anywhere.
+from OPENAI_API_KEY and is never written anywhere: what the endpoint says (errors, replies kept in
+records) passes through `farmkit.endpoint.redact` first.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import time
 from typing import Any
 
 from farmkit.annotate.base import Backend, FatalBackendError, RequestFailed, Verdict
-from farmkit.annotate.cost import MESSAGE_TOKENS, PriceTable, Reservation, most_tokens
+from farmkit.annotate.cost import PriceTable, Reservation, prompt_bound
 from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown, load_template, parse_verdicts
-from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal
+from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal, redact
 from farmkit.endpoint import configured as endpoint  # the engine imports it from here
 
 
@@ -88,6 +89,8 @@ class OpenAIBackend(Backend):
         template = load_template(judge.prompt)
         model = self.model_name(judge)
         messages = template.messages(pairs, judge.examples)
+        # what an attempt whose bill is not told is booked at: the most it can be billed
+        worst_prompt = prompt_bound(messages) if reservation is None else reservation.prompt_bound()
         started = time.perf_counter()
         try:
             reply = await self.client.complete(
@@ -103,36 +106,38 @@ class OpenAIBackend(Backend):
         except EndpointFatal as exc:
             raise FatalBackendError(str(exc)) from None
         except EndpointFailed as exc:
-            prompt, completion = exc.usage
+            prompt = exc.usage[0] + exc.unknown * worst_prompt
+            completion = exc.usage[1] + exc.unknown * judge.max_tokens
             raise RequestFailed(
                 str(exc),
                 prompt,
                 completion,
                 self.prices.price(model, prompt, completion),
                 over_budget=exc.over_budget,
+                estimated=exc.unknown > 0,
             ) from None
         elapsed = time.perf_counter() - started
         if reservation is not None:
             reservation.update(reply.prompt_tokens, reply.completion_tokens)
-        # the tokens of every attempt, malformed replies included: each was billed; a count the reply
-        # does not give is estimated from above (what the budget held for it)
-        prompt_tokens, completion_tokens = reply.prompt_tokens, reply.completion_tokens
-        if reply.prompt_unreported:
-            prompt_tokens += (
-                reservation.prompt_bound()
-                if reservation is not None
-                else sum(most_tokens(m["content"]) + MESSAGE_TOKENS for m in messages)
-            )
-        if reply.completion_unreported:
-            completion_tokens += min(judge.max_tokens, most_tokens(reply.text))
+        # the tokens of every attempt, malformed replies included: each was billed; a count the
+        # endpoint did not tell is booked at its most (the prompt's bound, max_tokens), so that the
+        # budget never counts less than was billed
+        unknown = reply.unknown_attempts
+        prompt_tokens = reply.prompt_tokens + (unknown + reply.prompt_unreported) * worst_prompt
+        completion_tokens = (
+            reply.completion_tokens + (unknown + reply.completion_unreported) * judge.max_tokens
+        )
         price = self.prices.price(model, prompt_tokens, completion_tokens)
         choices, reason = parse_verdicts(template.format, reply.text, len(pairs), template)
+        # kept in the records of pairs without a verdict: an endpoint may echo the key in its reply
+        raw = redact(reply.text, self.client.api_key or "") if None in choices else None
         share = len(pairs)
         return [
             Verdict(
                 choice,
                 reason=None if choice else (reason or "no verdict"),
-                raw=reply.text,
+                raw=None if choice else raw,
+                estimated=bool(unknown or reply.prompt_unreported or reply.completion_unreported),
                 prompt_tokens=prompt_tokens / share,
                 completion_tokens=completion_tokens / share,
                 price=price / share,
