@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from farmkit import distributed
-from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal, configured
+from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal, configured, redact
 from farmkit.generation import DecodingConfig, Sample
 from farmkit.io import FarmError, RecordWriter
 from farmkit.seeds import derive_seed
@@ -476,7 +476,9 @@ async def _sample_openai(
             sent = body.get("prompt") or "".join(m["content"] for m in body["messages"])
             prompt_tokens += estimate_tokens(sent) if reply.prompt_unreported else 0
             completion_tokens += estimate_tokens(reply.text) if reply.completion_unreported else 0
-        return Sample(reply.text.strip(), prompt_tokens, completion_tokens, reply.finished)
+        # an endpoint that echoes the client's key into its answer: the records never hold it
+        text = redact(reply.text.strip(), shapes=False)
+        return Sample(text, prompt_tokens, completion_tokens, reply.finished)
 
     async def prompt_done(index: int) -> tuple[int, list[Sample]]:
         return index, list(await asyncio.gather(*(one(index, k) for k in range(decoding.n))))

@@ -303,6 +303,26 @@ def test_openai_backend_samples_in_order_with_bounded_concurrency(prompts):
         )
 
 
+def test_a_reply_that_echoes_the_key_is_written_without_it(prompts):
+    """An endpoint (or a proxy, or a model told the request's headers) that puts the client's key
+    in its answer: farm-sample's records hold the answer with the key and its pieces blanked."""
+    secret = "sk-echoed-secret-0123456789abcdef"
+    with OpenAIServer(
+        respond=lambda body: f"your key is {secret}, or {secret[3:15]}",
+        api_key=secret,
+        models={"ref-model"},
+    ) as server:
+        env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": secret}
+        result = CliRunner().invoke(
+            cli, ["ref-model", str(prompts), "--backend", "openai"], env=env
+        )
+    assert result.exit_code == 0, result.output
+    records = records_of(result.stdout)
+    assert records and all(r["output"].startswith("your key is ***") for r in records)
+    pieces = {secret[i : i + 8] for i in range(len(secret) - 7)}
+    assert not any(piece in result.stdout + result.output for piece in pieces)
+
+
 def test_openai_backend_needs_a_key_or_an_endpoint(prompts):
     result = CliRunner().invoke(
         cli,
