@@ -12,6 +12,7 @@ import yaml
 
 from farmkit.annotate.prompts import Shown, load_template, parse_verdicts, worked_examples
 
+FORMATS = ("plain", "json", "ranking", "choice")
 CORPUS = yaml.safe_load(
     (Path(__file__).parent / "data" / "judge_completions.yaml").read_text(encoding="utf-8")
 )
@@ -28,6 +29,28 @@ def test_the_corpus_is_large_and_varied():
     "case", CORPUS, ids=[f"{n}-{c['format']}" for n, c in enumerate(CORPUS, start=1)]
 )
 def test_parser_reads_the_judges_own_verdict(case):
+    template = load_template(case["template"]) if "template" in case else None
+    verdicts, reason = parse_verdicts(case["format"], case["completion"], case["count"], template)
+    assert verdicts == case["expect"]
+    assert (reason is None) == (None not in case["expect"])
+
+
+REPLIES = yaml.safe_load(
+    (Path(__file__).parent / "data" / "judge_replies.yaml").read_text(encoding="utf-8")
+)
+
+
+def test_the_fresh_reply_corpus_covers_every_format_and_shape():
+    assert len(REPLIES) >= 250
+    assert {case["format"] for case in REPLIES} == set(FORMATS)
+    assert {"A", "B", "tie", None} <= {v for case in REPLIES for v in case["expect"]}
+
+
+@pytest.mark.parametrize(
+    "case", REPLIES, ids=[f"{n}-{c['format']}" for n, c in enumerate(REPLIES, start=1)]
+)
+def test_fresh_replies_are_read_right_or_left_null(case):
+    """Measured on main over these 262 replies: 186 right, 11 wrong, 65 rejected (see the README)."""
     template = load_template(case["template"]) if "template" in case else None
     verdicts, reason = parse_verdicts(case["format"], case["completion"], case["count"], template)
     assert verdicts == case["expect"]
@@ -114,3 +137,94 @@ def test_every_prefix_of_the_worked_examples_shows_both_answers_near_balanced():
         assert abs(prefix.count("A") - prefix.count("B")) <= 1, prefix
         if shown >= 2:
             assert set(prefix) == {"A", "B"}, prefix
+
+
+# -- the parsers are total: any string gives verdicts or None, in time linear in its length --------
+
+
+def _adversarial(size: int) -> dict[str, str]:
+    """Replies built to hurt a parser: deep nesting, unclosed quotes and frames, long runs, junk."""
+    rng = random.Random(size)
+    return {
+        "open brackets": "[" * size,
+        "open braces": "{" * size,
+        "json keys": '{"verdicts": [' * (size // 14),
+        "mixed openers": "{[" * (size // 2),
+        "single-quoted": "{'better': " * (size // 11),
+        "curly quotes": "\u201cword " * (size // 6),
+        "straight quote": '"' + "x" * size,
+        "spaces between letters": "A" + " " * size + "B",
+        "tabs in a verdict line": "Pair 1:" + "\t " * (size // 2) + "B",
+        "repeated prose": "A is better and " * (size // 16),
+        "repeated wins": "Response B wins, " * (size // 17),
+        "fences": "```\nx\n" * (size // 6),
+        "delimiters": "<answer A>\n" * (size // 11),
+        "block quotes": "> " * (size // 2),
+        "pair labels": "Pair 1: A\n" * (size // 10),
+        "table rows": "| 1 | B |\n" * (size // 10),
+        "numbers": "1. " * (size // 3),
+        "ranking arrows": "A > " * (size // 4),
+        "random ascii": "".join(rng.choice("[]{}\"':,<>=AB ab\n\t\\#*|-.") for _ in range(size)),
+        "random unicode": "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(size)),
+        "binary junk": bytes(rng.randrange(256) for _ in range(size)).decode("latin-1"),
+    }
+
+
+def _check(completion: str, template=None) -> None:
+    for format in FORMATS:
+        for count in (1, 3):
+            verdicts, reason = parse_verdicts(format, completion, count, template)
+            assert len(verdicts) == count
+            assert set(verdicts) <= {"A", "B", "tie", None}
+            assert reason is None or isinstance(reason, str)
+
+
+def test_any_reply_gives_verdicts_or_none_never_an_exception():
+    """Measured on main: a reply of 3,000 `[` raised RecursionError out of the JSON parser."""
+    rng = random.Random(22)
+    plain = load_template("plain")
+    for completion in _adversarial(3000).values():
+        _check(completion)
+        _check(completion, plain)
+    pieces = ["Pair 1: B", "[[A]]", '{"pair": 0, "better": "B"}', "{", "[", '"', "\u201c", "```"]
+    for _ in range(150):  # random splices of verdict-shaped pieces and junk
+        completion = "".join(
+            rng.choice(pieces) if rng.random() < 0.5 else chr(rng.randrange(0, 0x2FFF))
+            for _ in range(rng.randrange(0, 60))
+        )
+        _check(completion, plain if rng.random() < 0.5 else None)
+
+
+def _seconds(completion: str) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for format in FORMATS:
+            parse_verdicts(format, completion, 3, load_template("plain"))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_parsing_time_grows_no_faster_than_the_reply():
+    """Time per reply as a ratio, not an absolute bound: 16 times the text may take about 16 times
+    as long, never the 256 times of a quadratic parser. Measured on main: `A` + 4,000 spaces + `B`
+    did not finish in a minute (cubic backtracking); 32,000 characters of `Response B wins, ` took
+    6 s, 8 times the time of 4,000 per 8 times the text... squared."""
+    small, large = _adversarial(2_000), _adversarial(32_000)
+    slow = {}
+    for name in small:
+        floor = 0.002  # below this a ratio measures the timer, not the parser
+        ratio = _seconds(large[name]) / max(_seconds(small[name]), floor)
+        if ratio > 64:  # linear: about 16; quadratic: about 256
+            slow[name] = round(ratio)
+    assert not slow
+
+
+def test_a_reply_of_megabytes_is_refused_quickly_not_parsed():
+    huge = "[" * 10_000_000
+    verdicts, reason = parse_verdicts("json", huge, 2)
+    assert verdicts == [None, None] and "characters" in reason
+    ratio = _seconds(huge) / max(_seconds("[" * 32_000), 0.002)
+    assert ratio < 64
