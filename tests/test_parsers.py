@@ -50,7 +50,9 @@ def test_the_fresh_reply_corpus_covers_every_format_and_shape():
     "case", REPLIES, ids=[f"{n}-{c['format']}" for n, c in enumerate(REPLIES, start=1)]
 )
 def test_fresh_replies_are_read_right_or_left_null(case):
-    """Measured on main over these 262 replies: 186 right, 11 wrong, 65 rejected (see the README)."""
+    """Measured on main over these 262 replies (363 verdicts): 235 right, 5 wrong (JSON numbered
+    from 0 read shifted, a question read as an assertion), 123 rejected ([[B]], ordinals, tables,
+    numbered lists, `B >> A`, JSON with `winner` or single quotes...)."""
     template = load_template(case["template"]) if "template" in case else None
     verdicts, reason = parse_verdicts(case["format"], case["completion"], case["count"], template)
     assert verdicts == case["expect"]
@@ -207,12 +209,13 @@ def _seconds(completion: str) -> float:
     return best
 
 
+@pytest.mark.heavy
 def test_parsing_time_grows_no_faster_than_the_reply():
     """Time per reply as a ratio, not an absolute bound: 16 times the text may take about 16 times
     as long, never the 256 times of a quadratic parser. Measured on main: `A` + 4,000 spaces + `B`
-    did not finish in a minute (cubic backtracking); 32,000 characters of `Response B wins, ` took
-    6 s, 8 times the time of 4,000 per 8 times the text... squared."""
-    small, large = _adversarial(2_000), _adversarial(32_000)
+    did not finish in a minute (cubic backtracking over the spaces), and 8 times the text of
+    `Response B wins, ` took 75 times as long (0.07 s -> 5.3 s)."""
+    small, large = _adversarial(1_000), _adversarial(16_000)
     slow = {}
     for name in small:
         floor = 0.002  # below this a ratio measures the timer, not the parser
