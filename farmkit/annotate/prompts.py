@@ -19,6 +19,7 @@ import functools
 import importlib.resources
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,23 @@ SECTIONS = ("system", "user", "pair", "input", "answer")
 PARSER_VERSION = 3
 ZERO_WIDTH_SPACE = "\u200b"
 PLACEHOLDER = re.compile(r"\{(examples|count|pairs|index|instruction|input|output_a|output_b)\}")
+
+
+# Pair headers and answer frames of every shipped template family, as _reader_core sees them: an
+# answer that forges another family's header could mislead a judge as well as one of its own.
+_GENERIC_STRUCTURE = (
+    r"(?:pair|set|comparison|example)(?: no)? ?\d+",
+    r"(?:end of )?(?:answer|response|reply|output)(?: to)? ?[ab]",
+    r"(?:instruction|task|input|additional input|expected reply|now the real task)",
+)
+
+
+def _reader_core(line: str) -> str:
+    """A line as a lenient reader (or a model) sees it: compatibility forms folded, invisible
+    characters dropped, case, spacing, punctuation and markdown ignored."""
+    line = unicodedata.normalize("NFKC", line)
+    line = "".join(char for char in line if unicodedata.category(char) != "Cf")
+    return " ".join(re.sub(r"[\W_]+", " ", line).lower().split())
 
 
 @dataclass(frozen=True)
@@ -150,9 +168,37 @@ class Template:
                 ]
         return tuple(dict.fromkeys(found))
 
+    @functools.cached_property
+    def structure(self) -> re.Pattern[str]:
+        """The lines a reader could take for this template's structure, as _reader_core sees them:
+        each literal line of its sections (`### Pair {index}`, `<answer A>`, `Instruction:`,
+        `Response B:`), with `{index}` and `{count}` as any number and other placeholders as any
+        text, and the pair headers and answer frames of every shipped template family."""
+        shapes = set(_GENERIC_STRUCTURE)
+        for name in ("system", "user", "pair", "input", "answer"):
+            for line in self.sections.get(name, "").splitlines():
+                core = _reader_core(
+                    PLACEHOLDER.sub(lambda m: f" qq{m.group(1)}qq ".replace("_", ""), line)
+                )
+                if not re.sub(r"qq\w+?qq| ", "", core):  # a placeholder alone: any text
+                    continue
+                pattern = re.escape(core)
+                pattern = re.sub(r"qq(?:index|count)qq", lambda _: r"\d+", pattern)
+                shapes.add(re.sub(r"qq\w+?qq", lambda _: ".*", pattern))
+        return re.compile("|".join(sorted(shapes)))
+
     def _defused(self, text: str) -> str:
-        """`text` with every delimiter of the template broken by a zero-width space after its first
-        character, so an answer cannot close its frame and open a fake one (a reader sees no change)."""
+        """`text` with every line that a reader could take for the template's structure (a pair
+        header, an answer frame, `Instruction:`, in any case, spacing or markdown) escaped by a
+        backslash, and every delimiter of the template broken by a zero-width space after its
+        first character, so an answer can neither open a fake pair nor close its frame."""
+        lines = text.splitlines(keepends=True)
+        for number, line in enumerate(lines):
+            body = line.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+            if body.strip() and self.structure.fullmatch(_reader_core(body)):
+                stripped = line.lstrip()
+                lines[number] = line[: len(line) - len(stripped)] + "\\" + stripped
+        text = "".join(lines)
         for delimiter in self.delimiters:
             text = text.replace(delimiter, delimiter[0] + ZERO_WIDTH_SPACE + delimiter[1:])
         return text
