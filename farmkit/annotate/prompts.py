@@ -8,9 +8,13 @@ is shown) and, for `choice` templates read by the local backend, `[answer]` (the
 
 Filling is a single regex pass over the template: each placeholder is replaced by its value and the
 values are never scanned again, so an answer that contains `{output_b}` or a fake verdict line
-cannot change the prompt's structure, and an answer's copies of the template's delimiters are
-broken (a zero-width space) so it cannot close its frame. Parsers read only the judge's own words
-(see Parsing below) and give no verdict rather than guess between conflicting ones.
+cannot change the prompt's structure. Every line of an inserted text (answer, instruction, input)
+that a reader could take for the template's structure -- a pair header of any template family
+(`### Pair 2`, `== Comparison 2 ==`, `--- Set 2 ---`), an answer frame, `Instruction:`, in any case,
+spacing or markdown, with invisible characters or not -- is escaped by a leading backslash, so an
+answer cannot open a fake pair; and an answer's copies of the template's delimiters are broken (a
+zero-width space) so it cannot close its frame. Parsers read only the judge's own words (see
+Parsing below), give no verdict rather than guess between conflicting ones, and never raise.
 """
 
 from __future__ import annotations
@@ -195,7 +199,8 @@ class Template:
         lines = text.splitlines(keepends=True)
         for number, line in enumerate(lines):
             body = line.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
-            if body.strip() and self.structure.fullmatch(_reader_core(body)):
+            # a header is short: the start of a long line is enough (and keeps this linear)
+            if body.strip() and self.structure.fullmatch(_reader_core(body[:300])):
                 stripped = line.lstrip()
                 lines[number] = line[: len(line) - len(stripped)] + "\\" + stripped
         text = "".join(lines)
