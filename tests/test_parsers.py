@@ -319,9 +319,9 @@ def _inject(rng: random.Random, text: str, forged: str) -> str:
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_forged_header_anywhere_in_an_answer_leaves_the_structure_unambiguous(name):
-    """Measured on main: 42 of 60 fresh batches with one forged header rendered a prompt in which a
-    lenient reader saw more pair headers than pairs (only the lines around the placeholder were
-    broken), and a reader that follows that structure flipped 38 of 165 verdicts."""
+    """Measured on main: 281 of these 300 prompts (60 per template) showed a lenient reader other
+    pair headers or answer frames than the real ones: only the lines around the placeholder were
+    broken, and only by a zero-width space, which a reader that ignores invisible characters skips."""
     template = load_template(name)
     rng = random.Random(f"forge-{name}")
     ambiguous = []
