@@ -388,7 +388,7 @@ _PROSE = [  # (pattern, True when the named answer is the better one)
     ),
     (
         re.compile(
-            rf"\b(?:verdict|winner|choice|decision|preference|preferred|answer|better(?:\s{_LABEL})?)\s?(?:[:=]|\sis\b)\s?{_ONE}{_END}",
+            rf"\b(?:overall|verdict|winner|choice|decision|preference|preferred|answer|better(?:\s{_LABEL})?)\s?(?:[:=]|\sis\b)\s?{_ONE}{_END}",
             re.IGNORECASE,
         ),
         True,
@@ -432,6 +432,8 @@ _QUOTED_SPAN = re.compile(
 )
 _EMPHASIS = re.compile(r"[*_`#\"\u201c\u201d]+")
 _RULE = re.compile(r"^\s?[-=~]{2,}|[-=~]{2,}\s?$")  # `--- Set 1 ---`, `== Comparison 2 ==`
+_TABLE_KEY = re.compile(r"(?:pairs?|sets?|comparisons?|no\.?|n|number|index|id|)", re.IGNORECASE)
+_CRITERIA = re.compile(r"criteri|aspect|dimension|categor|factor|metric|score", re.IGNORECASE)
 _LIST_ITEM = re.compile(r"^(?:[-+\u2022]\s|(\d+)[.)]\s)")
 _RELATIONS = [  # spellings of a ranking's relation, as `>` or `<`
     (re.compile(r"\s?(?:>>|\u227b|\u226b|\u00bb|\u203a)\s?"), " > "),
@@ -576,11 +578,14 @@ def _strip_fences(text: str) -> str:
     return "\n".join(inside)
 
 
-def _table_row(line: str) -> str | None:
-    """`| 1 | B |` or `| Pair 2 | Answer A | reason |` as `Pair N: X`; None for other lines."""
+def _table_cells(line: str) -> list[str] | None:
     if not (line.startswith("|") and line.endswith("|") and len(line) > 2):
         return None
-    cells = [cell.strip() for cell in line[1:-1].split("|")]
+    return [cell.strip() for cell in line[1:-1].split("|")]
+
+
+def _table_row(cells: list[str]) -> str | None:
+    """A row `| 1 | B |` or `| Pair 2 | Answer A | reason |` as `Pair N: X`; None for other rows."""
     number = _JSON_NUMBER.match(cells[0]) if cells else None
     if not number:
         return None
@@ -594,15 +599,25 @@ def _lines(masked: str) -> list[tuple[str, bool]]:
     """The judge's own lines, markup removed, each with whether it is a numbered list item."""
     body = _QUOTED_SPAN.sub(_blank, _strip_fences(masked))
     out: list[tuple[str, bool]] = []
+    table: bool | None = None  # in a table: whether its first column numbers pairs
     for raw in body.split("\n"):
         line = _RULE.sub(" ", _EMPHASIS.sub(" ", raw)).strip()
         for pattern, relation in _RELATIONS:
             line = pattern.sub(relation, line)
         line = re.sub(r"\s+", " ", line)
-        row = _table_row(line)
-        if row is not None:
-            out += [(part, False) for part in row.split("\n")]
+        cells = _table_cells(line)
+        if cells is None:
+            table = None
+        elif table is None and not _JSON_NUMBER.match(cells[0]):  # a table's header row
+            # `| Pair | Better |`, `| # | Winner |`; not `| # | Criterion | Winner |`
+            table = bool(_TABLE_KEY.fullmatch(cells[0])) and not _CRITERIA.search(line)
             continue
+        else:
+            table = True if table is None else table  # a table without a header row
+            row = _table_row(cells) if table else None  # criteria by number are not pairs
+            if row is not None:
+                out += [(part, False) for part in row.split("\n")]
+                continue
         item = _LIST_ITEM.match(line)
         numbered = None
         if item:
@@ -830,7 +845,7 @@ def _json_verdicts(value: object, count: int) -> list[tuple[int, str]] | None:
     elif isinstance(entries, dict):  # {"1": "B", "2": "A"} or {"pair_1": "A"}
         for key, entry in entries.items():
             given = _json_verdict(entry)
-            if given is not None:
+            if given is not None and _json_number(key) is not None:
                 numbered.append((_json_number(key), given))
     if not numbered:
         return (
