@@ -320,9 +320,8 @@ def shipped_templates() -> list[str]:
 # number of false starts, nesting beyond the decoder's depth is a false start), and a reply longer
 # than MAX_REPLY_CHARS is not read at all.
 
-MAX_REPLY_CHARS = (
-    200_000  # a judge's reply is a few thousand characters; anything far longer is junk
-)
+# a judge's reply is a few thousand characters; anything far longer is junk, not read
+MAX_REPLY_CHARS = 200_000
 _JSON_FALSE_STARTS = 200  # brackets that do not open a readable value before the scan gives up
 _LITERAL_SPAN = 8_000  # the longest single-quoted (Python-style) object tried
 _TOO_DEEP = re.compile(r"(?:[\[{]\s?(?:\"[^\"\n]{0,40}\"\s?:\s?)?){32}")  # 32 levels opened at once
@@ -595,10 +594,11 @@ def _table_row(cells: list[str]) -> str | None:
     return f"Pair {number.group(1)}: {found.pop()}"
 
 
-def _lines(masked: str) -> list[tuple[str, bool]]:
-    """The judge's own lines, markup removed, each with whether it is a numbered list item."""
+def _lines(masked: str) -> list[str]:
+    """The judge's own lines, markup removed; a table row or numbered item of verdicts as `Pair N: X`,
+    a line of several pairs' verdicts cut into one per pair."""
     body = _QUOTED_SPAN.sub(_blank, _strip_fences(masked))
-    out: list[tuple[str, bool]] = []
+    out: list[str] = []
     table: bool | None = None  # in a table: whether its first column numbers pairs
     for raw in body.split("\n"):
         line = _RULE.sub(" ", _EMPHASIS.sub(" ", raw)).strip()
@@ -616,7 +616,7 @@ def _lines(masked: str) -> list[tuple[str, bool]]:
             table = True if table is None else table  # a table without a header row
             row = _table_row(cells) if table else None  # criteria by number are not pairs
             if row is not None:
-                out += [(part, False) for part in row.split("\n")]
+                out += row.split("\n")
                 continue
         item = _LIST_ITEM.match(line)
         numbered = None
@@ -625,22 +625,22 @@ def _lines(masked: str) -> list[tuple[str, bool]]:
             if item.group(1) and _line_verdict(line):  # `1. B`, `2. A > B`: a numbered verdict
                 numbered = f"Pair {item.group(1)}: {line}"
         if numbered:
-            out.append((numbered, True))
+            out.append(numbered)
             continue
         # several pairs' verdicts on one line are cut apart, but only on a line of verdicts (one that
         # opens with a pair label): a sentence that quotes `Pair 1: B` must not vote
         prefix = _PREFIX.match(line)
         rest = line[prefix.end() :] if prefix else line
         if _PAIR.match(rest):
-            out += [(part.strip(" ,;|/"), False) for part in _PAIR_CUT.split(line)]
+            out += [part.strip(" ,;|/") for part in _PAIR_CUT.split(line)]
         else:
-            out.append((line, False))
+            out.append(line)
     return out
 
 
 def _text_candidates(masked: str) -> dict[int, set[str]]:
     """Every verdict statement, by pair, from the judge's own text (quotes masked)."""
-    lines = [line for line, _ in _lines(masked)]
+    lines = _lines(masked)
     pair = 1
     markers = [number for number, line in enumerate(lines) if _MARKER.match(line)]
     if markers:  # the judge marked its answer section: reasoning before it does not vote
@@ -689,7 +689,7 @@ def _who(match: re.Match, group: int) -> str:
 
 def _line_verdict(text: str) -> str | None:
     """A verdict that is a whole line: `B`, `Output (b)`, `[[A]]`, `tie`, `Reply B > Reply A`."""
-    text = text.strip()
+    text = " ".join(text.split())  # JSON values reach here without the reply's normalizing
     prefix = _PREFIX.match(text)
     if prefix and prefix.end() < len(text):
         text = text[prefix.end() :]
