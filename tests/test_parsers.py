@@ -199,11 +199,11 @@ def test_any_reply_gives_verdicts_or_none_never_an_exception():
         _check(completion, plain if rng.random() < 0.5 else None)
 
 
-def _seconds(completion: str) -> float:
+def _seconds(completion: str, repeats: int = 3) -> float:
     import time
 
     best = float("inf")
-    for _ in range(3):
+    for _ in range(repeats):
         start = time.perf_counter()
         for format in FORMATS:
             parse_verdicts(format, completion, 3, load_template("plain"))
@@ -218,13 +218,16 @@ def test_parsing_time_grows_no_faster_than_the_reply():
     did not finish in a minute (cubic backtracking over the spaces), and 8 times the text of
     `Response B wins, ` took 75 times as long (0.07 s -> 5.3 s)."""
     small, large = _adversarial(1_000), _adversarial(16_000)
-    slow = {}
-    for name in small:
-        floor = 0.002  # below this a ratio measures the timer, not the parser
-        ratio = _seconds(large[name]) / max(_seconds(small[name]), floor)
-        if ratio > 64:  # linear: about 16; quadratic: about 256
-            slow[name] = round(ratio)
-    assert not slow
+    floor = 0.002  # below this a ratio measures the timer, not the parser
+
+    def ratio(name: str, repeats: int) -> float:
+        return _seconds(large[name], repeats) / max(_seconds(small[name], repeats), floor)
+
+    # linear: about 16; quadratic: about 256. A family over 64 is timed again, longer, so that a
+    # busy machine's one slow moment does not fail the test
+    slow = {name: round(ratio(name, 3)) for name in small}
+    slow = {name: round(ratio(name, 7)) for name, value in slow.items() if value > 64}
+    assert not {name: value for name, value in slow.items() if value > 64}
 
 
 def test_a_reply_of_megabytes_is_refused_quickly_not_parsed():
