@@ -22,6 +22,7 @@ import math
 import os
 import random
 import re
+import select
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -303,7 +304,7 @@ class _StreamTransport:
         )
         while self.idle:
             reader, writer = self.idle.pop()
-            if not (reader.at_eof() or writer.is_closing()):  # not closed by the server while idle
+            if _reusable(reader, writer):
                 return await asyncio.wait_for(self._exchange(reader, writer, request), self.timeout)
             writer.close()
         try:
@@ -353,6 +354,26 @@ class _StreamTransport:
         for _, writer in self.idle:
             writer.close()
         self.idle.clear()
+
+
+def _reusable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Whether an idle connection may carry the next request: still open, and with nothing to read.
+    Bytes that arrived while it was idle (a reply nobody asked for, or the start of the server closing
+    it) would be read as the answer to the next request, and every later answer on it would be the one
+    before; such a connection is closed instead. Looked for in what the stream has buffered and, without
+    blocking, in what the socket holds that the event loop has not read yet."""
+    if (
+        reader.at_eof() or writer.is_closing() or reader._buffer
+    ):  # no public way to ask for its size
+        return False
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):  # closed under us
+        return False
+    return not readable
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

@@ -24,7 +24,9 @@ API:
   "list_content" (the message content a list), "string_usage" (token counts as strings); real
   replies with odd usage: "null_usage" (token counts null), "float_usage" (counts with a fraction,
   the billed count + 0.4); and, with `tls`, "tls_garbage" (bytes written beneath the TLS layer in
-  place of a reply: the client's TLS layer fails, as on a corrupted connection).
+  place of a reply: the client's TLS layer fails, as on a corrupted connection); "extra_reply" (the
+  real reply and, in the same write, a second, unrequested 200 on the same kept-alive connection whose
+  verdict names the other answer: a client that reads it as the reply to its next request is misled).
 - `script`: fault kinds (or None for a normal reply) for the first requests, in order, before the
   random draws start: a way to be sure each fault is met.
 - `models`: the model names it serves (None: any); others get a 404 `model_not_found`.
@@ -62,6 +64,7 @@ MALFORMED = ("plain", "bytes", "null_choice", "list_content", "string_usage")
 # well-formed replies whose usage is odd: counts that are null, or fractional
 ODD_USAGE = ("null_usage", "float_usage")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+_OTHER_ANSWER = re.compile(r"\b[AB]\b")
 
 
 def count_tokens(text: str) -> int:
@@ -160,6 +163,7 @@ class OpenAIServer:
             "garbage",
             "drop",
             "tls_garbage",
+            "extra_reply",
             None,
             *MALFORMED,
             *ODD_USAGE,
@@ -262,13 +266,10 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             payload: dict[str, Any] | bytes,
             headers: dict[str, str] | None = None,
             content_type: str = "application/json",
+            then: bytes = b"",
         ) -> None:
-            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-            if server.chunked:  # in two chunks, as servers that stream their bodies send them
-                half = len(data) // 2
-                data = b"".join(
-                    b"%x\r\n%s\r\n" % (len(part), part) for part in (data[:half], data[half:], b"")
-                )
+            """Send a reply; `then`: bytes that follow it in the same write (a reply nobody asked for)."""
+            data = _body(payload, server.chunked)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
@@ -279,7 +280,7 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data + then)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): nothing to deliver
 
@@ -405,6 +406,9 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 server.record("garbage")
             elif fault in ODD_USAGE:
                 server.record(fault, body)
+            elif fault == "extra_reply":
+                server.record("ok", body)
+                server.record("extra_reply")
             elif fault != "timeout":
                 server.record("ok", body)
             prompt_tokens, completion_tokens = server.usage(body, text)
@@ -415,19 +419,42 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             }
             if "prompt" in body:
                 choice = {"index": 0, "text": text, "finish_reason": "stop"}
-            self._send(
-                200,
-                {
-                    "id": f"chatcmpl-{sum(server.outcomes.values())}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model"),
-                    "choices": [choice],
-                    "usage": _usage(fault, prompt_tokens, completion_tokens),
-                },
-            )
+            reply = {
+                "id": f"chatcmpl-{sum(server.outcomes.values())}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [choice],
+                "usage": _usage(fault, prompt_tokens, completion_tokens),
+            }
+            extra = b""
+            if fault == "extra_reply":
+                stale = json.loads(json.dumps(reply))
+                message = stale["choices"][0].get("message") or stale["choices"][0]
+                key = "content" if "content" in message else "text"
+                message[key] = _OTHER_ANSWER.sub(lambda m: "B" if m[0] == "A" else "A", text)
+                framing = (
+                    b"Transfer-Encoding: chunked"
+                    if server.chunked
+                    else b"Content-Length: %d" % len(json.dumps(stale).encode())
+                )
+                extra = (
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%s\r\n\r\n" % framing
+                    + _body(stale, server.chunked)
+                )
+            self._send(200, reply, then=extra)
 
     return Handler
+
+
+def _body(payload: dict[str, Any] | bytes, chunked: bool) -> bytes:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    if chunked:  # in two chunks, as servers that stream their bodies send them
+        half = len(data) // 2
+        data = b"".join(
+            b"%x\r\n%s\r\n" % (len(part), part) for part in (data[:half], data[half:], b"")
+        )
+    return data
 
 
 def _usage(fault: str | None, prompt: int, completion: int) -> dict[str, Any]:

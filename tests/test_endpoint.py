@@ -553,3 +553,31 @@ def test_farm_annotate_stops_at_once_on_an_endpoint_that_never_accepts(tmp_path,
     )
     assert result.exit_code == 1 and result.stdout_bytes == b""
     assert f"cannot connect to {blackhole} (no connection within 0.5 s)" in str(result.exception)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_unrequested_extra_reply_is_never_read_as_the_answer_to_the_next_request(
+    tmp_path, chunked
+):
+    # a server that, on some kept-alive connections, sends a second reply nobody asked for: a client
+    # that reuses the connection without looking for unread bytes reads it as its next answer, and
+    # every later answer on that connection is the one before
+    pairs = _pairs(120)
+    settings = "settings: {timeout: 5.0, backoff: 0.01, max_retries: 4, concurrency: 4}\n"
+    with OpenAIServer(
+        respond=judge_longer, faults={"extra_reply": 0.1}, seed=5, chunked=chunked
+    ) as server:
+        result = _annotate(
+            "--pool",
+            _pool(tmp_path, settings=settings),
+            "--no-cache",
+            input=_jsonl(pairs),
+            env=_env(server),
+        )
+    assert result.exit_code == 0, result.output
+    assert server.outcomes["extra_reply"] >= 5, server.outcomes
+    records = [orjson.loads(line) for line in result.stdout_bytes.splitlines()]
+    wrong = [r["instruction"] for r in records if r["preference"] != 2]
+    assert len(records) == len(pairs) and wrong == []
+    # each connection spoilt by an extra reply was left, not the whole pool: it was kept alive before
+    assert server.connections <= 4 + server.outcomes["extra_reply"]
