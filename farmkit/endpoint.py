@@ -362,9 +362,8 @@ def _reusable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> boo
     it) would be read as the answer to the next request, and every later answer on it would be the one
     before; such a connection is closed instead. Looked for in what the stream has buffered and, without
     blocking, in what the socket holds that the event loop has not read yet."""
-    if (
-        reader.at_eof() or writer.is_closing() or reader._buffer
-    ):  # no public way to ask for its size
+    # the stream's buffer has no public size: its private bytearray is read
+    if reader.at_eof() or writer.is_closing() or reader._buffer:
         return False
     sock = writer.get_extra_info("socket")
     if sock is None:
