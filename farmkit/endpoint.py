@@ -18,11 +18,13 @@ Errors fall in three kinds:
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import os
 import random
 import re
 import select
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +108,87 @@ def redact(text: str, key: str | None = None) -> str:
     return _KEY_SHAPES.sub("***", text)
 
 
+# a reply later than this share of the timeout means the endpoint is near its limit: no more at once
+HEADROOM = 0.5
+OVERLOADED = (408, 429, 503)  # statuses by which an endpoint says it has too much to do
+
+
+class ConcurrencyLimit:
+    """How many requests an endpoint is sent at once, adapted to what it sustains (AIMD, as TCP's
+    congestion window). It starts at one. A reply within HEADROOM of the timeout (and none still
+    awaited for longer) raises it to what
+    even an endpoint that answers one request at a time would answer within that headroom (timeout x
+    HEADROOM / latency), until the first back-off; beyond that it grows only on replies to requests
+    sent while every place was taken, and that still came back within the headroom: by one per reply
+    until the first back-off, then by one per round trip. A timeout, 408, 429 or 503 halves it (once per round: requests
+    already in flight when it was cut do not cut it again). Never below one nor above `most`."""
+
+    def __init__(self, most: int, timeout: float):
+        self.most, self.timeout = max(1, most), timeout
+        self.limit = 1.0
+        self.slow_start = True  # until the first back-off
+        self.cuts = 0
+        self.in_flight = 0
+        self._cut_at = -math.inf
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        self._started: dict[int, float] = {}  # place -> when it was given, for those in flight
+        self._issued = 0
+
+    @property
+    def allowed(self) -> int:
+        return int(self.limit)
+
+    async def acquire(self) -> tuple[int, float, bool]:
+        """Wait for a place: (its number, when it was given, whether it took the last free place), for
+        release."""
+        if self.in_flight >= self.allowed or self._waiting:
+            place = asyncio.get_running_loop().create_future()
+            self._waiting.append(place)
+            try:
+                full = await place
+            except asyncio.CancelledError:
+                if place.done() and not place.cancelled():  # given just now: hand it on
+                    self.in_flight -= 1
+                    self._wake()
+                raise
+        else:
+            self.in_flight += 1
+            full = self.in_flight >= self.allowed
+        self._issued += 1
+        self._started[self._issued] = started = time.monotonic()
+        return self._issued, started, full
+
+    def release(self, place: tuple[int, float, bool], outcome: str | None) -> None:
+        """Give back a place: `outcome` "ok" (a reply), "overloaded" (timed out, or a status saying so)
+        or None (any other failure: nothing learnt)."""
+        token, started, full = place
+        del self._started[token]
+        self.in_flight -= 1
+        now = time.monotonic()
+        # the slowest of this reply and those still awaited: an endpoint that answers out of turn makes
+        # one reply quick while another waits
+        latency = now - min([started, *self._started.values()])
+        if outcome == "overloaded":
+            if started >= self._cut_at:
+                self.limit, self.slow_start = max(1.0, self.limit / 2), False
+                self._cut_at, self.cuts = now, self.cuts + 1
+        elif outcome == "ok" and latency <= self.timeout * HEADROOM:
+            if self.slow_start:
+                served_in_turn = self.timeout * HEADROOM / max(latency, 1e-6)
+                self.limit = max(self.limit + (1 if full else 0), served_in_turn)
+            elif full:
+                self.limit += 1 / self.limit
+            self.limit = min(self.limit, float(self.most))
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting and self.in_flight < self.allowed:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(self.in_flight >= self.allowed)
+
+
 class EndpointClient:
     """Requests to one endpoint over one connection pool. `stats` counts attempts sent, retries and
     replies received, for the callers' summaries."""
@@ -138,7 +221,13 @@ class EndpointClient:
         self._transport = transport(
             self.base_url, headers, float(timeout), max(1, int(connections)), connect
         )
+        self.limit = ConcurrencyLimit(max(1, int(connections)), float(timeout))
         self.stats = {"requests": 0, "retries": 0, "answered": 0}
+
+    @property
+    def concurrency(self) -> tuple[int, int, int]:
+        """(requests it may send at once now, the most it may, times it backed off)."""
+        return self.limit.allowed, self.limit.most, self.limit.cuts
 
     async def complete(
         self,
@@ -158,7 +247,7 @@ class EndpointClient:
             wait = None
             self.stats["requests"] += 1
             try:
-                response = await self._transport.post(path, payload)
+                response = await self._attempt(path, payload)
             except _ConnectFailed as exc:
                 if not self.stats["answered"]:
                     # never reached at all: a wrong address, a server that is not running or a host
@@ -225,6 +314,21 @@ class EndpointClient:
         raise EndpointFailed(
             f"{last} (after {attempts} attempts)", (prompt_tokens, completion_tokens)
         )
+
+    async def _attempt(self, path: str, payload: bytes) -> _Response:
+        """One attempt, sent when the concurrency limit has a place for it, and telling it how it went."""
+        place = await self.limit.acquire()
+        outcome = None
+        try:
+            response = await self._transport.post(path, payload)
+            status = response.status_code
+            outcome = "overloaded" if status in OVERLOADED else "ok" if status == 200 else None
+            return response
+        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+            outcome = "overloaded"
+            raise
+        finally:
+            self.limit.release(place, outcome)
 
     def _reason(self, exc: Exception) -> str:
         return redact(str(exc) or type(exc).__name__, self.api_key)[:200]

@@ -33,6 +33,8 @@ API:
 - `api_key`: the key it accepts (None: any); others get a 401.
 - `chunked`: bodies go out with chunked transfer encoding instead of a Content-Length.
 - `tls`: (certificate file, key file): serve HTTPS (`url` starts with https).
+- `serial`: answer one request at a time, the others waiting their turn (a small model on a busy
+  machine); a request whose client gave up is still worked on, as such servers do.
 - `billing(text) -> int`: the token count each reply's usage reports for a text (`count_tokens` by
   default; `len` bills a token per character, far more than a client's estimate); completion tokens
   are capped at the request's max_tokens, as a real endpoint stops there. `billed` lists the
@@ -149,6 +151,7 @@ class OpenAIServer:
         chunked: bool = False,
         billing: Callable[[str], int] | None = None,
         tls: tuple[str, str] | None = None,
+        serial: bool = False,
     ):
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
         self.script, self.chunked = list(script or []), chunked
@@ -175,6 +178,7 @@ class OpenAIServer:
         self.bodies: list[dict[str, Any]] = []
         self._random = random.Random(seed)
         self._lock = threading.Lock()
+        self.serial, self._turn = serial, threading.Lock()
         self._httpd = _Server(("127.0.0.1", port), _handler(self))
         self.tls = tls is not None
         if tls is not None:
@@ -313,6 +317,13 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"no route {self.path}", "invalid_request_error")
 
         def do_POST(self) -> None:
+            if server.serial:  # one at a time, the rest queued: a small model on a busy machine
+                with server._turn:
+                    self._post()
+            else:
+                self._post()
+
+        def _post(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
             if self.path.startswith("http"):

@@ -581,3 +581,38 @@ def test_an_unrequested_extra_reply_is_never_read_as_the_answer_to_the_next_requ
     assert len(records) == len(pairs) and wrong == []
     # each connection spoilt by an extra reply was left, not the whole pool: it was kept alive before
     assert server.connections <= 4 + server.outcomes["extra_reply"]
+
+
+@pytest.mark.parametrize("latency, settled", [(0.6, 1), (0.3, 2)])
+def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, latency, settled):
+    # each request takes `latency` of a 1 s timeout and the server works on one at a time, even on
+    # those whose client gave up: eight sent at once time out and are retried while it is still busy
+    # with them. Sent as fast as it answers them, they all finish without a retry
+    pairs = _pairs(8)
+    settings = "settings: {timeout: 1.0, backoff: 0.05, max_retries: 6, concurrency: 8}\n"
+    with OpenAIServer(respond=judge_longer, latency=latency, serial=True) as server:
+        result = _annotate(
+            "--pool",
+            _pool(tmp_path, settings=settings),
+            "--no-cache",
+            input=_jsonl(pairs),
+            env=_env(server),
+        )
+    assert result.exit_code == 0, result.output
+    assert [orjson.loads(line)["preference"] for line in result.stdout_bytes.splitlines()] == [
+        2
+    ] * 8
+    summary = result.stderr.splitlines()[-1]
+    assert "retries" not in summary and f"openai concurrency {settled} of 8," in summary, summary
+    assert server.outcomes["ok"] == 8  # no work done for a client that had given up
+
+
+def test_rate_limited_replies_make_the_client_back_off(tmp_path):
+    with OpenAIServer(respond=judge_longer, script=["429"] * 4) as server:
+        result = _annotate(
+            "--pool", _pool(tmp_path), "--no-cache", input=_jsonl(_pairs(12)), env=_env(server)
+        )
+    assert result.exit_code == 0, result.output
+    summary = result.stderr.splitlines()[-1]
+    assert "+4 retries" in summary and "(backed off" in summary, summary
+    assert server.outcomes["ok"] == 12

@@ -11,6 +11,8 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +41,10 @@ from farmkit.io import FarmError
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"
 CLAIM_POLL = 0.2  # seconds between looks at a verdict another run is asking for
+# seconds a claim lasts unless renewed, and between renewals: a live run renews its claims, so the lease
+# only bounds how long a run that died on another host (where its pid cannot be checked) holds them
+CLAIM_LEASE = 120.0
+CLAIM_RENEWAL = 20.0
 BULK_REQUEST = (
     512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
 )
@@ -360,29 +366,64 @@ class Annotator:
         flush: Callable[[], None],
         ready: list[dict[str, Any]],
     ) -> Iterator[dict[str, Any]]:
-        """Run the requests on the annotator's event loop in steps, yielding finished records between
-        steps. The loop, and the backends' connections on it, outlive this call: close() ends them."""
+        """Run the requests on the annotator's event loop, in a thread of its own, yielding finished
+        records as they come. The loop does not wait for whoever reads the records: a reader that is
+        slow or gone (a full pipe nobody reads) holds no request, no claim and no verdict back, so other
+        runs on the cache never wait for this run's stdout. The loop, and the backends' connections on
+        it, outlive this call: close() ends them."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         loop = self._loop
-        tasks: list[asyncio.Task] = []
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        work = loop.create_task(self._all(requests, items, flush, ready, out))
+
+        def serve() -> None:
+            try:
+                loop.run_until_complete(work)
+                out.put(None)
+            except BaseException as exc:  # handed to the reader, raised there
+                out.put(exc)
+
+        thread = threading.Thread(target=serve, name="farm-annotate-requests", daemon=True)
+        thread.start()
         try:
-            slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
-            tasks = [loop.create_task(self._request(request, items, slots)) for request in requests]
-            # completed tasks are collected by a callback: asyncio.wait over every pending task at each
-            # step would cost O(requests) per completion, O(requests^2) in all
-            finished: list[asyncio.Task] = []
-            some_done = asyncio.Event()
+            while (batch := out.get()) is not None:
+                if isinstance(batch, BaseException):
+                    raise batch
+                yield from batch
+        finally:
+            # stopped early (an error, or the reader closed the pipe): cancel what is left, quietly
+            if not work.done():
+                loop.call_soon_threadsafe(work.cancel)
+            thread.join()
 
-            def collect(task: asyncio.Task) -> None:
-                finished.append(task)
-                some_done.set()
+    async def _all(
+        self,
+        requests: list[list[Ask]],
+        items: list[Item],
+        flush: Callable[[], None],
+        ready: list[dict[str, Any]],
+        out: queue.SimpleQueue,
+    ) -> None:
+        """Ask every request, putting each batch of newly finished records on `out`."""
+        slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
+        tasks = [asyncio.create_task(self._request(request, items, slots)) for request in requests]
+        renewing = asyncio.create_task(self._renew()) if self.cache is not None else None
+        # completed tasks are collected by a callback: asyncio.wait over every pending task at each step
+        # would cost O(requests) per completion, O(requests^2) in all
+        finished: list[asyncio.Task] = []
+        some_done = asyncio.Event()
 
-            for task in tasks:
-                task.add_done_callback(collect)
+        def collect(task: asyncio.Task) -> None:
+            finished.append(task)
+            some_done.set()
+
+        for task in tasks:
+            task.add_done_callback(collect)
+        try:
             collected = 0
             while collected < len(tasks):
-                loop.run_until_complete(some_done.wait())
+                await some_done.wait()
                 some_done.clear()
                 done, finished[:] = list(finished), []
                 collected += len(done)
@@ -393,18 +434,30 @@ class Annotator:
                     if error is not None:
                         raise error
                 flush()
-                yield from ready
-                ready.clear()
+                if ready:
+                    out.put(list(ready))
+                    ready.clear()
         finally:
-            # stopped early (an error, or the reader closed the pipe): cancel what is left, quietly
             unfinished = [task for task in tasks if not task.done()]
+            if renewing is not None:
+                renewing.cancel()
+                unfinished.append(renewing)
             for task in unfinished:
                 task.cancel()
             if unfinished:
-                loop.run_until_complete(asyncio.wait(unfinished))
+                await asyncio.wait(unfinished)
             for task in tasks:
                 if not task.cancelled():
                     task.exception()  # retrieved, so asyncio does not report it again at exit
+
+    async def _renew(self) -> None:
+        """Extend this run's claims while it runs: a live run keeps its claims however long its requests
+        take (a slow endpoint, a queue for the endpoint's concurrency), a dead one loses them a lease
+        after its last renewal (at once where its host sees it is gone)."""
+        assert self.cache is not None
+        while True:
+            await asyncio.sleep(CLAIM_RENEWAL)
+            self.cache.renew(CLAIM_LEASE)
 
     def close(self) -> None:
         """Close the backends it built, on the event loop their connections belong to, and the loop.
@@ -427,19 +480,11 @@ class Annotator:
         self, request: list[Ask], items: list[Item], slots: asyncio.Semaphore
     ) -> None:
         """Ask `request`, less what the cache answers by now and what another run is asking (wait for that)."""
-        settings = self.pool.settings
-        # a claim outlives the longest a request can take with all its retries, so only a dead run's claim expires
-        lease = (
-            float(settings["timeout"])
-            * (int(settings["max_retries"]) + 2)
-            * (int(settings["parse_retries"]) + 1)
-            + 60
-        )
         waiting = request
         while waiting:
             # claimed only once a slot is free, so that a claim is not held while the request waits its turn
             async with slots:
-                mine, waiting = self._take(waiting, lease)
+                mine, waiting = self._take(waiting, CLAIM_LEASE)
                 if mine:
                     try:
                         await self._ask(mine, items)
