@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
 import os
 import random
@@ -115,13 +116,15 @@ OVERLOADED = (408, 429, 503)  # statuses by which an endpoint says it has too mu
 
 class ConcurrencyLimit:
     """How many requests an endpoint is sent at once, adapted to what it sustains (AIMD, as TCP's
-    congestion window). It starts at one. A reply within HEADROOM of the timeout (and none still
-    awaited for longer) raises it to what
-    even an endpoint that answers one request at a time would answer within that headroom (timeout x
-    HEADROOM / latency), until the first back-off; beyond that it grows only on replies to requests
-    sent while every place was taken, and that still came back within the headroom: by one per reply
-    until the first back-off, then by one per round trip. A timeout, 408, 429 or 503 halves it (once per round: requests
-    already in flight when it was cut do not cut it again). Never below one nor above `most`."""
+    congestion window), judged by how long replies take: the slowest of the last round's replies and
+    of the requests still awaited. It starts at one. Until the first back-off, a latency within
+    HEADROOM of the timeout raises it at once to what even an endpoint that answers one request at
+    a time would answer within that headroom (timeout x HEADROOM / latency). Beyond that it grows on
+    replies to requests sent while every place was taken, while one more at once would still be
+    answered within the headroom were the endpoint to answer one at a time: to one more than were in
+    flight with that request until the first back-off, then by one per round trip. A timeout, 408, 429 or 503 halves it (once per
+    round: requests already in flight when it was cut do not cut it again). Never below one nor
+    above `most`."""
 
     def __init__(self, most: int, timeout: float):
         self.most, self.timeout = max(1, most), timeout
@@ -132,20 +135,21 @@ class ConcurrencyLimit:
         self._cut_at = -math.inf
         self._waiting: collections.deque[asyncio.Future] = collections.deque()
         self._started: dict[int, float] = {}  # place -> when it was given, for those in flight
+        self._latencies: collections.deque[float] = collections.deque(maxlen=self.most)
         self._issued = 0
 
     @property
     def allowed(self) -> int:
         return int(self.limit)
 
-    async def acquire(self) -> tuple[int, float, bool]:
-        """Wait for a place: (its number, when it was given, whether it took the last free place), for
-        release."""
+    async def acquire(self) -> tuple[int, float, int, bool]:
+        """Wait for a place: (its number, when it was given, how many were in flight with it, whether
+        it took the last free place), for release."""
         if self.in_flight >= self.allowed or self._waiting:
             place = asyncio.get_running_loop().create_future()
             self._waiting.append(place)
             try:
-                full = await place
+                together, full = await place
             except asyncio.CancelledError:
                 if place.done() and not place.cancelled():  # given just now: hand it on
                     self.in_flight -= 1
@@ -153,31 +157,42 @@ class ConcurrencyLimit:
                 raise
         else:
             self.in_flight += 1
-            full = self.in_flight >= self.allowed
+            together, full = self.in_flight, self.in_flight >= self.allowed
         self._issued += 1
         self._started[self._issued] = started = time.monotonic()
-        return self._issued, started, full
+        return self._issued, started, together, full
 
-    def release(self, place: tuple[int, float, bool], outcome: str | None) -> None:
+    def release(self, place: tuple[int, float, int, bool], outcome: str | None) -> None:
         """Give back a place: `outcome` "ok" (a reply), "overloaded" (timed out, or a status saying so)
         or None (any other failure: nothing learnt)."""
-        token, started, full = place
+        token, started, together, full = place
         del self._started[token]
         self.in_flight -= 1
         now = time.monotonic()
-        # the slowest of this reply and those still awaited: an endpoint that answers out of turn makes
-        # one reply quick while another waits
-        latency = now - min([started, *self._started.values()])
+        if outcome == "ok":
+            self._latencies.append(now - started)
+        # the slowest of the last round's replies and of those still awaited: an endpoint that answers
+        # out of turn makes one reply quick while another waits
+        latency = max(
+            [
+                now - min([started, *self._started.values()]),
+                *itertools.islice(reversed(self._latencies), self.allowed),
+            ]
+        )
+        headroom = self.timeout * HEADROOM
         if outcome == "overloaded":
             if started >= self._cut_at:
                 self.limit, self.slow_start = max(1.0, self.limit / 2), False
                 self._cut_at, self.cuts = now, self.cuts + 1
-        elif outcome == "ok" and latency <= self.timeout * HEADROOM:
-            if self.slow_start:
-                served_in_turn = self.timeout * HEADROOM / max(latency, 1e-6)
-                self.limit = max(self.limit + (1 if full else 0), served_in_turn)
-            elif full:
-                self.limit += 1 / self.limit
+        elif outcome == "ok" and latency <= headroom:
+            if self.slow_start:  # what even an endpoint that answers one at a time answers in time
+                self.limit = max(self.limit, headroom / max(latency, 1e-6))
+            # one more at once, were the endpoint to answer one at a time, would still be in time
+            if full and latency * (together + 1) / together <= headroom:
+                if self.slow_start:
+                    self.limit = max(self.limit, together + 1.0)
+                else:
+                    self.limit += 1 / self.limit
             self.limit = min(self.limit, float(self.most))
         self._wake()
 
@@ -186,7 +201,7 @@ class ConcurrencyLimit:
             waiter = self._waiting.popleft()
             if not waiter.done():
                 self.in_flight += 1
-                waiter.set_result(self.in_flight >= self.allowed)
+                waiter.set_result((self.in_flight, self.in_flight >= self.allowed))
 
 
 class EndpointClient:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -583,8 +584,8 @@ def test_an_unrequested_extra_reply_is_never_read_as_the_answer_to_the_next_requ
     assert server.connections <= 4 + server.outcomes["extra_reply"]
 
 
-@pytest.mark.parametrize("latency, settled", [(0.6, 1), (0.3, 2)])
-def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, latency, settled):
+@pytest.mark.parametrize("latency, most", [(0.6, 1), (0.2, 2)])
+def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, latency, most):
     # each request takes `latency` of a 1 s timeout and the server works on one at a time, even on
     # those whose client gave up: eight sent at once time out and are retried while it is still busy
     # with them. Sent as fast as it answers them, they all finish without a retry
@@ -603,7 +604,8 @@ def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, 
         2
     ] * 8
     summary = result.stderr.splitlines()[-1]
-    assert "retries" not in summary and f"openai concurrency {settled} of 8," in summary, summary
+    settled = re.search(r"openai concurrency (\d+) of 8,", summary)
+    assert "retries" not in summary and settled and 1 <= int(settled[1]) <= most, summary
     assert server.outcomes["ok"] == 8  # no work done for a client that had given up
 
 
