@@ -638,3 +638,25 @@ def test_a_run_whose_output_nobody_reads_does_not_hold_back_another_run(tmp_path
     # every question was asked once, by one run or the other
     asked = Counter(frozenset(pair) for body in server.bodies for pair in shown_pairs(body)[1])
     assert server.outcomes["ok"] == n and sorted(asked.values()) == [1] * n, server.outcomes
+
+
+def test_a_reader_that_closes_the_pipe_while_requests_run_ends_the_run_quietly(tmp_path):
+    # the requests run in a thread of their own: `| head -1` must stop them, not leave the event
+    # loop running under the annotator's close
+    pool = _pool(tmp_path, source="single", settings=FAST)
+    with OpenAIServer(respond=judge_longer, latency=0.3) as server:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "farm-annotate"), "--pool", pool, "--no-cache"],
+            env={**os.environ, **_env(server)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        process.stdin.write(_jsonl(_pairs(60)))
+        process.stdin.close()
+        first = process.stdout.readline()
+        process.stdout.close()
+        errors = process.stderr.read()
+        process.wait(timeout=60)
+    assert orjson.loads(first)["preference"] == _longer(_pairs(1)[0])
+    assert process.returncode == 0 and errors == b"", errors.decode()

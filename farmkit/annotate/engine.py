@@ -164,6 +164,7 @@ class Annotator:
         self._judge_details = [self._details(judge) for judge in pool.judges]
         self.stats = Stats()
         self._loop: asyncio.AbstractEventLoop | None = None  # made on first use, ended by close()
+        self._requests: tuple[asyncio.Task, threading.Thread] | None = None  # running on the loop
         self._stopped = False
         self._followers: dict[str, list[Ask]] = {}
         self._weights = [judge.weight for judge in pool.judges]
@@ -386,16 +387,25 @@ class Annotator:
 
         thread = threading.Thread(target=serve, name="farm-annotate-requests", daemon=True)
         thread.start()
+        self._requests = (work, thread)
         try:
             while (batch := out.get()) is not None:
                 if isinstance(batch, BaseException):
                     raise batch
                 yield from batch
         finally:
-            # stopped early (an error, or the reader closed the pipe): cancel what is left, quietly
-            if not work.done():
-                loop.call_soon_threadsafe(work.cancel)
-            thread.join()
+            self._stop_requests()
+
+    def _stop_requests(self) -> None:
+        """Cancel what is left of the requests (stopped early: an error, or the reader closed the
+        pipe), quietly, and wait for their thread to end."""
+        if self._requests is None:
+            return
+        work, thread = self._requests
+        if not work.done() and self._loop is not None:
+            self._loop.call_soon_threadsafe(work.cancel)
+        thread.join()
+        self._requests = None
 
     async def _all(
         self,
@@ -464,6 +474,9 @@ class Annotator:
         The Run that owns this annotator calls it once, at the end of the run."""
         if self._loop is None:
             return
+        # a reader that stopped reading (a closed pipe) leaves the records' generator suspended, its
+        # requests still running on the loop
+        self._stop_requests()
         try:
             self._loop.run_until_complete(self.backends.close())
         finally:
