@@ -26,7 +26,8 @@ from openai_server import OpenAIServer, judge_longer, shown_pairs  # noqa: E402
 # (pool, A's pairs, B's pairs (range), concurrency, latency s)
 CASES = [
     ("sim_eval", range(0, 300), range(0, 300), 4, 0.1),
-    ("single", range(0, 200), range(100, 300), 8, 0.05),
+    ("single", range(0, 200), range(30, 230), 8, 0.05),
+    ("single", range(0, 250), range(249, -1, -1), 6, 0.08),  # B asks in the reverse order
 ]
 B_LIMIT = 240  # seconds B is given (the old lease here: 5 s x 4 x 3 + 60 = 120 s)
 

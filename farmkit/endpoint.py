@@ -122,9 +122,9 @@ class ConcurrencyLimit:
     a time would answer within that headroom (timeout x HEADROOM / latency). Beyond that it grows on
     replies to requests sent while every place was taken, while one more at once would still be
     answered within the headroom were the endpoint to answer one at a time: to one more than were in
-    flight with that request until the first back-off, then by one per round trip. A timeout, 408, 429 or 503 halves it (once per
-    round: requests already in flight when it was cut do not cut it again). Never below one nor
-    above `most`."""
+    flight with that request until the first back-off, then by one per round trip. A timeout, 408,
+    429 or 503 halves it (once per round: requests already in flight when it was cut do not cut it
+    again). Never below one nor above `most`."""
 
     def __init__(self, most: int, timeout: float):
         self.most, self.timeout = max(1, most), timeout
