@@ -69,10 +69,14 @@ def main() -> None:
             first = subprocess.Popen(
                 [*command, inputs[0]], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
             )
-            deadline = time.time() + 60
-            while verdicts(cache) < 50 and time.time() < deadline:
+            # B starts once A has stopped answering for a second: blocked on its full pipe (before the
+            # fix), or done (after it)
+            deadline, seen, since = time.time() + 60, -1, time.time()
+            while time.time() < deadline and (seen <= 0 or time.time() - since < 1.0):
+                count = verdicts(cache)
+                if count != seen:
+                    seen, since = count, time.time()
                 time.sleep(0.05)
-            time.sleep(1.5)
             started = time.time()
             try:
                 second = subprocess.run(
@@ -92,6 +96,7 @@ def main() -> None:
                     "a_pairs": len(a_range),
                     "b_pairs": len(b_range),
                     "concurrency": concurrency,
+                    "a_verdicts_when_b_started": seen,
                     "b_seconds": round(b_seconds, 1),
                     "b_exit": b_exit,
                     "a_still_blocked_when_b_ended": a_blocked,
