@@ -700,6 +700,7 @@ def test_a_renewed_claim_outlives_its_first_lease(tmp_path):
     assert (mine, theirs) == ([], ["kept"])
 
 
+@pytest.mark.heavy
 def test_a_running_annotator_renews_its_claims_beyond_their_lease(tmp_path, monkeypatch):
     # the lease is short (only a run dead on another host waits it out), so a live run whose request
     # takes longer than the lease must renew it, or another run would take the question over and pay again

@@ -640,6 +640,7 @@ def test_a_run_whose_output_nobody_reads_does_not_hold_back_another_run(tmp_path
     assert server.outcomes["ok"] == n and sorted(asked.values()) == [1] * n, server.outcomes
 
 
+@pytest.mark.heavy
 def test_a_reader_that_closes_the_pipe_while_requests_run_ends_the_run_quietly(tmp_path):
     # the requests run in a thread of their own: `| head -1` must stop them, not leave the event
     # loop running under the annotator's close

@@ -584,6 +584,7 @@ def test_an_unrequested_extra_reply_is_never_read_as_the_answer_to_the_next_requ
     assert server.connections <= 4 + server.outcomes["extra_reply"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("latency, most", [(0.6, 1), (0.2, 2)])
 def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, latency, most):
     # each request takes `latency` of a 1 s timeout and the server works on one at a time, even on
