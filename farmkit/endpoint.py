@@ -18,10 +18,14 @@ Errors fall in three kinds:
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import math
 import os
 import random
 import re
+import select
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +120,101 @@ def redact(text: str, key: str | None = None, shapes: bool = True) -> str:
     return _KEY_SHAPES.sub("***", text) if shapes else text
 
 
+# a reply later than this share of the timeout means the endpoint is near its limit: no more at once
+HEADROOM = 0.5
+OVERLOADED = (408, 429, 503)  # statuses by which an endpoint says it has too much to do
+
+
+class ConcurrencyLimit:
+    """How many requests an endpoint is sent at once, adapted to what it sustains (AIMD, as TCP's
+    congestion window), judged by how long replies take: the slowest of the last round's replies and
+    of the requests still awaited. It starts at one. Until the first back-off, a latency within
+    HEADROOM of the timeout raises it at once to what even an endpoint that answers one request at
+    a time would answer within that headroom (timeout x HEADROOM / latency). Beyond that it grows on
+    replies to requests sent while every place was taken, while one more at once would still be
+    answered within the headroom were the endpoint to answer one at a time: to one more than were in
+    flight with that request until the first back-off, then by one per round trip. A timeout, 408,
+    429 or 503 halves it (once per round: requests already in flight when it was cut do not cut it
+    again). Never below one nor above `most`."""
+
+    def __init__(self, most: int, timeout: float):
+        self.most, self.timeout = max(1, most), timeout
+        self.limit = 1.0
+        self.slow_start = True  # until the first back-off
+        self.cuts = 0
+        self.in_flight = 0
+        self._cut_at = -math.inf
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        self._started: dict[int, float] = {}  # place -> when it was given, for those in flight
+        self._latencies: collections.deque[float] = collections.deque(maxlen=self.most)
+        self._issued = 0
+
+    @property
+    def allowed(self) -> int:
+        return int(self.limit)
+
+    async def acquire(self) -> tuple[int, float, int, bool]:
+        """Wait for a place: (its number, when it was given, how many were in flight with it, whether
+        it took the last free place), for release."""
+        if self.in_flight >= self.allowed or self._waiting:
+            place = asyncio.get_running_loop().create_future()
+            self._waiting.append(place)
+            try:
+                together, full = await place
+            except asyncio.CancelledError:
+                if place.done() and not place.cancelled():  # given just now: hand it on
+                    self.in_flight -= 1
+                    self._wake()
+                raise
+        else:
+            self.in_flight += 1
+            together, full = self.in_flight, self.in_flight >= self.allowed
+        self._issued += 1
+        self._started[self._issued] = started = time.monotonic()
+        return self._issued, started, together, full
+
+    def release(self, place: tuple[int, float, int, bool], outcome: str | None) -> None:
+        """Give back a place: `outcome` "ok" (a reply), "overloaded" (timed out, or a status saying so)
+        or None (any other failure: nothing learnt)."""
+        token, started, together, full = place
+        del self._started[token]
+        self.in_flight -= 1
+        now = time.monotonic()
+        if outcome == "ok":
+            self._latencies.append(now - started)
+        # the slowest of the last round's replies and of those still awaited: an endpoint that answers
+        # out of turn makes one reply quick while another waits
+        latency = max(
+            [
+                now - min([started, *self._started.values()]),
+                *itertools.islice(reversed(self._latencies), self.allowed),
+            ]
+        )
+        headroom = self.timeout * HEADROOM
+        if outcome == "overloaded":
+            if started >= self._cut_at:
+                self.limit, self.slow_start = max(1.0, self.limit / 2), False
+                self._cut_at, self.cuts = now, self.cuts + 1
+        elif outcome == "ok" and latency <= headroom:
+            if self.slow_start:  # what even an endpoint that answers one at a time answers in time
+                self.limit = max(self.limit, headroom / max(latency, 1e-6))
+            # one more at once, were the endpoint to answer one at a time, would still be in time
+            if full and latency * (together + 1) / together <= headroom:
+                if self.slow_start:
+                    self.limit = max(self.limit, together + 1.0)
+                else:
+                    self.limit += 1 / self.limit
+            self.limit = min(self.limit, float(self.most))
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting and self.in_flight < self.allowed:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result((self.in_flight, self.in_flight >= self.allowed))
+
+
 class EndpointClient:
     """Requests to one endpoint over one connection pool. `stats` counts attempts sent, retries and
     replies received, for the callers' summaries."""
@@ -148,7 +247,13 @@ class EndpointClient:
         self._transport = transport(
             self.base_url, headers, float(timeout), max(1, int(connections)), connect
         )
+        self.limit = ConcurrencyLimit(max(1, int(connections)), float(timeout))
         self.stats = {"requests": 0, "retries": 0, "answered": 0}
+
+    @property
+    def concurrency(self) -> tuple[int, int, int]:
+        """(requests it may send at once now, the most it may, times it backed off)."""
+        return self.limit.allowed, self.limit.most, self.limit.cuts
 
     async def complete(
         self,
@@ -170,7 +275,7 @@ class EndpointClient:
             wait = None
             self.stats["requests"] += 1
             try:
-                response = await self._transport.post(path, payload)
+                response = await self._attempt(path, payload)
             except _ConnectFailed as exc:
                 if not self.stats["answered"]:
                     # never reached at all: a wrong address, a server that is not running or a host
@@ -244,6 +349,21 @@ class EndpointClient:
             (prompt_tokens, completion_tokens),
             unknown=unknown,
         )
+
+    async def _attempt(self, path: str, payload: bytes) -> _Response:
+        """One attempt, sent when the concurrency limit has a place for it, and telling it how it went."""
+        place = await self.limit.acquire()
+        outcome = None
+        try:
+            response = await self._transport.post(path, payload)
+            status = response.status_code
+            outcome = "overloaded" if status in OVERLOADED else "ok" if status == 200 else None
+            return response
+        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+            outcome = "overloaded"
+            raise
+        finally:
+            self.limit.release(place, outcome)
 
     def _reason(self, exc: Exception) -> str:
         return redact(str(exc) or type(exc).__name__, self.api_key)[:200]
@@ -323,7 +443,7 @@ class _StreamTransport:
         )
         while self.idle:
             reader, writer = self.idle.pop()
-            if not (reader.at_eof() or writer.is_closing()):  # not closed by the server while idle
+            if _reusable(reader, writer):
                 return await asyncio.wait_for(self._exchange(reader, writer, request), self.timeout)
             writer.close()
         try:
@@ -373,6 +493,25 @@ class _StreamTransport:
         for _, writer in self.idle:
             writer.close()
         self.idle.clear()
+
+
+def _reusable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Whether an idle connection may carry the next request: still open, and with nothing to read.
+    Bytes that arrived while it was idle (a reply nobody asked for, or the start of the server closing
+    it) would be read as the answer to the next request, and every later answer on it would be the one
+    before; such a connection is closed instead. Looked for in what the stream has buffered and, without
+    blocking, in what the socket holds that the event loop has not read yet."""
+    # the stream's buffer has no public size: its private bytearray is read
+    if reader.at_eof() or writer.is_closing() or reader._buffer:
+        return False
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):  # closed under us
+        return False
+    return not readable
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

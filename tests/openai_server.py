@@ -24,7 +24,9 @@ API:
   "list_content" (the message content a list), "string_usage" (token counts as strings); real
   replies with odd usage: "null_usage" (token counts null), "float_usage" (counts with a fraction,
   the billed count + 0.4); and, with `tls`, "tls_garbage" (bytes written beneath the TLS layer in
-  place of a reply: the client's TLS layer fails, as on a corrupted connection).
+  place of a reply: the client's TLS layer fails, as on a corrupted connection); "extra_reply" (the
+  real reply and, in the same write, a second, unrequested 200 on the same kept-alive connection whose
+  verdict names the other answer: a client that reads it as the reply to its next request is misled).
 - `script`: fault kinds (or None for a normal reply) for the first requests, in order, before the
   random draws start: a way to be sure each fault is met.
 - `models`: the model names it serves (None: any); others get a 404 `model_not_found`.
@@ -34,6 +36,8 @@ API:
   that echo what they were sent): what a client writes must still never hold it.
 - `chunked`: bodies go out with chunked transfer encoding instead of a Content-Length.
 - `tls`: (certificate file, key file): serve HTTPS (`url` starts with https).
+- `serial`: answer one request at a time, the others waiting their turn (a small model on a busy
+  machine); a request whose client gave up is still worked on, as such servers do.
 - `billing(text) -> int`: the token count each reply's usage reports for a text (`count_tokens` by
   default; `len` bills a token per character, far more than a client's estimate); completion tokens
   are capped at the request's max_tokens, as a real endpoint stops there. `billed` lists the
@@ -65,6 +69,7 @@ MALFORMED = ("plain", "bytes", "null_choice", "list_content", "string_usage")
 # well-formed replies whose usage is odd: counts that are null, or fractional
 ODD_USAGE = ("null_usage", "float_usage")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+_OTHER_ANSWER = re.compile(r"\b[AB]\b")
 
 
 def count_tokens(text: str) -> int:
@@ -150,6 +155,7 @@ class OpenAIServer:
         billing: Callable[[str], int] | None = None,
         tls: tuple[str, str] | None = None,
         echo_key: bool = False,
+        serial: bool = False,
     ):
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
         self.script, self.chunked, self.echo_key = list(script or []), chunked, echo_key
@@ -166,6 +172,7 @@ class OpenAIServer:
             "garbage",
             "drop",
             "tls_garbage",
+            "extra_reply",
             None,
             *MALFORMED,
             *ODD_USAGE,
@@ -177,6 +184,7 @@ class OpenAIServer:
         self.bodies: list[dict[str, Any]] = []
         self._random = random.Random(seed)
         self._lock = threading.Lock()
+        self.serial, self._turn = serial, threading.Lock()
         self._httpd = _Server(("127.0.0.1", port), _handler(self))
         self.tls = tls is not None
         if tls is not None:
@@ -270,13 +278,10 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             payload: dict[str, Any] | bytes,
             headers: dict[str, str] | None = None,
             content_type: str = "application/json",
+            then: bytes = b"",
         ) -> None:
-            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-            if server.chunked:  # in two chunks, as servers that stream their bodies send them
-                half = len(data) // 2
-                data = b"".join(
-                    b"%x\r\n%s\r\n" % (len(part), part) for part in (data[:half], data[half:], b"")
-                )
+            """Send a reply; `then`: bytes that follow it in the same write (a reply nobody asked for)."""
+            data = _body(payload, server.chunked)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
@@ -289,7 +294,7 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 if server.echo_key:
                     self.send_header("X-Echo-Key", self._key())
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(data + then)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): nothing to deliver
 
@@ -327,6 +332,13 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"no route {self.path}", "invalid_request_error")
 
         def do_POST(self) -> None:
+            if server.serial:  # one at a time, the rest queued: a small model on a busy machine
+                with server._turn:
+                    self._post()
+            else:
+                self._post()
+
+        def _post(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
             if self.path.startswith("http"):
@@ -421,6 +433,9 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 server.record("garbage")
             elif fault in ODD_USAGE:
                 server.record(fault, body)
+            elif fault == "extra_reply":
+                server.record("ok", body)
+                server.record("extra_reply")
             elif fault != "timeout":
                 server.record("ok", body)
             prompt_tokens, completion_tokens = server.usage(body, text, self._key())
@@ -431,19 +446,42 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             }
             if "prompt" in body:
                 choice = {"index": 0, "text": text, "finish_reason": "stop"}
-            self._send(
-                200,
-                {
-                    "id": f"chatcmpl-{sum(server.outcomes.values())}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model"),
-                    "choices": [choice],
-                    "usage": _usage(fault, prompt_tokens, completion_tokens),
-                },
-            )
+            reply = {
+                "id": f"chatcmpl-{sum(server.outcomes.values())}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [choice],
+                "usage": _usage(fault, prompt_tokens, completion_tokens),
+            }
+            extra = b""
+            if fault == "extra_reply":
+                stale = json.loads(json.dumps(reply))
+                message = stale["choices"][0].get("message") or stale["choices"][0]
+                key = "content" if "content" in message else "text"
+                message[key] = _OTHER_ANSWER.sub(lambda m: "B" if m[0] == "A" else "A", text)
+                framing = (
+                    b"Transfer-Encoding: chunked"
+                    if server.chunked
+                    else b"Content-Length: %d" % len(json.dumps(stale).encode())
+                )
+                extra = (
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%s\r\n\r\n" % framing
+                    + _body(stale, server.chunked)
+                )
+            self._send(200, reply, then=extra)
 
     return Handler
+
+
+def _body(payload: dict[str, Any] | bytes, chunked: bool) -> bytes:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    if chunked:  # in two chunks, as servers that stream their bodies send them
+        half = len(data) // 2
+        data = b"".join(
+            b"%x\r\n%s\r\n" % (len(part), part) for part in (data[:half], data[half:], b"")
+        )
+    return data
 
 
 def _usage(fault: str | None, prompt: int, completion: int) -> dict[str, Any]:

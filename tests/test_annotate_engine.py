@@ -773,3 +773,59 @@ def test_a_new_cache_file_gets_the_umasks_permissions_like_any_output(tmp_path):
     )
     assert result.returncode == 0, result.stderr.decode()
     assert (output.stat().st_mode & 0o777, cache.stat().st_mode & 0o777) == (0o644, 0o644)
+
+
+def test_a_renewed_claim_outlives_its_first_lease(tmp_path):
+    path = tmp_path / "c.sqlite"
+    a, b = VerdictCache(path), VerdictCache(path)
+    assert a.claim(["kept", "left"], lease=0.2)[0] == ["kept", "left"]
+    time.sleep(0.3)
+    assert b.claim(["left"], lease=60)[0] == ["left"]  # not renewed: expired, taken over
+    a.claim(["kept"], lease=0.2)  # still A's own: claimed again
+    a.renew(60)
+    time.sleep(0.3)
+    mine, theirs, _ = b.claim(["kept"], lease=60)
+    a.close(), b.close()
+    assert (mine, theirs) == ([], ["kept"])
+
+
+@pytest.mark.heavy
+def test_a_running_annotator_renews_its_claims_beyond_their_lease(tmp_path, monkeypatch):
+    # the lease is short (only a run dead on another host waits it out), so a live run whose request
+    # takes longer than the lease must renew it, or another run would take the question over and pay again
+    import threading
+
+    from farmkit.annotate import engine
+    from farmkit.annotate.run import Run
+
+    monkeypatch.setattr(engine, "CLAIM_LEASE", 0.4)
+    monkeypatch.setattr(engine, "CLAIM_RENEWAL", 0.1)
+    pool = pool_from_dict(
+        {
+            "name": "slow",
+            "settings": {"timeout": 10, "concurrency": 2},
+            "judges": [{"name": "j", "backend": "openai", "model": "m", "prompt": "plain"}],
+        },
+        "test",
+    )
+    items = [
+        Item(p)
+        for p in [{"instruction": f"Q{i}?", "output_1": "a", "output_2": "bb"} for i in range(2)]
+    ]
+    path = tmp_path / "c.sqlite"
+    with OpenAIServer(respond=judge_longer, latency=1.5) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test")
+        with Run(pool, cache_path=path) as run:
+            records: list = []
+            worker = threading.Thread(target=lambda: records.extend(run.records(items)))
+            worker.start()
+            time.sleep(1.0)  # over twice the lease, the first request still unanswered
+            other = VerdictCache(path)
+            keys = [row[0] for row in other._db.execute("SELECT key FROM claims")]
+            mine, theirs, _ = other.claim(keys, lease=60)
+            other.close()
+            worker.join()
+    assert len(keys) >= 1 and (mine, sorted(theirs)) == ([], sorted(keys))
+    assert [r["preference"] for r in records] == [2, 2]
+    assert server.outcomes["ok"] == len(items)

@@ -839,3 +839,76 @@ def test_an_endpoint_that_cannot_be_reached_stops_the_run(tmp_path):
     )
     assert result.returncode == 1 and result.stdout == b""
     assert f"cannot connect to http://127.0.0.1:{port}/v1".encode() in result.stderr
+
+
+@pytest.mark.heavy
+def test_a_run_whose_output_nobody_reads_does_not_hold_back_another_run(tmp_path):
+    # run A writes into a pipe nobody reads: once the pipe is full it blocks writing. Its claims must
+    # not keep run B, on the same cache and pairs, waiting for a lease (here 5*4*3+60 = 120 s), and B
+    # must not pay again for what A was answered
+    n, latency = 240, 0.05
+    settings = "settings: {timeout: 5, max_retries: 2, backoff: 0.02, concurrency: 4}\n"
+    pool = _pool(tmp_path, source="single", settings=settings)
+    pairs = [
+        {**pair, "output_1": pair["output_1"] + " " * 300, "output_2": pair["output_2"] + " " * 600}
+        for pair in _pairs(n)
+    ]  # records of about 1.5 KB: the 64 KiB pipe is full after some 40 of them
+    (tmp_path / "pairs.jsonl").write_bytes(_jsonl(pairs))
+    cache = tmp_path / "c.sqlite"
+    with OpenAIServer(respond=judge_longer, latency=latency) as server:
+        env = {**os.environ, **_env(server)}
+        command = [str(Path(sys.executable).parent / "farm-annotate"), "--pool", pool, "-q"]
+        command += ["--cache", str(cache), str(tmp_path / "pairs.jsonl")]
+        reader_gone = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        try:
+            deadline = time.time() + 60
+            while _verdicts_in(cache) < 60 and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # A is blocked on its full pipe by now
+            started = time.time()
+            try:
+                other = subprocess.run(command, env=env, capture_output=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                other = None
+            seconds = time.time() - started
+            blocked = reader_gone.poll() is None
+            first, _ = reader_gone.communicate(timeout=60)
+        finally:
+            if reader_gone.poll() is None:
+                reader_gone.kill()
+                reader_gone.wait()
+    assert other is not None, "run B waited for run A's claims"
+    assert other.returncode == 0, other.stderr.decode()
+    assert blocked  # A was still blocked writing when B was done: B did not wait for A's reader
+    assert seconds < 15, seconds
+    truth = [_longer(p) for p in pairs]
+    assert [r["preference"] for r in _records(other.stdout)] == truth
+    assert [r["preference"] for r in _records(first)] == truth
+    # every question was asked once, by one run or the other
+    asked = Counter(frozenset(pair) for body in server.bodies for pair in shown_pairs(body)[1])
+    assert server.outcomes["ok"] == n and sorted(asked.values()) == [1] * n, server.outcomes
+
+
+@pytest.mark.heavy
+def test_a_reader_that_closes_the_pipe_while_requests_run_ends_the_run_quietly(tmp_path):
+    # the requests run in a thread of their own: `| head -1` must stop them, not leave the event
+    # loop running under the annotator's close
+    pool = _pool(tmp_path, source="single", settings=FAST)
+    with OpenAIServer(respond=judge_longer, latency=0.3) as server:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "farm-annotate"), "--pool", pool, "--no-cache"],
+            env={**os.environ, **_env(server)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        process.stdin.write(_jsonl(_pairs(60)))
+        process.stdin.close()
+        first = process.stdout.readline()
+        process.stdout.close()
+        errors = process.stderr.read()
+        process.wait(timeout=60)
+    assert orjson.loads(first)["preference"] == _longer(_pairs(1)[0])
+    assert process.returncode == 0 and errors == b"", errors.decode()

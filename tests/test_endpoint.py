@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -553,3 +554,68 @@ def test_farm_annotate_stops_at_once_on_an_endpoint_that_never_accepts(tmp_path,
     )
     assert result.exit_code == 1 and result.stdout_bytes == b""
     assert f"cannot connect to {blackhole} (no connection within 0.5 s)" in str(result.exception)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_unrequested_extra_reply_is_never_read_as_the_answer_to_the_next_request(
+    tmp_path, chunked
+):
+    # a server that, on some kept-alive connections, sends a second reply nobody asked for: a client
+    # that reuses the connection without looking for unread bytes reads it as its next answer, and
+    # every later answer on that connection is the one before
+    pairs = _pairs(120)
+    settings = "settings: {timeout: 5.0, backoff: 0.01, max_retries: 4, concurrency: 4}\n"
+    with OpenAIServer(
+        respond=judge_longer, faults={"extra_reply": 0.1}, seed=5, chunked=chunked
+    ) as server:
+        result = _annotate(
+            "--pool",
+            _pool(tmp_path, settings=settings),
+            "--no-cache",
+            input=_jsonl(pairs),
+            env=_env(server),
+        )
+    assert result.exit_code == 0, result.output
+    assert server.outcomes["extra_reply"] >= 5, server.outcomes
+    records = [orjson.loads(line) for line in result.stdout_bytes.splitlines()]
+    wrong = [r["instruction"] for r in records if r["preference"] != 2]
+    assert len(records) == len(pairs) and wrong == []
+    # each connection spoilt by an extra reply was left, not the whole pool: it was kept alive before
+    assert server.connections <= 4 + server.outcomes["extra_reply"]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("latency, most", [(0.6, 1), (0.2, 2)])
+def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, latency, most):
+    # each request takes `latency` of a 1 s timeout and the server works on one at a time, even on
+    # those whose client gave up: eight sent at once time out and are retried while it is still busy
+    # with them. Sent as fast as it answers them, they all finish without a retry
+    pairs = _pairs(8)
+    settings = "settings: {timeout: 1.0, backoff: 0.05, max_retries: 6, concurrency: 8}\n"
+    with OpenAIServer(respond=judge_longer, latency=latency, serial=True) as server:
+        result = _annotate(
+            "--pool",
+            _pool(tmp_path, settings=settings),
+            "--no-cache",
+            input=_jsonl(pairs),
+            env=_env(server),
+        )
+    assert result.exit_code == 0, result.output
+    assert [orjson.loads(line)["preference"] for line in result.stdout_bytes.splitlines()] == [
+        2
+    ] * 8
+    summary = result.stderr.splitlines()[-1]
+    settled = re.search(r"openai concurrency (\d+) of 8,", summary)
+    assert "retries" not in summary and settled and 1 <= int(settled[1]) <= most, summary
+    assert server.outcomes["ok"] == 8  # no work done for a client that had given up
+
+
+def test_rate_limited_replies_make_the_client_back_off(tmp_path):
+    with OpenAIServer(respond=judge_longer, script=["429"] * 4) as server:
+        result = _annotate(
+            "--pool", _pool(tmp_path), "--no-cache", input=_jsonl(_pairs(12)), env=_env(server)
+        )
+    assert result.exit_code == 0, result.output
+    summary = result.stderr.splitlines()[-1]
+    assert "+4 retries" in summary and "(backed off" in summary, summary
+    assert server.outcomes["ok"] == 12

@@ -76,7 +76,7 @@ from farmkit.io import RecordWriter, records_stdout
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    help="Requests in flight at once (pool default: 16).",
+    help="The most requests in flight at once, fewer while the endpoint is slow (pool default: 16).",
 )
 @click.option(
     "--timeout",

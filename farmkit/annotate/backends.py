@@ -44,6 +44,16 @@ class Backends:
             getattr(backend, "stats", {}).get("retries", 0) for backend in self._built.values()
         )
 
+    @property
+    def concurrency(self) -> list[tuple[str, int, int, int]]:
+        """(backend, requests it may send at once now, the most it may, times it backed off) of each
+        backend whose concurrency adapts to its endpoint."""
+        return [
+            (name, *backend.client.concurrency)
+            for name, backend in self._built.items()
+            if hasattr(getattr(backend, "client", None), "concurrency")
+        ]
+
     async def close(self) -> None:
         for backend in self._built.values():
             await backend.close()

@@ -6,7 +6,8 @@ Concurrent runs share work through claims: before asking, a run claims the keys 
 (a row in `claims` naming its host and process, with a lease); another run that needs a claimed key waits
 for the verdict instead of paying for it again. A claim ends when its verdict is written, when its run
 releases it (a failure, the end of the run), when its process is gone (same host: exited, killed
-and not yet reaped, or its pid since reused) or when its lease ends.
+and not yet reaped, or its pid since reused) or when its lease ends (a live run renews its claims'
+leases as it goes, so only a run that died on another host is waited for that long).
 """
 
 from __future__ import annotations
@@ -189,6 +190,13 @@ class VerdictCache:
                 )
                 mine.append(key)
         return mine, theirs, answered
+
+    def renew(self, lease: float) -> None:
+        """Extend every claim this run holds to `lease` seconds from now."""
+        with self._transaction():
+            self._db.execute(
+                "UPDATE claims SET expires = ? WHERE owner = ?", (time.time() + lease, self.owner)
+            )
 
     def release(self, keys: list[str] | None = None) -> None:
         """Give up this run's claims on `keys` (None: all of them), so that waiting runs ask for themselves."""

@@ -11,7 +11,9 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import queue
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +42,10 @@ from farmkit.io import FarmError
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"
 CLAIM_POLL = 0.2  # seconds between looks at a verdict another run is asking for
+# seconds a claim lasts unless renewed, and between renewals: a live run renews its claims, so the lease
+# only bounds how long a run that died on another host (where its pid cannot be checked) holds them
+CLAIM_LEASE = 120.0
+CLAIM_RENEWAL = 20.0
 BULK_REQUEST = (
     512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
 )
@@ -161,6 +167,7 @@ class Annotator:
         self._judge_details = [self._details(judge) for judge in pool.judges]
         self.stats = Stats()
         self._loop: asyncio.AbstractEventLoop | None = None  # made on first use, ended by close()
+        self._requests: tuple[asyncio.Task, threading.Thread] | None = None  # running on the loop
         self._stopped = False
         self._signal: int | None = None  # SIGINT or SIGTERM received while requests ran
         self._followers: dict[str, list[Ask]] = {}
@@ -361,30 +368,77 @@ class Annotator:
         flush: Callable[[], None],
         ready: list[dict[str, Any]],
     ) -> Iterator[dict[str, Any]]:
-        """Run the requests on the annotator's event loop in steps, yielding finished records between
-        steps. The loop, and the backends' connections on it, outlive this call: close() ends them."""
+        """Run the requests on the annotator's event loop, in a thread of its own, yielding finished
+        records as they come. The loop does not wait for whoever reads the records: a reader that is
+        slow or gone (a full pipe nobody reads) holds no request, no claim and no verdict back, so other
+        runs on the cache never wait for this run's stdout. The loop, and the backends' connections on
+        it, outlive this call: close() ends them."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         loop = self._loop
-        tasks: list[asyncio.Task] = []
-        restore = self._stop_on_signals(loop)
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        restore = self._stop_on_signals()
+        work = loop.create_task(self._all(requests, items, flush, ready, out))
+
+        def serve() -> None:
+            try:
+                loop.run_until_complete(work)
+                out.put(None)
+            except BaseException as exc:  # handed to the reader, raised there
+                out.put(exc)
+
+        thread = threading.Thread(target=serve, name="farm-annotate-requests", daemon=True)
+        thread.start()
+        self._requests = (work, thread)
         try:
-            slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
-            tasks = [loop.create_task(self._request(request, items, slots)) for request in requests]
-            # completed tasks are collected by a callback: asyncio.wait over every pending task at each
-            # step would cost O(requests) per completion, O(requests^2) in all
-            finished: list[asyncio.Task] = []
-            some_done = asyncio.Event()
+            while (batch := out.get()) is not None:
+                if isinstance(batch, BaseException):
+                    raise batch
+                yield from batch
+            if self._signal is not None:
+                _interrupted(self._signal)
+        finally:
+            restore()
+            self._stop_requests()
 
-            def collect(task: asyncio.Task) -> None:
-                finished.append(task)
-                some_done.set()
+    def _stop_requests(self) -> None:
+        """Cancel what is left of the requests (stopped early: an error, or the reader closed the
+        pipe), quietly, and wait for their thread to end."""
+        if self._requests is None:
+            return
+        work, thread = self._requests
+        if not work.done() and self._loop is not None:
+            self._loop.call_soon_threadsafe(work.cancel)
+        thread.join()
+        self._requests = None
 
-            for task in tasks:
-                task.add_done_callback(collect)
+    async def _all(
+        self,
+        requests: list[list[Ask]],
+        items: list[Item],
+        flush: Callable[[], None],
+        ready: list[dict[str, Any]],
+        out: queue.SimpleQueue,
+    ) -> None:
+        """Ask every request, putting each batch of newly finished records on `out`."""
+        slots = asyncio.Semaphore(int(self.pool.settings["concurrency"]))
+        tasks = [asyncio.create_task(self._request(request, items, slots)) for request in requests]
+        renewing = asyncio.create_task(self._renew()) if self.cache is not None else None
+        # completed tasks are collected by a callback: asyncio.wait over every pending task at each step
+        # would cost O(requests) per completion, O(requests^2) in all
+        finished: list[asyncio.Task] = []
+        some_done = asyncio.Event()
+
+        def collect(task: asyncio.Task) -> None:
+            finished.append(task)
+            some_done.set()
+
+        for task in tasks:
+            task.add_done_callback(collect)
+        try:
             collected = 0
             while collected < len(tasks):
-                loop.run_until_complete(some_done.wait())
+                await some_done.wait()
                 some_done.clear()
                 done, finished[:] = list(finished), []
                 collected += len(done)
@@ -395,52 +449,65 @@ class Annotator:
                     if error is not None:
                         raise error
                 flush()
-                yield from ready
-                ready.clear()
-            if self._signal is not None:
-                _interrupted(self._signal)
+                if ready:
+                    out.put(list(ready))
+                    ready.clear()
         finally:
-            restore()
-            # stopped early (an error, or the reader closed the pipe): cancel what is left, quietly
             unfinished = [task for task in tasks if not task.done()]
+            if renewing is not None:
+                renewing.cancel()
+                unfinished.append(renewing)
             for task in unfinished:
                 task.cancel()
             if unfinished:
-                loop.run_until_complete(asyncio.wait(unfinished))
+                await asyncio.wait(unfinished)
             for task in tasks:
                 if not task.cancelled():
                     task.exception()  # retrieved, so asyncio does not report it again at exit
 
-    def _stop_on_signals(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    def _stop_on_signals(self) -> Callable[[], None]:
         """Until the returned function is called, SIGINT or SIGTERM stops sending requests: the
         requests in flight (at most the pool's concurrency) are answered and their verdicts cached
-        before the run ends, so that a paid reply is not lost. A second signal acts at once."""
+        before the run ends, so that a paid reply is not lost. A second signal acts at once. The
+        handlers run in the main thread (where Python delivers signals); the requests' thread reads
+        the flag they set."""
         saved: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
 
         def restore() -> None:
             for number, handler in saved.items():
-                loop.remove_signal_handler(number)
                 signal.signal(number, signal.SIG_DFL if handler is None else handler)
             saved.clear()
 
-        def stop(number: int) -> None:
+        def stop(number: int, frame: Any) -> None:
             self._stopped, self._signal = True, number
             restore()
 
         for number in (signal.SIGINT, signal.SIGTERM):
             try:
-                previous = signal.getsignal(number)
-                loop.add_signal_handler(number, stop, number)
-            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                saved[number] = signal.signal(number, stop)
+            except (ValueError, OSError):
                 continue
-            saved[number] = previous
         return restore
+
+    async def _renew(self) -> None:
+        """Extend this run's claims while it runs: a live run keeps its claims however long its requests
+        take (a slow endpoint, a queue for the endpoint's concurrency), a dead one loses them a lease
+        after its last renewal (at once where its host sees it is gone)."""
+        assert self.cache is not None
+        while True:
+            await asyncio.sleep(CLAIM_RENEWAL)
+            self.cache.renew(CLAIM_LEASE)
 
     def close(self) -> None:
         """Close the backends it built, on the event loop their connections belong to, and the loop.
         The Run that owns this annotator calls it once, at the end of the run."""
         if self._loop is None:
             return
+        # a reader that stopped reading (a closed pipe) leaves the records' generator suspended, its
+        # requests still running on the loop
+        self._stop_requests()
         try:
             self._loop.run_until_complete(self.backends.close())
         finally:
@@ -457,19 +524,11 @@ class Annotator:
         self, request: list[Ask], items: list[Item], slots: asyncio.Semaphore
     ) -> None:
         """Ask `request`, less what the cache answers by now and what another run is asking (wait for that)."""
-        settings = self.pool.settings
-        # a claim outlives the longest a request can take with all its retries, so only a dead run's claim expires
-        lease = (
-            float(settings["timeout"])
-            * (int(settings["max_retries"]) + 2)
-            * (int(settings["parse_retries"]) + 1)
-            + 60
-        )
         waiting = request
         while waiting:
             # claimed only once a slot is free, so that a claim is not held while the request waits its turn
             async with slots:
-                mine, waiting = self._take(waiting, lease)
+                mine, waiting = self._take(waiting, CLAIM_LEASE)
                 if mine:
                     try:
                         await self._ask(mine, items)

@@ -147,6 +147,11 @@ class Run:
             f"{stats.items} items ({stats.noised} noised, {stats.identical} identical pairs tied)",
             f"{stats.requests} requests" + (f" (+{retries} retries)" if retries else ""),
             f"{stats.cache_hits} cache hits",
+            *(
+                f"{name} concurrency {now} of {most}"
+                + (f" (backed off {cuts} times)" if cuts else "")
+                for name, now, most, cuts in self.annotator.backends.concurrency
+            ),
             f"{stats.failures} without a verdict",
             f"{stats.prompt_tokens:,.0f} prompt + {stats.completion_tokens:,.0f} completion tokens",
             f"${stats.price:.4f}",
