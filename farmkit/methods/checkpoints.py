@@ -1,6 +1,6 @@
 """What an on-policy run (farm-ppo, farm-rloo, farm-grpo) writes beside its training and reads back
 to resume: the checkpoint folder's metrics.jsonl (a line a step), a loadable policy folder every
---checkpoint-every steps whose trainer/ subfolder holds what --resume needs (without DeepSpeed the
+--save-steps steps whose trainer/ subfolder holds what --resume needs (without DeepSpeed the
 value model or the adapters, the optimizer and the scheduler; under DeepSpeed the engine's own
 checkpoint beside the scheduler), and the output folder at the end."""
 
@@ -118,7 +118,7 @@ def load_engine_state(engine_model: Any, engine: Path | None) -> None:
 class RunRecord:
     """What a policy-gradient run (farm-ppo, farm-rloo, farm-grpo) writes beside its training: the
     checkpoint folder's metrics.jsonl (a line a step, past a resumed step forgotten), a checkpoint
-    every --checkpoint-every steps, and the output folder at the end. Every process calls it; the
+    every --save-steps steps, and the output folder at the end. Every process calls it; the
     main one writes."""
 
     def __init__(
@@ -221,7 +221,7 @@ def linear_scheduler(optimizer: Any, config: Any, updates_per_step: int) -> Any:
 
 
 def checkpoint_step(done: int, config: Any) -> bool:
-    """Whether step `done` ends with a checkpoint (every checkpoint-every steps) or the run."""
+    """Whether step `done` ends with a checkpoint (every --save-steps steps) or the run."""
     every = config.checkpoint_every
     return done == config.steps or bool(every and done % every == 0)
 

@@ -80,6 +80,7 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
+    device: str = shared_field("device", "auto")
 
     def __post_init__(self) -> None:
         losses = self.losses
@@ -205,7 +206,7 @@ def train_dpo(
         )
     if config.gold:
         check_processes()
-    on_gpu = torch.cuda.is_available()
+    on_gpu = launch.check_device(config.device).startswith("cuda")
     # every preference record read was paid for, ties and null verdicts included
     budget = Budget(sum((counts or {}).get(key, 0) for key in ("tie", "null")) + len(pairs))
     torch.manual_seed(seed)

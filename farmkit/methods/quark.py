@@ -54,7 +54,7 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     prompts_per_round: int = help_field(
         64, "Prompts sampled per round, over all processes (AlpacaFarm: 512, one sample each)."
     )
-    samples_per_prompt: int = help_field(4, "Responses sampled per prompt per round.")
+    samples_per_prompt: int = shared_field("num_samples", 4, more_help="Sampled every round.")
     num_quantiles: int = help_field(
         5,
         "Reward quantiles the responses of a round are ranked into (the Quark paper's 5; AlpacaFarm's script leaves the count to the caller).",
@@ -77,10 +77,11 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "Optimizer steps per round, each on batch-size kept responses drawn in a shuffled cycle (AlpacaFarm: 1 step of 256); 0: epochs-per-round passes instead.",
     )
     learning_rate: float = shared_field("learning_rate", 1e-5)
-    lr_schedule: str = help_field(
+    lr_schedule: str = shared_field(
+        "lr_scheduler_type",
         "linear",
-        "Learning rate over the rounds: 'linear' decays it to 0 by the end, after warmup-steps rounds of warm-up (AlpacaFarm); 'constant' keeps it.",
         LR_SCHEDULES,
+        more_help="Over the rounds: 'linear' decays it to 0 by the end, after warmup-steps rounds of warm-up (AlpacaFarm); 'constant' keeps it.",
     )
     batch_size: int = help_field(8, "Responses per optimizer step, over all processes.")
     kl_coef: float = help_field(
@@ -104,7 +105,7 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
             raise ValueError("num-quantiles must be at least 2")
         if self.prompts_per_round * self.samples_per_prompt < self.num_quantiles:
             raise ValueError(
-                "a round needs at least one response per quantile: raise prompts-per-round or samples-per-prompt"
+                "a round needs at least one response per quantile: raise prompts-per-round or num-samples"
             )
         if self.learning_rate <= 0 or self.kl_coef < 0 or self.steps_per_round < 0:
             raise ValueError("learning-rate must be positive, kl-coef and steps-per-round >= 0")

@@ -61,6 +61,7 @@ class RewardConfig(ModelArgs, TrackingArgs):
         "Train only the head and the top K transformer blocks (0: the head alone; -1: every weight).",
     )
     eval_every: int = help_field(0, "Held-out evaluation every K steps (0: at the end only).")
+    device: str = shared_field("device", "auto")
 
     def __post_init__(self) -> None:
         if not 0 <= self.eval_fraction < 1:
@@ -385,9 +386,10 @@ def train_reward_model(
 
     if not items:
         raise FarmError("no comparisons to train on")
-    gpu = torch.cuda.is_available()
+    gpu = launch.check_device(config.device).startswith("cuda")
     # joins the launcher's processes and honours a DeepSpeed launch (see launch.use_cpu)
     accelerator = launch.make_accelerator(
+        cpu=config.device == "cpu",
         mixed_precision="bf16" if gpu and torch.cuda.is_bf16_supported() else "no",
         **tracking.accelerator_kwargs(config.report_to, output_dir),
     )
