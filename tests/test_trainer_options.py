@@ -82,3 +82,94 @@ def test_device_cpu_trains_and_writes_a_loadable_folder(tool, models, tmp_path):
     assert meta["config"]["device"] == "cpu"
     if tool != "farm-rm-train":
         load_causal_lm(output, device="cpu")
+
+
+def interrupt_at(monkeypatch, module: str, step: int, key: str = "step") -> None:
+    """Make the trainer in `module` die right after logging step `step` (as a kill would: the step
+    was done, its state not saved), by its tracking.log call."""
+    target = importlib.import_module(module)
+    original = target.tracking.log
+
+    def log(accelerator, row, number):
+        original(accelerator, row, number)
+        if number == step:
+            raise KeyboardInterrupt(f"interrupted after {key} {step}")
+
+    monkeypatch.setattr(target.tracking, "log", log)
+
+
+def weights(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def assert_same_weights(first, second) -> None:
+    a, b = weights(first), weights(second)
+    assert a.keys() == b.keys()
+    different = [key for key in a if not torch.equal(a[key], b[key])]
+    assert not different, different[:5]
+
+
+def metrics_without_time(folder) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k != "elapsed_s"} for row in rows]
+
+
+def test_rm_train_resumed_after_an_interruption_ends_with_the_unbroken_runs_weights(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    from test_reward import keyword_prefs
+    from test_reward import write_jsonl as write_prefs
+
+    from farmkit.io import FarmError
+    from farmkit.methods.reward import RewardConfig, train_reward_model
+    from farmkit.records import comparisons
+
+    items, _ = comparisons(keyword_prefs(40, seed=1))
+    # 32 training pairs, 8 a step: 4 steps an epoch, 12 in all; states at 3, 6 and 9
+    settings = dict(learning_rate=1e-3, batch_size=8, epochs=3, eval_fraction=0.2, save_steps=3)
+    unbroken = train_reward_model(
+        str(tiny_model_path), items, tmp_path / "unbroken", RewardConfig(**settings)
+    )
+    assert unbroken["steps"] == 12
+    assert not (tmp_path / "unbroken-checkpoints").exists()  # removed when the run ended
+
+    broken = tmp_path / "broken"
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, "farmkit.methods.reward", 7)  # mid-epoch 2, one step past a state
+        with pytest.raises(KeyboardInterrupt):
+            train_reward_model(str(tiny_model_path), items, broken, RewardConfig(**settings))
+    assert not broken.exists()
+    assert sorted(p.name for p in (tmp_path / "broken-checkpoints").iterdir()) == ["step-000006"]
+    # other settings than the interrupted run's are refused
+    with pytest.raises(FarmError, match=r"other settings \(learning_rate\)"):
+        train_reward_model(
+            str(tiny_model_path),
+            items,
+            broken,
+            RewardConfig(**{**settings, "learning_rate": 2e-3, "resume": True}),
+        )
+    # the command line resumes it
+    prefs = write_prefs(tmp_path / "prefs.jsonl", keyword_prefs(40, seed=1))
+    args = ["--learning-rate", "1e-3", "--batch-size", "8", "--epochs", "3"]
+    args += ["--eval-fraction", "0.2", "--save-steps", "3", "--resume", "-q"]
+    result = run_tool("farm-rm-train", str(tiny_model_path), str(prefs), "-o", str(broken), *args)
+    assert result.returncode == 0, result.stderr.decode()
+    assert_same_weights(tmp_path / "unbroken", broken)
+    assert metrics_without_time(broken) == metrics_without_time(tmp_path / "unbroken")
+    assert not (tmp_path / "broken-checkpoints").exists()
+
+
+def test_resume_without_a_state_is_an_error(tiny_model_path, tmp_path):
+    from test_reward import keyword_prefs
+    from test_reward import write_jsonl as write_prefs
+
+    prefs = write_prefs(tmp_path / "prefs.jsonl", keyword_prefs(8, seed=1))
+    result = run_tool(
+        "farm-rm-train", str(tiny_model_path), str(prefs), "-o", str(tmp_path / "rm"), "--resume"
+    )
+    assert result.returncode == 1
+    assert f"--resume: no checkpoint with a trainer state in {tmp_path / 'rm'}-checkpoints" in (
+        result.stderr.decode()
+    )
