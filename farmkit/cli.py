@@ -407,11 +407,14 @@ def _config_option(field: dataclasses.Field) -> Callable:
     )
 
 
-def config_options(config_class: type) -> Callable[[Callable], Callable]:
+def config_options(
+    config_class: type, leave_out: tuple[str, ...] = ()
+) -> Callable[[Callable], Callable]:
     """Decorate a click command with one option per config field plus `--config FILE.yaml`.
 
     The options that several tools share (SHARED) come from there, so they read the same in every
     tool. `resolve_config` tells a flag given on the command line from a default by its source.
+    `leave_out`: fields the tool does not offer (they keep their defaults).
     """
 
     groups = [
@@ -430,7 +433,10 @@ def config_options(config_class: type) -> Callable[[Callable], Callable]:
 
     # the method's own options first, then the rollout options it shares with the other methods,
     # then the model's (--template, --seed), the tracker and the gold judge
-    fields = sorted(dataclasses.fields(config_class), key=group)
+    fields = sorted(
+        (field for field in dataclasses.fields(config_class) if field.name not in leave_out),
+        key=group,
+    )
 
     def decorate(function: Callable) -> Callable:
         for field in reversed(fields):

@@ -120,9 +120,9 @@ def test_rm_train_resumed_after_an_interruption_ends_with_the_unbroken_runs_weig
     tiny_model_path, tmp_path, monkeypatch
 ):
     from test_reward import keyword_prefs
-    from test_reward import write_jsonl as write_prefs
 
     from farmkit.io import FarmError
+    from farmkit.methods import reward as reward_module
     from farmkit.methods.reward import RewardConfig, train_reward_model
     from farmkit.records import comparisons
 
@@ -150,12 +150,19 @@ def test_rm_train_resumed_after_an_interruption_ends_with_the_unbroken_runs_weig
             broken,
             RewardConfig(**{**settings, "learning_rate": 2e-3, "resume": True}),
         )
-    # the command line resumes it
-    prefs = write_prefs(tmp_path / "prefs.jsonl", keyword_prefs(40, seed=1))
-    args = ["--learning-rate", "1e-3", "--batch-size", "8", "--epochs", "3"]
-    args += ["--eval-fraction", "0.2", "--save-steps", "3", "--resume", "-q"]
-    result = run_tool("farm-rm-train", str(tiny_model_path), str(prefs), "-o", str(broken), *args)
-    assert result.returncode == 0, result.stderr.decode()
+    # resumed, it trains steps 7 to 12 only, and ends where the unbroken run ended
+    trained = []
+    original = reward_module.tracking.log
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            reward_module.tracking,
+            "log",
+            lambda accelerator, row, step: (trained.append(step), original(accelerator, row, step)),
+        )
+        train_reward_model(
+            str(tiny_model_path), items, broken, RewardConfig(**settings, resume=True)
+        )
+    assert trained == list(range(7, 13))
     assert_same_weights(tmp_path / "unbroken", broken)
     assert metrics_without_time(broken) == metrics_without_time(tmp_path / "unbroken")
     assert not (tmp_path / "broken-checkpoints").exists()
@@ -173,3 +180,54 @@ def test_resume_without_a_state_is_an_error(tiny_model_path, tmp_path):
     assert f"--resume: no checkpoint with a trainer state in {tmp_path / 'rm'}-checkpoints" in (
         result.stderr.decode()
     )
+
+
+def test_dpo_resumed_after_an_interruption_ends_with_the_unbroken_runs_weights(
+    models, tmp_path, monkeypatch
+):
+    from transformers import TrainerCallback
+
+    from farmkit.methods import tracking
+    from farmkit.methods.dpo import DPOConfig, dpo_pairs, train_dpo
+
+    sft, _ = models
+    pairs, _ = dpo_pairs(preference_records(), "prefs")
+    # 16 pairs, 4 a step: 4 steps an epoch, 8 in all; checkpoints at 3 and 6
+    settings = dict(epochs=2, batch_size=4, learning_rate=1e-4, save_steps=3)
+    train_dpo(str(sft), pairs, str(tmp_path / "unbroken"), DPOConfig(**settings))
+    assert not (tmp_path / "unbroken-checkpoints").exists()
+
+    trained, interrupted = [], []
+
+    class Interrupt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            trained.append(state.global_step)
+            if state.global_step == 5 and not interrupted:  # its checkpoint would come at 6
+                interrupted.append(5)
+                raise KeyboardInterrupt("interrupted after step 5")
+
+    original = tracking.trainer_reporting
+
+    def reporting(*args, **kwargs):
+        report_to, callbacks = original(*args, **kwargs)
+        return report_to, [*callbacks, Interrupt()]
+
+    monkeypatch.setattr(tracking, "trainer_reporting", reporting)
+    with pytest.raises(KeyboardInterrupt):
+        train_dpo(str(sft), pairs, str(tmp_path / "broken"), DPOConfig(**settings))
+    checkpoints = tmp_path / "broken-checkpoints"
+    assert sorted(path.name for path in checkpoints.glob("checkpoint-*")) == ["checkpoint-3"]
+    trained.clear()
+    train_dpo(str(sft), pairs, str(tmp_path / "broken"), DPOConfig(**settings, resume=True))
+    assert trained == [4, 5, 6, 7, 8]  # resumed: the steps after the checkpoint, no others
+    assert_same_weights(tmp_path / "unbroken", tmp_path / "broken")
+    losses = [row["loss"] for row in metrics_without_time(tmp_path / "unbroken")]
+    assert [row["loss"] for row in metrics_without_time(tmp_path / "broken")] == losses
+    assert not checkpoints.exists()
+    # the command line's --resume, with nothing to resume
+    prefs = write_jsonl(tmp_path / "prefs.jsonl", preference_records())
+    result = run_tool(
+        "farm-dpo", str(sft), str(prefs), "-o", str(tmp_path / "other"), "--resume", "-q"
+    )
+    assert result.returncode == 1
+    assert f"--resume: no checkpoint in {tmp_path / 'other'}-checkpoints" in result.stderr.decode()

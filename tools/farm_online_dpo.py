@@ -26,7 +26,8 @@ log = logging.getLogger("farmkit")
 @click.argument("sft")
 @input_argument("prompts")
 @output_dir_option
-@config_options(OnlineDPOConfig)
+# a rerun of the same command is what resumes online DPO: its rounds are the checkpoints
+@config_options(OnlineDPOConfig, leave_out=("save_steps", "resume"))
 @click.option(
     "--pool",
     default=DEFAULT_POOL,

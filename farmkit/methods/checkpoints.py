@@ -348,19 +348,46 @@ def resume_state(checkpoints: Path, config: Any) -> tuple[Path | None, dict[str,
     if found is None:
         raise FarmError(f"--resume: no checkpoint with a trainer state in {checkpoints}")
     written = json.loads((found / TRAINER_STATE / "state.json").read_text())
-    now = json.loads(json.dumps(config_dict(config)))  # as state.json holds it (lists, not tuples)
+    check_same_settings(found, written["config"], config)
+    log.info("resuming from %s (step %d)", found, written["step"])
+    return found / TRAINER_STATE, written
+
+
+def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> None:
+    """Refuse to resume a state written under settings that change the result."""
+    now = json.loads(json.dumps(config_dict(config)))  # as JSON holds it (lists, not tuples)
     changed = sorted(
         key
-        for key in set(now) | set(written["config"])
-        if key not in RESUMABLE_CHANGES and now.get(key) != written["config"].get(key)
+        for key in set(now) | set(written)
+        if key not in RESUMABLE_CHANGES and now.get(key) != written.get(key)
     )
     if changed:
         raise FarmError(
             f"--resume: {found} was written with other settings ({', '.join(changed)}); "
             "resume with the same ones"
         )
-    log.info("resuming from %s (step %d)", found, written["step"])
-    return found / TRAINER_STATE, written
+
+
+def trainer_checkpoint(checkpoints: Path, config: Any, main_process: bool = True) -> str | None:
+    """For a transformers Trainer (farm-dpo): the newest checkpoint-N it wrote in `checkpoints` with
+    --resume (an error when there is none, or when the run's settings were others), else None.
+    Either way the folder records this run's settings (run.json) for the next --resume."""
+    record = checkpoints / "run.json"
+    found = None
+    if config.resume:
+        steps = sorted(
+            (path for path in checkpoints.glob("checkpoint-*") if path.name[11:].isdigit()),
+            key=lambda path: int(path.name[11:]),
+        )
+        if not steps or not record.is_file():
+            raise FarmError(f"--resume: no checkpoint in {checkpoints}")
+        found = steps[-1]
+        check_same_settings(found, json.loads(record.read_text())["config"], config)
+        log.info("resuming from %s", found)
+    if main_process and config.save_steps:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        record.write_text(metrics_dumps({"config": config_dict(config)}))
+    return str(found) if found else None
 
 
 def save_resume_state(
