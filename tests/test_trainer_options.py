@@ -84,18 +84,19 @@ def test_device_cpu_trains_and_writes_a_loadable_folder(tool, models, tmp_path):
         load_causal_lm(output, device="cpu")
 
 
-def interrupt_at(monkeypatch, module: str, step: int, key: str = "step") -> None:
-    """Make the trainer in `module` die right after logging step `step` (as a kill would: the step
-    was done, its state not saved), by its tracking.log call."""
-    target = importlib.import_module(module)
-    original = target.tracking.log
+def interrupt_at(monkeypatch, step: int, key: str = "step") -> None:
+    """Make a trainer die right after logging step `step` (as a kill would: the step was done, its
+    state not saved), by its tracking.log call."""
+    from farmkit.methods import tracking
+
+    original = tracking.log
 
     def log(accelerator, row, number):
         original(accelerator, row, number)
         if number == step:
             raise KeyboardInterrupt(f"interrupted after {key} {step}")
 
-    monkeypatch.setattr(target.tracking, "log", log)
+    monkeypatch.setattr(tracking, "log", log)
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
@@ -137,7 +138,7 @@ def test_rm_train_resumed_after_an_interruption_ends_with_the_unbroken_runs_weig
 
     broken = tmp_path / "broken"
     with monkeypatch.context() as patch:
-        interrupt_at(patch, "farmkit.methods.reward", 7)  # mid-epoch 2, one step past a state
+        interrupt_at(patch, 7)  # mid-epoch 2, one step past a state
         with pytest.raises(KeyboardInterrupt):
             train_reward_model(str(tiny_model_path), items, broken, RewardConfig(**settings))
     assert not broken.exists()
@@ -231,3 +232,55 @@ def test_dpo_resumed_after_an_interruption_ends_with_the_unbroken_runs_weights(
     )
     assert result.returncode == 1
     assert f"--resume: no checkpoint in {tmp_path / 'other'}-checkpoints" in result.stderr.decode()
+
+
+QUARK = dict(
+    prompts_per_round=8,
+    samples_per_prompt=2,
+    num_quantiles=2,
+    learning_rate=3e-3,
+    max_new_tokens=3,
+    batch_size=8,
+    epochs_per_round=1,
+)
+
+
+def test_quark_resumed_after_an_interruption_ends_with_the_unbroken_runs_weights(
+    models, tmp_path, monkeypatch
+):
+    from farmkit.methods import tracking
+    from farmkit.methods.quark import QuarkConfig, train_quark
+
+    sft, rm = models
+    prompts = prompt_records(16)
+    settings = dict(rounds=4, save_steps=2, **QUARK)
+    unbroken = train_quark(
+        str(sft), str(rm), prompts, str(tmp_path / "unbroken"), QuarkConfig(**settings)
+    )
+    assert not (tmp_path / "unbroken-checkpoints").exists()
+
+    broken = tmp_path / "broken"
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 3, "round")
+        with pytest.raises(KeyboardInterrupt):
+            train_quark(str(sft), str(rm), prompts, str(broken), QuarkConfig(**settings))
+    assert sorted(p.name for p in (tmp_path / "broken-checkpoints").iterdir()) == ["step-000002"]
+    rounds = []
+    original = tracking.log
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            tracking,
+            "log",
+            lambda accelerator, row, step: (rounds.append(step), original(accelerator, row, step)),
+        )
+        resumed = train_quark(
+            str(sft), str(rm), prompts, str(broken), QuarkConfig(**settings, resume=True)
+        )
+    assert rounds == [3, 4]  # the rounds after the state, no others
+    assert_same_weights(tmp_path / "unbroken", broken)
+    timeless = [{k: v for k, v in row.items() if k != "elapsed_s"} for row in unbroken]
+    assert [{k: v for k, v in row.items() if k != "elapsed_s"} for row in resumed] == timeless
+    assert metrics_without_time(broken) == metrics_without_time(tmp_path / "unbroken")
+    meta = json.loads((broken / "meta.json").read_text())
+    assert meta["budget"]["tokens_sampled"] == unbroken[-1]["tokens_sampled"]
+    assert not (tmp_path / "broken-checkpoints").exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -89,6 +90,16 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     )
     generation_batch_size: int = shared_field("generation_batch_size", 16)
     device: str = shared_field("device", "auto")
+    save_steps: int = shared_field(
+        "save_steps",
+        0,
+        more_help="Steps are rounds here; the state goes to DIR-checkpoints/ (removed when the run ends).",
+    )
+    resume: bool = shared_field(
+        "resume",
+        False,
+        more_help="From the newest state in DIR-checkpoints/; none there is an error.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -109,6 +120,8 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
             )
         if self.learning_rate <= 0 or self.kl_coef < 0 or self.steps_per_round < 0:
             raise ValueError("learning-rate must be positive, kl-coef and steps-per-round >= 0")
+        if self.save_steps < 0:
+            raise ValueError("save-steps must be >= 0")
         if self.control_token == "none" and self.keep == "all":
             raise ValueError(
                 "--keep all trains each quantile behind its own control token: it needs --control-token condition"
@@ -183,6 +196,7 @@ def train_quark(
     import torch
     from accelerate.utils import gather_object
 
+    from farmkit.methods import checkpoints as C
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
     from farmkit.methods.budget import Budget, reward_model_labels
@@ -256,7 +270,6 @@ def train_quark(
         start_network=reference,
         tool="farm-quark",
     )
-    budget = Budget(reward_model_labels(reward_model))
 
     def prompt_length(index: int) -> int:
         return len(plain_prompts[index])  # token ids, already fitted to the context
@@ -277,6 +290,13 @@ def train_quark(
     # under DeepSpeed the engine's batch is this process's share of a training batch, one step each
     launch.configure_deepspeed(accelerator, -(-config.batch_size // world), 1, config.max_grad_norm)
     model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    checkpoints = C.checkpoint_folder(output, config)
+    state, carried = C.resume_state(checkpoints, config)
+    if state is not None:  # the policy, optimizer, scheduler and random states after its round
+        accelerator.load_state(str(state))
+    history: list[dict[str, Any]] = carried.get("history", [])
+    budget = Budget(reward_model_labels(reward_model), history[-1] if history else None)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference.dtype != trained_dtype:
         reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy: like with like
@@ -290,8 +310,7 @@ def train_quark(
     )
     log.info("rollouts: %s backend", backend.name)
     order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
-    history: list[dict[str, Any]] = []
-    started = time.time()
+    started = time.time() - (history[-1]["elapsed_s"] if history else 0.0)
 
     def sample_round(
         sampler: Any, chosen: list[int], conditioned_prompts: list[list[int]], round_number: int
@@ -332,7 +351,7 @@ def train_quark(
                 )
         return pool
 
-    for round_number in range(config.rounds):
+    for round_number in range(len(history), config.rounds):  # a resumed run: the rounds left
         chosen = order[
             round_number * config.prompts_per_round : (round_number + 1) * config.prompts_per_round
         ]
@@ -453,6 +472,10 @@ def train_quark(
             metrics["nll"],
             metrics["kl"],
         )
+        if C.saves_now(round_number + 1, config.rounds, config.save_steps):
+            C.save_resume_state(
+                accelerator, checkpoints, round_number + 1, config, {"history": history}
+            )
 
     backend.close()
     tracking.finish(accelerator)
@@ -477,4 +500,5 @@ def train_quark(
                 metrics_path = Path(scratch) / "metrics.jsonl"
                 write_metrics(metrics_path, history)
                 P.save_policy(whole, tokenizer, output, meta, extra_files=[metrics_path])
+            shutil.rmtree(checkpoints, ignore_errors=True)  # the run is done: no need to resume it
     return history
