@@ -159,6 +159,8 @@ def test_every_shared_option_reads_the_same_in_every_tool():
                 seen.setdefault(name, set()).add(tool)
     # the check above saw the options where they are meant to be (a renamed one would slip by)
     group_methods = {"farm-rloo", "farm-grpo"}
+    lora_added = {"farm-quark", "farm-expiter"}  # issue 22
+    resume_added = {"farm-dpo", "farm-rm-train", "farm-quark"}
     expected = {
         "num_samples": {"farm-sample", "farm-bon", "farm-expiter", "farm-quark", *group_methods},
         "seed": {"farm-sample", "farm-bon", "farm-sft", "farm-dpo", "farm-ppo", "farm-quark"},
@@ -167,12 +169,13 @@ def test_every_shared_option_reads_the_same_in_every_tool():
         "max_new_tokens": {"farm-sample", "farm-bon", "farm-expiter", "farm-ppo", "farm-quark"},
         "generation_batch_size": {"farm-sample", "farm-bon", "farm-expiter", "farm-quark"},
         "reward_batch_size": {"farm-score", "farm-bon", "farm-expiter", "farm-ppo"},
-        "lora_rank": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo"},
-        "lora": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", "farm-expiter"},
+        "lora_rank": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", *lora_added},
+        "lora_alpha": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", *lora_added},
+        "lora": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", *lora_added},
         "epochs": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-expiter"},
         "lr_scheduler_type": {"farm-sft", "farm-quark"},
-        "save_steps": {"farm-sft", "farm-ppo", *group_methods},
-        "resume": {"farm-sample", "farm-sft", "farm-ppo", *group_methods},
+        "save_steps": {"farm-sft", "farm-ppo", *group_methods, *resume_added},
+        "resume": {"farm-sample", "farm-sft", "farm-ppo", *group_methods, *resume_added},
         "report_to": set(TRAINERS),
         "gold": set(POLICY_METHODS),
         "gold_prompts": set(POLICY_METHODS),

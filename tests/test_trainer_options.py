@@ -284,3 +284,70 @@ def test_quark_resumed_after_an_interruption_ends_with_the_unbroken_runs_weights
     meta = json.loads((broken / "meta.json").read_text())
     assert meta["budget"]["tokens_sampled"] == unbroken[-1]["tokens_sampled"]
     assert not (tmp_path / "broken-checkpoints").exists()
+
+
+def low_rank_changes(trained, base, rank: int) -> dict[str, int]:
+    """The rank of (trained - base) of every weight that changed, where the trained folder's
+    weights are `base` plus merged LoRA adapters of `rank`; norms and the old tokens' embedding rows
+    are compared whole (LoRA leaves them alone). Returns {name: rank of the change} of the changed
+    weights, asserting that no weight changed beyond what the adapters allow."""
+    a, b = weights(trained), weights(base)
+    changed = {}
+    for name, before in b.items():
+        after = a[name][: before.shape[0]] if name.endswith("embed_tokens.weight") else a[name]
+        if torch.equal(after, before):
+            continue
+        assert after.dim() == 2 and "embed" not in name and "norm" not in name, name
+        changed[name] = int(torch.linalg.matrix_rank((after - before).double(), atol=1e-6))
+        assert changed[name] <= rank, (name, changed[name])
+    return changed
+
+
+def test_quark_lora_trains_adapters_and_the_control_token_and_saves_a_merged_policy(
+    models, tmp_path, monkeypatch
+):
+    from policy_fixtures import spy_adamw
+
+    from farmkit.methods.quark import QuarkConfig, quantile_token, train_quark
+    from farmkit.models import load_causal_lm
+
+    sft, rm = models
+    before = weights(sft)
+    optimizers = spy_adamw(monkeypatch)
+    config = QuarkConfig(rounds=2, lora=True, lora_rank=4, lora_alpha=8, **QUARK)
+    train_quark(str(sft), str(rm), prompt_records(16), str(tmp_path / "lora"), config)
+    (optimizer,) = optimizers
+    trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+    everything = sum(tensor.numel() for tensor in before.values())
+    assert 0 < trained < everything / 10  # the adapters (and the control tokens' rows) alone
+    assert all(torch.equal(before[key], weights(sft)[key]) for key in before)  # SFT untouched
+    changed = low_rank_changes(tmp_path / "lora", sft, rank=4)
+    assert len(changed) >= 8 and max(changed.values()) == 4  # every projection, rank 4
+    model, tokenizer = load_causal_lm(tmp_path / "lora", device="cpu")  # merged, plain, loadable
+    embedding = model.get_input_embeddings().weight
+    top = tokenizer.convert_tokens_to_ids(quantile_token(0))
+    bottom = tokenizer.convert_tokens_to_ids(quantile_token(1))
+    assert not torch.equal(embedding[top], embedding[bottom])  # the token trained on moved
+    assert not list((tmp_path / "lora").glob("adapter_*"))
+
+
+def test_expiter_lora_rank_and_alpha_reach_the_adapters(tiny_model_path, tmp_path):
+    from test_reward import train_keyword_rm
+
+    train_keyword_rm(tiny_model_path, tmp_path / "rm", pairs=32, epochs=1)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", prompt_records(6))
+    args = ["-n", "2", "--rounds", "1", "--max-new-tokens", "4", "--max-steps", "2"]
+    args += ["--learning-rate", "1e-2", "--batch-size", "6", "--lora", "--lora-rank", "2"]
+    args += ["--lora-alpha", "4", "-q"]
+    result = run_tool(
+        "farm-expiter",
+        str(tiny_model_path),
+        str(tmp_path / "rm"),
+        str(prompts),
+        "-o",
+        str(tmp_path / "policy"),
+        *args,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    changed = low_rank_changes(tmp_path / "policy", tiny_model_path, rank=2)
+    assert changed and max(changed.values()) == 2

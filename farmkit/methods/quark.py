@@ -90,6 +90,11 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     )
     generation_batch_size: int = shared_field("generation_batch_size", 16)
     device: str = shared_field("device", "auto")
+    # LoRA adapters on the policy (and the control tokens' embedding rows); the KL reference stays
+    # the SFT model, a frozen copy
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
     save_steps: int = shared_field(
         "save_steps",
         0,
@@ -111,6 +116,8 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
             "epochs_per_round",
             "batch_size",
             "generation_batch_size",
+            "lora_rank",
+            "lora_alpha",
         )
         if self.num_quantiles < 2:
             raise ValueError("num-quantiles must be at least 2")
@@ -251,6 +258,9 @@ def train_quark(
     # each control token starts as the token it follows, the last of the prompt (see add_control_tokens)
     prompt_end = plain_prompts[0][-1]
     token_ids = P.add_control_tokens(model, tokenizer, tokens, prompt_end) if tokens else []
+    if config.lora:
+        launch.refuse_lora_under_zero3(accelerator, True)
+        model = P.add_lora(model, config.lora_rank, config.lora_alpha, trainable_tokens=token_ids)
     reference_vocab = reference.get_output_embeddings().weight.shape[0]
     for network in (model, reference, scorer.network):
         P.disable_dropout(network)
