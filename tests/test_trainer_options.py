@@ -44,6 +44,7 @@ def test_every_trainer_takes_device(tool):
             cmd.make_context(tool, [*HEADS[tool], "--device", bad])
 
 
+@pytest.mark.heavy  # a process each, importing torch
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 @pytest.mark.parametrize("tool", ["farm-dpo", "farm-rm-train", "farm-grpo"])
 def test_a_device_that_is_not_there_is_a_one_line_error(tool, tmp_path):
