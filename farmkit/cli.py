@@ -179,7 +179,7 @@ SHARED: dict[str, Shared] = {
         own_help=True,
         aliases=("--checkpoint-every",),
     ),
-    "resume": Shared(("--resume",), click.BOOL, False, own_help=True, flag=True),
+    "resume": Shared(("--resume/--no-resume",), click.BOOL, False, own_help=True),
     "lora": Shared(("--lora/--no-lora",), click.BOOL, False),
     "lora_rank": Shared(("--lora-rank",), click.IntRange(min=1), 16, aliases=("--lora-r",)),
     "lora_alpha": Shared(("--lora-alpha",), click.IntRange(min=1), 32),

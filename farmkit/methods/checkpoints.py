@@ -368,6 +368,12 @@ def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> No
         )
 
 
+def newest_trainer_checkpoint(checkpoints: Path) -> Path | None:
+    """The newest checkpoint-N folder a transformers Trainer wrote in `checkpoints`, or None."""
+    steps = [path for path in checkpoints.glob("checkpoint-*") if path.name[11:].isdigit()]
+    return max(steps, key=lambda path: int(path.name[11:]), default=None)
+
+
 def trainer_checkpoint(checkpoints: Path, config: Any, main_process: bool = True) -> str | None:
     """For a transformers Trainer (farm-dpo): the newest checkpoint-N it wrote in `checkpoints` with
     --resume (an error when there is none, or when the run's settings were others), else None.
@@ -375,13 +381,9 @@ def trainer_checkpoint(checkpoints: Path, config: Any, main_process: bool = True
     record = checkpoints / "run.json"
     found = None
     if config.resume:
-        steps = sorted(
-            (path for path in checkpoints.glob("checkpoint-*") if path.name[11:].isdigit()),
-            key=lambda path: int(path.name[11:]),
-        )
-        if not steps or not record.is_file():
+        found = newest_trainer_checkpoint(checkpoints)
+        if found is None or not record.is_file():
             raise FarmError(f"--resume: no checkpoint in {checkpoints}")
-        found = steps[-1]
         check_same_settings(found, json.loads(record.read_text())["config"], config)
         log.info("resuming from %s", found)
     if main_process and config.save_steps:

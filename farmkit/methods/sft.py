@@ -374,13 +374,11 @@ def train_sft(
         trainer.remove_callback(PrinterCallback)
     resume_from = None
     if config.resume:
-        found = (
-            sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-            if checkpoints.is_dir()
-            else []
-        )
+        from farmkit.methods.checkpoints import newest_trainer_checkpoint
+
+        found = newest_trainer_checkpoint(checkpoints)
         if found:
-            resume_from = str(found[-1])
+            resume_from = str(found)
             log.info("resuming from %s", resume_from)
         else:
             log.warning("no checkpoint in %s: starting from the beginning", checkpoints)
