@@ -352,3 +352,17 @@ def test_expiter_lora_rank_and_alpha_reach_the_adapters(tiny_model_path, tmp_pat
     assert result.returncode == 0, result.stderr.decode()
     changed = low_rank_changes(tmp_path / "policy", tiny_model_path, rank=2)
     assert changed and max(changed.values()) == 2
+
+
+def test_online_dpo_refuses_the_trainer_checkpoints_of_dpo(tmp_path):
+    from farmkit.methods.online_dpo import OnlineDPOConfig
+
+    for values in ({"save_steps": 5}, {"resume": True}):
+        with pytest.raises(ValueError, match="running the same command again resumes it"):
+            OnlineDPOConfig(**values)
+    (tmp_path / "odpo.yaml").write_text("resume: true\n")
+    result = run_tool(
+        "farm-online-dpo", "m", "p", "-o", "o", "--config", str(tmp_path / "odpo.yaml")
+    )
+    assert result.returncode == 2
+    assert b"running the same command again resumes it" in result.stderr
