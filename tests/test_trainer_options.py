@@ -366,3 +366,28 @@ def test_online_dpo_refuses_the_trainer_checkpoints_of_dpo(tmp_path):
     )
     assert result.returncode == 2
     assert b"running the same command again resumes it" in result.stderr
+
+
+def test_quark_resumed_keeps_the_gold_judges_count(models, tmp_path, monkeypatch):
+    from farmkit.methods.quark import QuarkConfig, train_quark
+
+    sft, rm = models
+    prompts = prompt_records(16)
+    settings = dict(rounds=3, save_steps=1, gold=str(rm), gold_size=4, **QUARK)
+    train_quark(str(sft), str(rm), prompts, str(tmp_path / "unbroken"), QuarkConfig(**settings))
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, 3, "round")
+        with pytest.raises(KeyboardInterrupt):
+            train_quark(
+                str(sft), str(rm), prompts, str(tmp_path / "broken"), QuarkConfig(**settings)
+            )
+    train_quark(
+        str(sft), str(rm), prompts, str(tmp_path / "broken"), QuarkConfig(**settings, resume=True)
+    )
+    unbroken, resumed = (
+        json.loads((tmp_path / name / "meta.json").read_text())["gold"]
+        for name in ("unbroken", "broken")
+    )
+    assert resumed["evaluations"] == unbroken["evaluations"] == 3  # one a round
+    assert resumed["tokens_sampled"] == unbroken["tokens_sampled"]
+    assert metrics_without_time(tmp_path / "broken") == metrics_without_time(tmp_path / "unbroken")

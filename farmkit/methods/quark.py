@@ -306,6 +306,8 @@ def train_quark(
     if state is not None:  # the policy, optimizer, scheduler and random states after its round
         accelerator.load_state(str(state))
     history: list[dict[str, Any]] = carried.get("history", [])
+    if gold is not None and "gold" in carried:  # what judging the rounds done cost goes on
+        gold.restore(carried["gold"])
     budget = Budget(reward_model_labels(reward_model), history[-1] if history else None)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference.dtype != trained_dtype:
@@ -483,9 +485,10 @@ def train_quark(
             metrics["kl"],
         )
         if C.saves_now(round_number + 1, config.rounds, config.save_steps):
-            C.save_resume_state(
-                accelerator, checkpoints, round_number + 1, config, {"history": history}
-            )
+            carry = {"history": history}
+            if gold is not None:
+                carry["gold"] = gold.counters()
+            C.save_resume_state(accelerator, checkpoints, round_number + 1, config, carry)
 
     backend.close()
     tracking.finish(accelerator)
