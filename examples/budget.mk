@@ -21,7 +21,7 @@ EB_METHODS := ppo rloo grpo dpo odpo
 EB_POLICIES := $(EB_METHODS:%=$(EB)/%/meta.json)
 EB_ANSWERS := $(EB_METHODS:%=$(EB)/answers/%.jsonl)
 GOLD_OPTS = --gold $(GOLD) --gold-prompts $(SPLITS)/val.jsonl --gold-size $(N_VAL)
-EB_GROUP_OPTS = --steps $(EB_STEPS) --checkpoint-every $(EB_EVERY) --samples-per-prompt $(EB_K) $(PPO_OPTS)
+EB_GROUP_OPTS = --steps $(EB_STEPS) --save-steps $(EB_EVERY) --num-samples $(EB_K) $(PPO_OPTS)
 EB_ODPO_PROMPTS = $(shell expr $(N_PREF) / $(EB_ODPO_ROUNDS))
 EB_ODPO_STEPS = $(shell s=$$(expr $(METHOD_STEPS) / $(EB_ODPO_ROUNDS)); [ "$$s" -ge 1 ] 2>/dev/null && echo $$s || echo 1)
 
@@ -34,7 +34,7 @@ methods-at-equal-budget:
 equal-budget-results: $(EB_POLICIES) $(EB)/bon/best.jsonl $(EB)/table.txt $(EB)/budget.png
 
 $(EB)/ppo/meta.json: $(SFT)/meta.json $(RM)/meta.json $(SPLITS)/unlabeled.jsonl $(SPLITS)/val.jsonl
-	$(call train,farm-ppo) $(SFT) $(RM) $(SPLITS)/unlabeled.jsonl -o $(@D) --steps $(EB_STEPS) --checkpoint-every $(EB_EVERY) \
+	$(call train,farm-ppo) $(SFT) $(RM) $(SPLITS)/unlabeled.jsonl -o $(@D) --steps $(EB_STEPS) --save-steps $(EB_EVERY) \
 		$(PPO_OPTS) $(GOLD_OPTS) $(TRAIN_OPTS)
 
 $(EB)/rloo/meta.json: $(SFT)/meta.json $(RM)/meta.json $(SPLITS)/unlabeled.jsonl $(SPLITS)/val.jsonl

@@ -66,7 +66,7 @@ $(OO)/bon_%.jsonl: $(OO)/samples.jsonl $(OO)/rm_%/meta.json
 # checkpoint answers the val prompts and its answers are scored by the reward model it optimized.
 $(OO)/ppo_%/meta.json: $(OO_SFT)/meta.json $(OO)/rm_%/meta.json $(OO_SPLITS)/unlabeled.jsonl
 	$(call train,farm-ppo) $(OO_SFT) $(OO)/rm_$* $(OO_SPLITS)/unlabeled.jsonl -o $(@D) --steps $(OVEROPT_PPO_STEPS) \
-		--checkpoint-every $(OVEROPT_PPO_EVERY) $(PPO_OPTS) $(TRAIN_OPTS)
+		--save-steps $(OVEROPT_PPO_EVERY) $(PPO_OPTS) $(TRAIN_OPTS)
 
 $(OO)/ppo_%.jsonl: $(OO)/ppo_%/meta.json $(OO_SPLITS)/val.jsonl
 	rm -f $@.tmp && for policy in $(OO)/ppo_$*-checkpoints/step-* $(OO)/ppo_$*; do \

@@ -138,10 +138,28 @@ class SampleCounts(click.ParamType):
 SAMPLE_COUNTS = SampleCounts()
 
 
+class DeviceName(click.ParamType):
+    """auto, cpu, mps, or an accelerator with an optional index (cuda, cuda:1, xpu:0...): a name
+    torch would refuse is a usage error before any model loads (is it there: models.choose_device)."""
+
+    name = "device"
+    KINDS = ("cuda", "xpu", "npu", "hpu", "mps")
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value).strip()
+        kind, _, index = text.partition(":")
+        if text in ("auto", "cpu") or (kind in self.KINDS and (not index or index.isdigit())):
+            return text
+        self.fail(f"{value!r}: expected auto, cpu, cuda, cuda:N (a GPU's index) or mps", param, ctx)
+
+
+DEVICE = DeviceName()
+
+
 SHARED: dict[str, Shared] = {
     # model
     "template": Shared(("--template",), click.Choice(TEMPLATES), "auto"),
-    "device": Shared(("--device",), click.STRING, "auto"),
+    "device": Shared(("--device",), DEVICE, "auto"),
     "seed": Shared(("--seed",), click.INT, 0),
     # sampling: farm-sample writes them all, farm-bon and farm-expiter keep the best
     "num_samples": Shared(
@@ -150,6 +168,7 @@ SHARED: dict[str, Shared] = {
         own_default=True,
         own_help=True,
         other_types=(SAMPLE_COUNTS,),
+        aliases=("--samples-per-prompt",),
     ),
     # decoding
     "temperature": Shared(("--temperature",), click.FloatRange(min=0), 1.0, own_default=True),
@@ -172,6 +191,23 @@ SHARED: dict[str, Shared] = {
         ("--warmup-ratio",), click.FloatRange(0, 1, max_open=True), own_default=True
     ),
     "weight_decay": Shared(("--weight-decay",), click.FloatRange(min=0), 0.0),
+    # transformers' names (TrainingArguments.lr_scheduler_type, save_steps); a method may restrict
+    # the scheduler to the ones it implements (a click.Choice)
+    "lr_scheduler_type": Shared(
+        ("--lr-scheduler-type",),
+        click.STRING,
+        own_default=True,
+        own_help=True,
+        aliases=("--lr-scheduler", "--lr-schedule"),
+    ),
+    "save_steps": Shared(
+        ("--save-steps",),
+        click.IntRange(min=0),
+        own_default=True,
+        own_help=True,
+        aliases=("--checkpoint-every",),
+    ),
+    "resume": Shared(("--resume/--no-resume",), click.BOOL, False, own_help=True),
     "lora": Shared(("--lora/--no-lora",), click.BOOL, False),
     "lora_rank": Shared(("--lora-rank",), click.IntRange(min=1), 16, aliases=("--lora-r",)),
     "lora_alpha": Shared(("--lora-alpha",), click.IntRange(min=1), 32),
@@ -247,7 +283,8 @@ def shared_option(
     spec = SHARED[name]
     if more_help and not spec.own_help:
         raise ValueError(f"--{name.replace('_', '-')} has one help text in every tool")
-    if param_type is not None and param_type not in spec.other_types:
+    narrowed = spec.type is click.STRING and isinstance(param_type, click.Choice)
+    if param_type is not None and param_type not in spec.other_types and not narrowed:
         raise ValueError(f"--{name.replace('_', '-')} has one type in every tool")
     if default is not None and not spec.own_default:
         raise ValueError(f"--{name.replace('_', '-')} has one default in every tool")
@@ -365,13 +402,21 @@ _SCALARS = {int: click.INT, float: click.FLOAT, str: click.STRING}
 
 def _config_option(field: dataclasses.Field) -> Callable:
     default = field.default if field.default is not dataclasses.MISSING else None
-    if field.name in SHARED:
-        spec = SHARED[field.name]
+    name = method_config.concept(field)
+    if name in SHARED:
+        spec = SHARED[name]
         if not spec.own_default and default != spec.default:
             raise ValueError(
                 f"{field.name}: a shared option keeps its one default ({spec.default})"
             )
-        return shared_option(field.name, default if spec.own_default else None)
+        choices = field.metadata.get("choices")
+        return shared_option(
+            name,
+            default if spec.own_default else None,
+            dest=field.name,
+            more_help=field.metadata.get("more_help", ""),
+            param_type=click.Choice(choices) if choices and spec.type is click.STRING else None,
+        )
     kind = method_config._scalar_type(field.type)
     help_text = field.metadata.get("help", "")
     name = field.name.replace("_", "-")
@@ -390,11 +435,14 @@ def _config_option(field: dataclasses.Field) -> Callable:
     )
 
 
-def config_options(config_class: type) -> Callable[[Callable], Callable]:
+def config_options(
+    config_class: type, leave_out: tuple[str, ...] = ()
+) -> Callable[[Callable], Callable]:
     """Decorate a click command with one option per config field plus `--config FILE.yaml`.
 
     The options that several tools share (SHARED) come from there, so they read the same in every
     tool. `resolve_config` tells a flag given on the command line from a default by its source.
+    `leave_out`: fields the tool does not offer (they keep their defaults).
     """
 
     groups = [
@@ -413,7 +461,10 @@ def config_options(config_class: type) -> Callable[[Callable], Callable]:
 
     # the method's own options first, then the rollout options it shares with the other methods,
     # then the model's (--template, --seed), the tracker and the gold judge
-    fields = sorted(dataclasses.fields(config_class), key=group)
+    fields = sorted(
+        (field for field in dataclasses.fields(config_class) if field.name not in leave_out),
+        key=group,
+    )
 
     def decorate(function: Callable) -> Callable:
         for field in reversed(fields):

@@ -455,6 +455,17 @@ def choose_device(device: str = "auto") -> str:
     import torch
 
     if device != "auto":
+        kind, _, index = device.partition(":")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise FarmError(
+                f"--device {device}: no CUDA GPU is visible to torch {torch.__version__}; "
+                "use --device cpu (or auto)"
+            )
+        if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+            raise FarmError(
+                f"--device {device}: there are {torch.cuda.device_count()} GPUs (cuda:0 to "
+                f"cuda:{torch.cuda.device_count() - 1})"
+            )
         return device
     if torch.cuda.is_available():
         # under a launcher each process takes its own GPU (LOCAL_RANK), not every one GPU 0

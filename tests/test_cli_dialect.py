@@ -85,43 +85,97 @@ def declared_flags(name: str) -> list[str]:
     return [flag for decl in farm_cli.SHARED[name].flags for flag in decl.split("/")]
 
 
-def test_every_shared_option_reads_the_same_in_every_tool():
-    seen: dict[str, list[str]] = {}
-    for tool, cmd in commands():
+def value_kind(option: click.Option) -> str:
+    """What an option takes, coarsely: a flag, a file, a number or text."""
+    if option.is_flag:
+        return "flag"
+    if isinstance(option.type, click.Path | click.File):
+        return "file"
+    if isinstance(option.type, click.types._NumberParamTypeBase | farm_cli.SampleCounts):
+        return "number"
+    return "text"
+
+
+def old_names() -> set[str]:
+    """Every name an idea had before it got its one name: hidden aliases, never a visible flag."""
+    return set(OLD_NAMES) | {alias for spec in farm_cli.SHARED.values() for alias in spec.aliases}
+
+
+def dialect_problems(found: list[tuple[str, click.Command]]) -> list[str]:
+    """What breaks the one CLI dialect among these commands: a shared option that reads otherwise
+    than SHARED says (flags, help, type, default, aliases), a known idea under another name (an
+    old or synonymous spelling shown as a flag of its own), and one flag taking two kinds of value
+    in two tools (--labels FILE here, --labels N there)."""
+    problems = []
+    kinds: dict[str, dict[str, str]] = {}
+    synonyms = old_names()
+    for tool, cmd in found:
         for option in options(cmd):
+            where = f"{tool} {option.opts}"
+            for flag in option.opts + option.secondary_opts:
+                kinds.setdefault(flag, {})[tool] = value_kind(option)
+                if flag in synonyms:
+                    problems.append(f"{where}: {flag} is an old name of a shared option")
             name = shared_name(option)
             if name is None:
                 continue
             spec = farm_cli.SHARED[name]
-            where = f"{tool} {option.opts}"
-            seen.setdefault(name, []).append(tool)
-            assert option.opts + option.secondary_opts == declared_flags(name), where
+            if option.opts + option.secondary_opts != declared_flags(name):
+                problems.append(f"{where}: flags differ from {declared_flags(name)}")
             if spec.own_help:  # the shared sentence first, then the tool's own
-                assert option.help.startswith(SHARED_HELP[name] + " "), where
-            else:
-                assert option.help == SHARED_HELP[name], where
+                if not (option.help or "").startswith(SHARED_HELP[name]):
+                    problems.append(f"{where}: help does not start with the shared help")
+            elif option.help != SHARED_HELP[name]:
+                problems.append(f"{where}: help differs from the shared help")
             if spec.type is not click.BOOL:
                 types = [kind.to_info_dict() for kind in (spec.type, *spec.other_types)]
-                assert option.type.to_info_dict() in types, where
-            else:
-                assert option.is_bool_flag, where
-            if not spec.own_default:
-                assert option.default == spec.default, where
-            assert option.show_default, where
-            assert isinstance(option, farm_cli.AliasedOption), where
-            assert set(spec.aliases) <= set(option.aliases), where
+                # a method may narrow a free text to the values it implements
+                narrowed = spec.type is click.STRING and isinstance(option.type, click.Choice)
+                if option.type.to_info_dict() not in types and not narrowed:
+                    problems.append(f"{where}: type {option.type.name} differs")
+            elif not option.is_bool_flag:
+                problems.append(f"{where}: not a boolean flag")
+            if not spec.own_default and option.default != spec.default:
+                problems.append(f"{where}: default {option.default!r} differs")
+            if not option.show_default:
+                problems.append(f"{where}: default not shown")
+            if not isinstance(option, farm_cli.AliasedOption) or not set(spec.aliases) <= set(
+                option.aliases
+            ):
+                problems.append(f"{where}: the old names {spec.aliases} are not accepted")
+    for flag, by_tool in sorted(kinds.items()):
+        if len(set(by_tool.values())) > 1:
+            problems.append(f"{flag} takes different kinds of value: {by_tool}")
+    return problems
+
+
+def test_every_shared_option_reads_the_same_in_every_tool():
+    assert dialect_problems(commands()) == []
+    seen: dict[str, set[str]] = {}
+    for tool, cmd in commands():
+        for option in options(cmd):
+            name = shared_name(option)
+            if name is not None:
+                seen.setdefault(name, set()).add(tool)
     # the check above saw the options where they are meant to be (a renamed one would slip by)
+    group_methods = {"farm-rloo", "farm-grpo"}
+    lora_added = {"farm-quark", "farm-expiter"}  # issue 22
+    resume_added = {"farm-dpo", "farm-rm-train", "farm-quark"}
     expected = {
-        "num_samples": {"farm-sample", "farm-bon", "farm-expiter"},
+        "num_samples": {"farm-sample", "farm-bon", "farm-expiter", "farm-quark", *group_methods},
         "seed": {"farm-sample", "farm-bon", "farm-sft", "farm-dpo", "farm-ppo", "farm-quark"},
         "template": {"farm-sample", "farm-bon", "farm-expiter", "farm-sft", "farm-rm-train"},
-        "device": {"farm-sample", "farm-bon", "farm-score", "farm-expiter", "farm-sft"},
+        "device": {"farm-sample", "farm-bon", "farm-score", *TRAINERS},
         "max_new_tokens": {"farm-sample", "farm-bon", "farm-expiter", "farm-ppo", "farm-quark"},
         "generation_batch_size": {"farm-sample", "farm-bon", "farm-expiter", "farm-quark"},
         "reward_batch_size": {"farm-score", "farm-bon", "farm-expiter", "farm-ppo"},
-        "lora_rank": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo"},
-        "lora": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", "farm-expiter"},
+        "lora_rank": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", *lora_added},
+        "lora_alpha": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", *lora_added},
+        "lora": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-ppo", *lora_added},
         "epochs": {"farm-sft", "farm-rm-train", "farm-dpo", "farm-expiter"},
+        "lr_scheduler_type": {"farm-sft", "farm-quark"},
+        "save_steps": {"farm-sft", "farm-ppo", *group_methods, *resume_added},
+        "resume": {"farm-sample", "farm-sft", "farm-ppo", *group_methods, *resume_added},
         "report_to": set(TRAINERS),
         "gold": set(POLICY_METHODS),
         "gold_prompts": set(POLICY_METHODS),
@@ -140,19 +194,52 @@ def test_every_shared_option_reads_the_same_in_every_tool():
         },
     }
     for name, tools in expected.items():
-        assert tools <= set(seen.get(name, ())), (name, sorted(tools - set(seen.get(name, ()))))
+        assert tools <= seen.get(name, set()), (name, sorted(tools - seen.get(name, set())))
+
+
+def _tool(*params: click.Option) -> click.Command:
+    return click.Command("farm-x", params=list(params))
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        # a known idea under another name: the option of its own is not the shared one
+        ([click.Option(["--checkpoint-every"], type=int)], "--checkpoint-every is an old name"),
+        ([click.Option(["--samples-per-prompt"], type=int)], "--samples-per-prompt is an old"),
+        ([click.Option(["--lr-schedule"])], "--lr-schedule is an old name"),
+        # the shared name, declared by hand: it misses the shared help and the old names
+        (
+            [click.Option(["--save-steps"], type=int, default=5)],
+            "old names ('--checkpoint-every',) are not",
+        ),
+        ([click.Option(["--device"], default="auto", show_default=True)], "help differs"),
+    ],
+)
+def test_the_dialect_check_refuses_a_tool_that_names_a_known_idea_its_own_way(params, problem):
+    problems = dialect_problems([("farm-x", _tool(*params))])
+    assert any(problem in line for line in problems), problems
+
+
+def test_the_dialect_check_refuses_one_flag_with_two_meanings():
+    annotate = _tool(click.Option(["--labels"], type=click.Path()))
+    correlate = _tool(click.Option(["--labels"], type=click.IntRange(min=0)))
+    problems = dialect_problems([("farm-a", annotate), ("farm-c", correlate)])
+    assert problems == [
+        "--labels takes different kinds of value: {'farm-a': 'file', 'farm-c': 'number'}"
+    ]
 
 
 def test_no_tool_shows_an_old_name_and_every_o_is_output():
     for tool, cmd in commands():
         for option in options(cmd):
             visible = set(option.opts) | set(option.secondary_opts)
-            assert not visible & set(OLD_NAMES), (tool, option.opts)
+            assert not visible & old_names(), (tool, option.opts)
             if "-o" in option.opts:
                 assert option.opts == ["-o", "--output"], tool
         # with the command's own settings: click caches the help option the first context makes
         help_text = cmd.get_help(click.Context(cmd, info_name=tool, **cmd.context_settings))
-        for old in OLD_NAMES:
+        for old in old_names():
             assert old + " " not in help_text, (tool, old)
 
 
@@ -187,6 +274,24 @@ ALIASES = [
     ),
     ("farm-score", ["r", "p", "--batch-size", "9"], "batch_size", 9),
     ("farm-split", ["p", "--output-dir", "splits"], "output_dir", "splits"),
+    # issue 22: one name per idea, transformers' where it has one
+    (
+        "farm-quark",
+        ["s", "r", "p", "-o", "o", "--samples-per-prompt", "3"],
+        "samples_per_prompt",
+        3,
+    ),
+    ("farm-rloo", ["s", "r", "p", "-o", "o", "--samples-per-prompt", "8"], "samples_per_prompt", 8),
+    ("farm-grpo", ["s", "r", "p", "-o", "o", "--checkpoint-every", "3"], "checkpoint_every", 3),
+    ("farm-ppo", ["s", "r", "p", "-o", "o", "--checkpoint-every", "0"], "checkpoint_every", 0),
+    ("farm-sft", ["m", "d", "-o", "out", "--lr-scheduler", "linear"], "lr_scheduler", "linear"),
+    (
+        "farm-quark",
+        ["s", "r", "p", "-o", "o", "--lr-schedule", "constant"],
+        "lr_schedule",
+        "constant",
+    ),
+    ("farm-correlate", ["a.csv", "b.csv", "--labels", "4"], "max_labels", 4),
 ]
 
 
@@ -195,7 +300,7 @@ def test_old_names_still_work_and_warn(tool, args, name, value, capsys):
     cmd = command(tool)
     with cmd.make_context(tool, list(args)) as context:
         assert context.params[name] == value
-    old = next(arg for arg in args if arg in (*OLD_NAMES, "--batch-size"))
+    old = next(arg for arg in args if arg in (*old_names(), "--batch-size", "--labels"))
     err = capsys.readouterr().err
     assert f"{tool}: warning: {old} is deprecated" in err
     assert "use --" in err
@@ -207,6 +312,9 @@ def test_old_names_still_work_and_warn(tool, args, name, value, capsys):
         ("farm-sample", ["m", "p"], "n", 3),
         ("farm-bon", ["s", "r", "p"], "ns", (3,)),
         ("farm-expiter", ["s", "r", "p", "-o", "o"], "n", 3),
+        ("farm-quark", ["s", "r", "p", "-o", "o"], "samples_per_prompt", 3),
+        ("farm-rloo", ["s", "r", "p", "-o", "o"], "samples_per_prompt", 3),
+        ("farm-grpo", ["s", "r", "p", "-o", "o"], "samples_per_prompt", 3),
     ],
 )
 def test_the_sample_count_is_n_or_num_samples_in_every_tool(tool, head, name, value):
@@ -216,6 +324,63 @@ def test_the_sample_count_is_n_or_num_samples_in_every_tool(tool, head, name, va
             assert context.params[name] == value
     with pytest.raises(click.BadParameter):
         cmd.make_context(tool, [*head, "-n", "0"])
+
+
+@pytest.mark.parametrize(
+    ("tool", "head", "name", "value"),
+    [
+        ("farm-sft", ["m", "d", "-o", "o"], "lr_scheduler", "constant"),
+        ("farm-quark", ["s", "r", "p", "-o", "o"], "lr_schedule", "constant"),
+    ],
+)
+def test_the_learning_rate_schedule_is_lr_scheduler_type_in_every_tool(tool, head, name, value):
+    cmd = command(tool)
+    with cmd.make_context(tool, [*head, "--lr-scheduler-type", value]) as context:
+        assert context.params[name] == value
+
+
+@pytest.mark.parametrize(
+    ("tool", "head", "name"),
+    [
+        ("farm-sft", ["m", "d", "-o", "o"], "save_steps"),
+        ("farm-ppo", ["s", "r", "p", "-o", "o"], "checkpoint_every"),
+        ("farm-rloo", ["s", "r", "p", "-o", "o"], "checkpoint_every"),
+        ("farm-grpo", ["s", "r", "p", "-o", "o"], "checkpoint_every"),
+    ],
+)
+def test_checkpoints_are_save_steps_in_every_tool(tool, head, name):
+    cmd = command(tool)
+    with cmd.make_context(tool, [*head, "--save-steps", "7"]) as context:
+        assert context.params[name] == 7
+    with pytest.raises(click.BadParameter):
+        cmd.make_context(tool, [*head, "--save-steps", "-1"])
+
+
+@pytest.mark.parametrize(
+    ("key", "field"),
+    [
+        ("num-samples", "samples_per_prompt"),
+        ("samples_per_prompt", "samples_per_prompt"),
+        ("lr_scheduler_type", "lr_schedule"),
+    ],
+)
+def test_config_files_take_the_shared_name_and_the_field_name(key, field, tmp_path):
+    yaml_file = tmp_path / "quark.yaml"
+    value = "constant" if field == "lr_schedule" else 6
+    yaml_file.write_text(f"{key}: {value}\n")
+    cmd = command("farm-quark")
+    base = ["s", "r", "p", "-o", "o", "--config", str(yaml_file)]
+    with cmd.make_context("farm-quark", base) as context:
+        config = farm_cli.resolve_config(QuarkConfig, str(yaml_file), context.params)
+    assert getattr(config, field) == value
+
+
+def test_farm_correlate_max_labels_is_a_number_and_labels_a_file_elsewhere():
+    cmd = command("farm-correlate")
+    with cmd.make_context("farm-correlate", ["a.csv", "b.csv", "--max-labels", "4"]) as context:
+        assert context.params["max_labels"] == 4
+    help_text = cmd.get_help(click.Context(cmd, **cmd.context_settings))
+    assert "--max-labels N" in help_text and "--labels" not in help_text
 
 
 def test_best_of_n_takes_a_sweep_of_sample_counts():

@@ -36,7 +36,7 @@ PPO_ARGS = [
     "2e-3",
     "--temperature",
     "1.0",
-    "--checkpoint-every",
+    "--save-steps",
     "1",
     "--seed",
     "5",
@@ -68,9 +68,9 @@ def plain_run(files):
 
 
 GROUP_ARGS = [
-    *("--steps", "2", "--rollout-batch-size", "8", "--samples-per-prompt", "2"),
+    *("--steps", "2", "--rollout-batch-size", "8", "--num-samples", "2"),
     *("--minibatch-size", "4", "--micro-batch-size", "2", "--max-new-tokens", "4"),
-    *("--learning-rate", "2e-3", "--temperature", "1.0", "--checkpoint-every", "1", "--seed", "5"),
+    *("--learning-rate", "2e-3", "--temperature", "1.0", "--save-steps", "1", "--seed", "5"),
 ]
 
 
@@ -306,7 +306,7 @@ def test_a_checkpoint_is_resumed_only_by_a_run_of_its_kind(files, plain_run, tmp
 
 
 QUARK_ARGS = [
-    *("--rounds", "2", "--prompts-per-round", "8", "--samples-per-prompt", "2"),
+    *("--rounds", "2", "--prompts-per-round", "8", "--num-samples", "2"),
     *("--num-quantiles", "2", "--batch-size", "4", "--generation-batch-size", "8"),
     *("--max-new-tokens", "4", "--learning-rate", "2e-3", "--temperature", "1.0", "--seed", "5"),
 ]

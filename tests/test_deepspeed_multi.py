@@ -55,7 +55,7 @@ TIMEOUT = 600  # seconds per launch: a hung collective fails the test instead of
 
 RL = ("--max-new-tokens", "4", "--learning-rate", "2e-3", "--temperature", "1.0", "--seed", "5")
 ON_POLICY = ("--steps", "2", "--rollout-batch-size", "8", "--minibatch-size", "4")
-ON_POLICY += ("--micro-batch-size", "2", "--checkpoint-every", "1", *RL)
+ON_POLICY += ("--micro-batch-size", "2", "--save-steps", "1", *RL)
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,15 @@ TOOLS = {
     ),
     "farm_ppo": Tool(("sft", "rm", "prompts"), ON_POLICY, checkpoints=True),
     "farm_rloo": Tool(
-        ("sft", "rm", "prompts"), (*ON_POLICY, "--samples-per-prompt", "2"), checkpoints=True
+        ("sft", "rm", "prompts"), (*ON_POLICY, "--num-samples", "2"), checkpoints=True
     ),
     "farm_grpo": Tool(
-        ("sft", "rm", "prompts"), (*ON_POLICY, "--samples-per-prompt", "2"), checkpoints=True
+        ("sft", "rm", "prompts"), (*ON_POLICY, "--num-samples", "2"), checkpoints=True
     ),
     "farm_quark": Tool(
         ("sft", "rm", "prompts"),
         (
-            *("--rounds", "2", "--prompts-per-round", "8", "--samples-per-prompt", "2"),
+            *("--rounds", "2", "--prompts-per-round", "8", "--num-samples", "2"),
             *("--num-quantiles", "2", "--batch-size", "4", "--generation-batch-size", "8", *RL),
         ),
     ),

@@ -391,7 +391,7 @@ def test_group_methods_over_two_processes(tmp_path, train_files, run_farm, metho
         f"farmkit.tools.farm_{method}",
         *(train_files["sft"], train_files["rm"], train_files["prompts"], "-o", out / method),
         *RL_ARGS,
-        *("--steps", "4", "--samples-per-prompt", "4", "--checkpoint-every", "2"),
+        *("--steps", "4", "--num-samples", "4", "--save-steps", "2"),
     )
     meta = two_process_folder(done, out, method)
     assert meta["tool"] == f"farm-{method}" and meta["step"] == 4
@@ -422,7 +422,7 @@ def test_ppo_over_two_processes_under_accelerate_launch(tmp_path, train_files, r
         "farmkit.tools.farm_ppo",
         *(train_files["sft"], train_files["rm"], train_files["prompts"], "-o", out / "ppo"),
         *RL_ARGS,
-        *("--steps", "4", "--checkpoint-every", "2"),
+        *("--steps", "4", "--save-steps", "2"),
     )
     two_process_folder(done, out, "ppo")
     rows = metrics(out / "ppo")
@@ -450,7 +450,7 @@ def test_quark_over_two_processes_under_accelerate_launch(tmp_path, train_files,
         2,
         "farmkit.tools.farm_quark",
         *(train_files["sft"], train_files["rm"], train_files["prompts"], "-o", out / "quark"),
-        *("--rounds", "3", "--prompts-per-round", "16", "--samples-per-prompt", "4"),
+        *("--rounds", "3", "--prompts-per-round", "16", "--num-samples", "4"),
         *("--num-quantiles", "4", "--learning-rate", "3e-3", "--kl-coef", "0.05"),
         *("--temperature", "1.0", "--max-new-tokens", "4", "--batch-size", "16"),
         *("--epochs-per-round", "2", "--generation-batch-size", "8", "--seed", "0"),

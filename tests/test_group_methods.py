@@ -94,7 +94,7 @@ def test_dr_grpo_keeps_the_scale_and_drops_the_length_normalization():
     ("values", "message"),
     [
         (dict(samples_per_prompt=1), "at least 2"),
-        (dict(rollout_batch_size=10, samples_per_prompt=4), "multiple of samples-per-prompt"),
+        (dict(rollout_batch_size=10, samples_per_prompt=4), "multiple of num-samples"),
         (dict(rollout_batch_size=16, minibatch_size=6), "multiple of minibatch-size"),
         (dict(kl_coef=-0.1), "kl-coef"),
     ],
@@ -230,7 +230,7 @@ def test_cli_writes_a_policy_folder_that_farm_sample_loads(models, tmp_path, too
             "1",
             "--rollout-batch-size",
             "16",
-            "--samples-per-prompt",
+            "--num-samples",
             "2",
             "--minibatch-size",
             "8",
@@ -281,7 +281,7 @@ def test_cli_rejects_bad_combinations_before_loading_anything(tmp_path, tool):
             str(prompts),
             "-o",
             str(tmp_path / "out"),
-            "--samples-per-prompt",
+            "--num-samples",
             "1",
         ],
     )

@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 TIMEOUT = 300  # seconds for both nodes together; the tiny run takes about 30 under load
 
 GRPO_ARGS = [
-    *("--steps", "2", "--rollout-batch-size", "8", "--samples-per-prompt", "2"),
+    *("--steps", "2", "--rollout-batch-size", "8", "--num-samples", "2"),
     *("--minibatch-size", "4", "--micro-batch-size", "2", "--max-new-tokens", "4"),
-    *("--learning-rate", "2e-3", "--temperature", "1.0", "--checkpoint-every", "1", "--seed", "5"),
+    *("--learning-rate", "2e-3", "--temperature", "1.0", "--save-steps", "1", "--seed", "5"),
 ]
 
 

@@ -72,7 +72,7 @@ def test_ppo_on_the_embedded_model(embedded_path, files):
         "2",
         "--max-new-tokens",
         "16",
-        "--checkpoint-every",
+        "--save-steps",
         "1",
     )
     assert result.returncode == 0, result.stderr.decode()
@@ -97,7 +97,7 @@ def test_quark_on_the_embedded_model(embedded_path, files):
         "1",
         "--prompts-per-round",
         "4",
-        "--samples-per-prompt",
+        "--num-samples",
         "2",
         "--num-quantiles",
         "4",

@@ -26,12 +26,12 @@ CASES = {
     "farm-ppo": (
         "reward",
         ["RM", "PROMPTS", *ROLLOUT, "--steps", "1", "--rollout-batch-size", "8"]
-        + ["--minibatch-size", "8", "--micro-batch-size", "8", "--checkpoint-every", "0"],
+        + ["--minibatch-size", "8", "--micro-batch-size", "8", "--save-steps", "0"],
     ),
     "farm-quark": (
         "reward",
         ["RM", "PROMPTS", *ROLLOUT, "--rounds", "1", "--prompts-per-round", "8"]
-        + ["--samples-per-prompt", "2", "--num-quantiles", "2"],
+        + ["--num-samples", "2", "--num-quantiles", "2"],
     ),
     "farm-dpo": ("train/loss", ["PAIRS", "--max-steps", "2", "--batch-size", "4"]),
     "farm-expiter": (

@@ -6,7 +6,7 @@ import itertools
 
 import click
 
-from farmkit.cli import common_options, entry_point, log, provenance, stamp
+from farmkit.cli import AliasedOption, common_options, entry_point, log, provenance, stamp
 from farmkit.correlate import (
     Annotations,
     correlate_boards,
@@ -46,8 +46,10 @@ def _fields(ctx, param, value):
     help="Leaderboard mode: scatter of the first two boards as PNG (labelled points, their intervals, y = x when both share a scale).",
 )
 @click.option(
-    "--labels",
+    "--max-labels",
     "max_labels",
+    cls=AliasedOption,
+    aliases=("--labels",),  # farm-annotate's --labels is a FILE of verdicts
     type=click.IntRange(min=0),
     metavar="N",
     help="With --plot: label at most N points. Default: every point up to 25, else 15 (the highest and lowest on each axis, then the largest departures from the trend).",

@@ -53,6 +53,8 @@ HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fiel
 @click.option("--batch-size", type=int, default=8, show_default=True, help=HELP["batch_size"])
 @click.option("--max-length", type=int, default=512, show_default=True, help=HELP["max_length"])
 @shared_option("lora")
+@shared_option("lora_rank")
+@shared_option("lora_alpha")
 @model_options
 @shared_option("report_to")
 @shared_option("gold")
@@ -80,6 +82,8 @@ def cli(
     batch_size,
     max_length,
     lora,
+    lora_rank,
+    lora_alpha,
     template,
     device,
     report_to,
@@ -133,6 +137,8 @@ def cli(
             batch_size=batch_size,
             max_length=max_length,
             lora=lora,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
             template=template,
             device=device,
             seed=seed,

@@ -33,18 +33,18 @@ def cli(
     """Train SFT with GRPO to maximize RM's reward on PROMPTS (instruction records), KL to SFT
     in the loss; write the policy to -o DIR.
 
-    Each step samples --samples-per-prompt (k) responses to each of rollout-batch-size / k
+    Each step samples --num-samples (k) responses to each of rollout-batch-size / k
     prompts; a response's advantage is its score minus its group's mean, divided by the group's
     standard deviation. No value model. The loss clips per-token ratios and averages over each
     response's tokens (--ppo-epochs passes). --dr-grpo drops the division by the standard
     deviation and the per-response length average (token terms summed, divided by
     --max-new-tokens). --kl-in loss (default) adds --kl-coef x the per-token KL estimate to
     the loss; --kl-in reward subtracts it from the score. Metrics, checkpoints
-    (--checkpoint-every, --resume), --lora and `accelerate launch` as in farm-ppo.
+    (--save-steps, --resume), --lora and `accelerate launch` as in farm-ppo.
 
     \b
     Example:
-      farm-grpo sft/ rm/ unlabeled.jsonl -o grpo/ --samples-per-prompt 8 --steps 50 \\
+      farm-grpo sft/ rm/ unlabeled.jsonl -o grpo/ --num-samples 8 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128 --dr-grpo
     """
     run_cli(resolve_config(GRPOConfig, config_file, values), sft, reward_model, prompts, output)

@@ -14,7 +14,6 @@ from farmkit.cli import (
     judge_options,
     output_dir_option,
     resolve_config,
-    shared_option,
     verdict_cache,
 )
 from farmkit.io import FarmError, display_name, read_records
@@ -27,7 +26,8 @@ log = logging.getLogger("farmkit")
 @click.argument("sft")
 @input_argument("prompts")
 @output_dir_option
-@config_options(OnlineDPOConfig)
+# a rerun of the same command is what resumes online DPO: its rounds are the checkpoints
+@config_options(OnlineDPOConfig, leave_out=("save_steps", "resume"))
 @click.option(
     "--pool",
     default=DEFAULT_POOL,
@@ -40,7 +40,6 @@ log = logging.getLogger("farmkit")
     "pairs the rest pays for, and the run stops there.",
     both_orders_help="Ties are left out of DPO.",
 )
-@shared_option("device")
 @common_options
 def cli(
     sft: str,
@@ -55,7 +54,6 @@ def cli(
     no_cache: bool,
     max_cost: float | None,
     prices: str | None,
-    device: str,
     **values,
 ) -> None:
     """Online DPO from SFT on PROMPTS (instruction records); write the policy to -o DIR, the
@@ -90,7 +88,7 @@ def cli(
         flip_rate=flip_rate,
         both_orders=both_orders,
         models=models,
-        device=device,
+        device=config.device,
     )
     budget = train_online_dpo(
         sft, records, output, config, annotation, seed=config.seed, inputs=[prompts]

@@ -40,7 +40,7 @@ def cli(
 
     The value model starts from RM (so RM and SFT share a tokenizer). Every step appends a line
     to CHECKPOINT_DIR/metrics.jsonl (reward, kl, entropy, response_length, value_loss,
-    clip_fraction, ...); every --checkpoint-every steps a loadable policy folder is written there
+    clip_fraction, ...); every --save-steps steps a loadable policy folder is written there
     (step-N/), which --resume continues from. Where farmkit departs from AlpacaFarm's PPO an option
     says so and takes AlpacaFarm's value (--kl-estimator clamped --whiten-rewards --value-head zero
     --warmup-steps 5). Run under `accelerate launch` for several GPUs (DDP, or DeepSpeed ZeRO-2/3:

@@ -49,7 +49,7 @@ def cli(
     \b
     Example:
       farm-quark sft/ rm/ unlabeled.jsonl -o quark/ --rounds 4 --prompts-per-round 64 \\
-          --samples-per-prompt 4 --max-new-tokens 128
+          --num-samples 4 --max-new-tokens 128
     """
     config = resolve_config(QuarkConfig, config_file, values)
     records = list(read_records(prompts, "instruction"))

@@ -33,16 +33,16 @@ def cli(
     """Train SFT with RLOO to maximize RM's reward on PROMPTS (instruction records), KL to SFT
     as a penalty; write the policy to -o DIR.
 
-    Each step samples --samples-per-prompt (k) responses to each of rollout-batch-size / k
+    Each step samples --num-samples (k) responses to each of rollout-batch-size / k
     prompts; a response's advantage is its score minus the mean score of the other k - 1
     responses to its prompt. No value model. The loss clips the ratio of whole-response
     probabilities (--ppo-epochs passes). --kl-in reward (default) subtracts --kl-coef x the
     response's KL estimate from its score; --kl-in loss adds it to the loss. Metrics,
-    checkpoints (--checkpoint-every, --resume), --lora and `accelerate launch` as in farm-ppo.
+    checkpoints (--save-steps, --resume), --lora and `accelerate launch` as in farm-ppo.
 
     \b
     Example:
-      farm-rloo sft/ rm/ unlabeled.jsonl -o rloo/ --samples-per-prompt 4 --steps 50 \\
+      farm-rloo sft/ rm/ unlabeled.jsonl -o rloo/ --num-samples 4 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128
     """
     run_cli(resolve_config(RLOOConfig, config_file, values), sft, reward_model, prompts, output)

@@ -70,11 +70,7 @@ TOOL = "farm-sample"
     show_default=True,
     help="openai: requests in flight at once.",
 )
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="With -o: continue an interrupted run from FILE.resume.jsonl instead of starting over.",
-)
+@shared_option("resume", more_help="With -o: from FILE.resume.jsonl.")
 @long_prompts_option
 @output_option
 @seed_option

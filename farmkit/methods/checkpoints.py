@@ -1,6 +1,6 @@
 """What an on-policy run (farm-ppo, farm-rloo, farm-grpo) writes beside its training and reads back
 to resume: the checkpoint folder's metrics.jsonl (a line a step), a loadable policy folder every
---checkpoint-every steps whose trainer/ subfolder holds what --resume needs (without DeepSpeed the
+--save-steps steps whose trainer/ subfolder holds what --resume needs (without DeepSpeed the
 value model or the adapters, the optimizer and the scheduler; under DeepSpeed the engine's own
 checkpoint beside the scheduler), and the output folder at the end."""
 
@@ -23,11 +23,9 @@ ENGINE_STATE = "engine"  # under DeepSpeed: the engine's own checkpoint, in the 
 
 
 def checkpoint_folder(output: str, config: Any) -> Path:
-    return (
-        Path(config.checkpoint_dir)
-        if config.checkpoint_dir
-        else Path(f"{str(output).rstrip('/')}-checkpoints")
-    )
+    """--checkpoint-dir, else OUTPUT-checkpoints beside the output."""
+    chosen = getattr(config, "checkpoint_dir", None)
+    return Path(chosen) if chosen else Path(f"{str(output).rstrip('/')}-checkpoints")
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -118,7 +116,7 @@ def load_engine_state(engine_model: Any, engine: Path | None) -> None:
 class RunRecord:
     """What a policy-gradient run (farm-ppo, farm-rloo, farm-grpo) writes beside its training: the
     checkpoint folder's metrics.jsonl (a line a step, past a resumed step forgotten), a checkpoint
-    every --checkpoint-every steps, and the output folder at the end. Every process calls it; the
+    every --save-steps steps, and the output folder at the end. Every process calls it; the
     main one writes."""
 
     def __init__(
@@ -221,7 +219,7 @@ def linear_scheduler(optimizer: Any, config: Any, updates_per_step: int) -> Any:
 
 
 def checkpoint_step(done: int, config: Any) -> bool:
-    """Whether step `done` ends with a checkpoint (every checkpoint-every steps) or the run."""
+    """Whether step `done` ends with a checkpoint (every --save-steps steps) or the run."""
     every = config.checkpoint_every
     return done == config.steps or bool(every and done % every == 0)
 
@@ -328,3 +326,95 @@ def _save_checkpoint(
         extra_files=[folder.parent / METRICS_FILE],
         extra=trainer_state,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume states of the trainers whose checkpoints are not policy folders (farm-rm-train, farm-quark):
+# step-N/trainer/ holds accelerate's own state of what was prepared or registered (weights,
+# optimizer, scheduler, random states; split per process under DeepSpeed) and state.json (the step,
+# the config, and what the run must carry on: its metrics rows so far). Only the newest is kept; the
+# folder goes away when the run finishes.
+
+# settings a resumed run may change: they do not alter what is computed
+RESUMABLE_CHANGES = {"resume", "save_steps", "checkpoint_every", "device", "report_to"}
+
+
+def resume_state(checkpoints: Path, config: Any) -> tuple[Path | None, dict[str, Any]]:
+    """With --resume: the newest state in `checkpoints` and its state.json (an error when there is
+    none, or when it was written under settings that change the result); else (None, {})."""
+    if not config.resume:
+        return None, {}
+    found = latest_checkpoint(checkpoints)
+    if found is None:
+        raise FarmError(f"--resume: no checkpoint with a trainer state in {checkpoints}")
+    written = json.loads((found / TRAINER_STATE / "state.json").read_text())
+    check_same_settings(found, written["config"], config)
+    log.info("resuming from %s (step %d)", found, written["step"])
+    return found / TRAINER_STATE, written
+
+
+def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> None:
+    """Refuse to resume a state written under settings that change the result."""
+    now = json.loads(json.dumps(config_dict(config)))  # as JSON holds it (lists, not tuples)
+    changed = sorted(
+        key
+        for key in set(now) | set(written)
+        if key not in RESUMABLE_CHANGES and now.get(key) != written.get(key)
+    )
+    if changed:
+        raise FarmError(
+            f"--resume: {found} was written with other settings ({', '.join(changed)}); "
+            "resume with the same ones"
+        )
+
+
+def newest_trainer_checkpoint(checkpoints: Path) -> Path | None:
+    """The newest checkpoint-N folder a transformers Trainer wrote in `checkpoints`, or None."""
+    steps = [path for path in checkpoints.glob("checkpoint-*") if path.name[11:].isdigit()]
+    return max(steps, key=lambda path: int(path.name[11:]), default=None)
+
+
+def trainer_checkpoint(checkpoints: Path, config: Any, main_process: bool = True) -> str | None:
+    """For a transformers Trainer (farm-dpo): the newest checkpoint-N it wrote in `checkpoints` with
+    --resume (an error when there is none, or when the run's settings were others), else None.
+    Either way the folder records this run's settings (run.json) for the next --resume."""
+    record = checkpoints / "run.json"
+    found = None
+    if config.resume:
+        found = newest_trainer_checkpoint(checkpoints)
+        if found is None or not record.is_file():
+            raise FarmError(f"--resume: no checkpoint in {checkpoints}")
+        check_same_settings(found, json.loads(record.read_text())["config"], config)
+        log.info("resuming from %s", found)
+    if main_process and config.save_steps:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        record.write_text(metrics_dumps({"config": config_dict(config)}))
+    return str(found) if found else None
+
+
+def save_resume_state(
+    accelerator: Any, checkpoints: Path, step: int, config: Any, carried: dict[str, Any]
+) -> None:
+    """Write step-N/trainer/ (every process calls it: accelerate saves its share), state.json last,
+    then remove the older state: a run killed while writing still has the previous one."""
+    accelerator.wait_for_everyone()
+    previous = latest_checkpoint(checkpoints)
+    folder = checkpoints / f"step-{step:06d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(folder / TRAINER_STATE), safe_serialization=False)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {"step": step, "config": config_dict(config), **carried}
+        (folder / TRAINER_STATE / "state.json").write_text(metrics_dumps(state))
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+        log.info("checkpoint: %s", folder)
+    accelerator.wait_for_everyone()
+
+
+def saves_now(step: int, last: int, every: int) -> bool:
+    """Whether step `step` ends with a resume state: every `every` steps, never at the last."""
+    return bool(every) and step % every == 0 and step < last

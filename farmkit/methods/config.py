@@ -25,6 +25,10 @@ from farmkit.models import TEMPLATES
 SHARED_HELP = {
     "seed": "Seed for every random choice (sampling, shuffling, label noise, the order shown to a judge): the same input and seed make the same choices.",
     "num_samples": "Samples per prompt.",
+    "lr_scheduler_type": "How the learning rate changes over the run (transformers' "
+    "lr_scheduler_type).",
+    "save_steps": "Write a checkpoint every this many steps (0: none).",
+    "resume": "Continue an interrupted run from what it saved instead of starting over.",
     "template": "Prompt template: auto (the one the model folder records, else its chat template, "
     "else alpaca), chat or alpaca.",
     "device": "auto (a GPU if present, else the CPU), cpu, cuda, cuda:1...; under accelerate "
@@ -80,24 +84,38 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
 
 
-def help_field(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+def help_field(
+    default: Any, help: str, choices: tuple[str, ...] | None = None, **extra: Any
+) -> Any:
     """A dataclass field with its help text (and the allowed values, for a choice)."""
-    metadata: dict[str, Any] = {"help": help}
+    metadata: dict[str, Any] = {"help": help, **extra}
     if choices:
         metadata["choices"] = choices
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def shared_field(name: str, default: Any, choices: tuple[str, ...] | None = None) -> Any:
-    """A field of a concept several tools share: its help is SHARED_HELP[name]."""
-    return help_field(default, SHARED_HELP[name], choices)
+def shared_field(
+    name: str, default: Any, choices: tuple[str, ...] | None = None, more_help: str = ""
+) -> Any:
+    """A field of a concept several tools share: its help is SHARED_HELP[name], then `more_help`
+    (what this method does with the value). The field may keep another name than the concept's
+    (QuarkConfig.samples_per_prompt is --num-samples): its option and --config key are the
+    concept's, the old name a hidden alias."""
+    help_text = f"{SHARED_HELP[name]} {more_help}" if more_help else SHARED_HELP[name]
+    return help_field(default, help_text, choices, shared=name, more_help=more_help)
+
+
+def concept(field: dataclasses.Field) -> str:
+    """The shared concept a config field stands for (its own name unless shared_field said)."""
+    return field.metadata.get("shared", field.name)
 
 
 def require_positive(config: Any, *names: str) -> None:
     """Raise ValueError naming the first of these integer fields (as its option) that is below 1."""
+    fields = field_values(type(config))
     for name in names:
         if getattr(config, name) < 1:
-            raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+            raise ValueError(f"{concept(fields[name]).replace('_', '-')} must be at least 1")
 
 
 def _scalar_type(annotation: Any) -> type:
@@ -218,17 +236,22 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
     )
     kl_coef: float = help_field(0.05, "Coefficient of the KL penalty to the SFT model.")
     clip_range: float = help_field(0.2, "Clipping of the probability ratio: 1 +/- this.")
-    checkpoint_every: int = help_field(
+    checkpoint_every: int = shared_field(
+        "save_steps",
         20,
-        "Write a policy checkpoint every K steps (0: none). Performance often peaks early, then over-optimization sets in.",
+        more_help="Each is a loadable policy folder (step-N/ in the checkpoint folder). "
+        "Performance often peaks early, then over-optimization sets in.",
     )
     checkpoint_dir: str | None = help_field(
         None,
         "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.",
     )
-    resume: bool = help_field(
-        False, "Continue from the newest checkpoint in the checkpoint folder."
+    resume: bool = shared_field(
+        "resume",
+        False,
+        more_help="From the newest checkpoint (--save-steps) in the checkpoint folder; none there is an error.",
     )
+    device: str = shared_field("device", "auto")
     # LoRA adapters (on the policy, and PPO's value model); the KL reference is the policy without them
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)
@@ -261,7 +284,7 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         if self.kl_coef < 0 or self.clip_range <= 0:
             raise ValueError("kl-coef must be >= 0 and clip-range > 0")
         if self.checkpoint_every < 0:
-            raise ValueError("checkpoint-every must be >= 0")
+            raise ValueError("save-steps must be >= 0")
 
     def check_rollout(self) -> None:
         """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""
@@ -288,10 +311,13 @@ def read_yaml(path: str | Path, config_class: type) -> tuple[dict[str, Any], lis
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: expected a mapping of option names to values")
     fields = field_values(config_class)
+    # a field that keeps another name than its concept's answers to both (num_samples, samples_per_prompt)
+    by_concept = {concept(field): name for name, field in fields.items()}
     values: dict[str, Any] = {}
     renamed: list[str] = []
     for key, value in loaded.items():
         name = str(key).replace("-", "_")
+        name = by_concept.get(name, name)
         if name not in fields and RENAMED_FIELDS.get(name) in fields:
             renamed.append(str(key))
             name = RENAMED_FIELDS[name]

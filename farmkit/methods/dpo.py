@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections import Counter
@@ -80,6 +81,15 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
+    device: str = shared_field("device", "auto")
+    save_steps: int = shared_field(
+        "save_steps",
+        0,
+        more_help="Optimizer steps; they go to DIR-checkpoints/ (removed when the run ends).",
+    )
+    resume: bool = shared_field(
+        "resume", False, more_help="From the newest in DIR-checkpoints/; none there is an error."
+    )
 
     def __post_init__(self) -> None:
         losses = self.losses
@@ -109,6 +119,8 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
             )
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError("max-steps must be a positive number of steps, or -1")
+        if self.save_steps < 0:
+            raise ValueError("save-steps must be >= 0")
 
     @property
     def losses(self) -> list[str]:
@@ -205,7 +217,7 @@ def train_dpo(
         )
     if config.gold:
         check_processes()
-    on_gpu = torch.cuda.is_available()
+    on_gpu = launch.check_device(config.device).startswith("cuda")
     # every preference record read was paid for, ties and null verdicts included
     budget = Budget(sum((counts or {}).get(key, 0) for key in ("tie", "null")) + len(pairs))
     torch.manual_seed(seed)
@@ -270,9 +282,14 @@ def train_dpo(
         tracker_dir or tracking.tracker_dir(output),
         main_process=int(os.environ.get("RANK", "0")) == 0,
     )
+    from farmkit.methods import checkpoints as C
+
+    checkpoints = C.checkpoint_folder(output, config)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    resume_from = C.trainer_checkpoint(checkpoints, config, main_process)
     with tempfile.TemporaryDirectory(prefix="farm-dpo-") as scratch:
         args = TRLConfig(
-            output_dir=scratch,
+            output_dir=str(checkpoints) if config.save_steps else scratch,
             beta=config.beta,
             loss_type=config.losses,
             loss_weights=config.weights,
@@ -292,7 +309,9 @@ def train_dpo(
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
             **{no_checkpointing_field(TRLConfig): False},
-            save_strategy="no",
+            save_strategy="steps" if config.save_steps else "no",
+            save_steps=config.save_steps or 500,
+            save_total_limit=1,  # the newest is what --resume takes
             report_to=report_to,
             logging_steps=1,
             disable_tqdm=cli.quiet(),
@@ -319,7 +338,7 @@ def train_dpo(
         with contextlib.redirect_stdout(
             sys.stderr
         ):  # the trainer prints its logs; stdout is for records only
-            trainer.train()
+            trainer.train(resume_from_checkpoint=resume_from)
         history = [entry for entry in trainer.state.log_history if "loss" in entry]
         from farmkit.methods.sft import trained_tokens
 
@@ -359,6 +378,8 @@ def train_dpo(
                     output, plain_model(whole), tokenizer, meta, extra_files=[metrics_path]
                 )
         accelerator.wait_for_everyone()
+    if accelerator.is_main_process and (config.save_steps or resume_from):
+        shutil.rmtree(checkpoints, ignore_errors=True)  # the run is done: no need to resume it
     return {**(history[-1] if history else {}), **figures}
 
 

@@ -432,6 +432,24 @@ class GoldEvaluator:
             block["annotation"] = dict(self.annotation)
         return block
 
+    COUNTERS = ("evaluations", "tokens_sampled", "seconds", "annotation")
+
+    def counters(self) -> dict[str, Any]:
+        """What judging has cost so far and the starting model's answers (sampled, and counted,
+        once), for a resume state; `restore` puts them back."""
+        return {
+            **{name: getattr(self, name) for name in self.COUNTERS},
+            "reference": list(self._reference) if self._reference is not None else None,
+        }
+
+    def restore(self, counters: dict[str, Any]) -> None:
+        for name in self.COUNTERS:
+            if name in counters:
+                setattr(self, name, counters[name])
+        if counters.get("reference") is not None:
+            texts, finished = counters["reference"]
+            self._reference = (list(texts), list(finished))
+
     def release_start(self) -> None:
         """Forget a starting model this evaluator loaded (a method that needs the memory back)."""
         self._start_network = None

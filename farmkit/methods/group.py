@@ -33,6 +33,7 @@ from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
     help_field,
+    shared_field,
 )
 from farmkit.methods.estimators import (
     STD_EPS,
@@ -71,11 +72,12 @@ class GroupConfig(OnPolicyConfig):
 
     rollout_batch_size: int = help_field(
         64,
-        "Responses sampled per step, over all processes: rollout-batch-size / samples-per-prompt prompts, samples-per-prompt responses to each.",
+        "Responses sampled per step, over all processes: rollout-batch-size / num-samples prompts, num-samples responses to each.",
     )
-    samples_per_prompt: int = help_field(
+    samples_per_prompt: int = shared_field(
+        "num_samples",
         4,
-        "k, the responses sampled per prompt: the group whose scores give each other their baseline (at least 2).",
+        more_help="k: the group whose scores give each other their baseline (at least 2).",
     )
     minibatch_size: int = help_field(
         16, "Responses per optimizer step, over all processes (groups may be split)."
@@ -93,11 +95,9 @@ class GroupConfig(OnPolicyConfig):
 
     def check_rollout(self) -> None:
         if self.samples_per_prompt < 2:
-            raise ValueError(
-                "samples-per-prompt must be at least 2: a group of one has no baseline"
-            )
+            raise ValueError("num-samples must be at least 2: a group of one has no baseline")
         if self.rollout_batch_size % self.samples_per_prompt:
-            raise ValueError("rollout-batch-size must be a multiple of samples-per-prompt")
+            raise ValueError("rollout-batch-size must be a multiple of num-samples")
 
     def advantages(self, scores: Any) -> Any:
         raise NotImplementedError
@@ -164,7 +164,7 @@ class GroupMethod(OnPolicyMethod):
     def check_processes(self, world: int) -> None:
         if self.prompts_per_step % world or self.config.minibatch_size % world:
             raise FarmError(
-                "rollout-batch-size / samples-per-prompt (prompts per step) and minibatch-size must be "
+                "rollout-batch-size / num-samples (prompts per step) and minibatch-size must be "
                 "multiples of the number of processes: each process samples whole groups"
             )
 

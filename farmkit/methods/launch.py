@@ -80,6 +80,36 @@ def make_accelerator(cpu: bool = False, **kwargs: Any) -> Any:
     return Accelerator(cpu=cpu or use_cpu(torch.cuda.is_available()), **kwargs)
 
 
+def check_device(device: str) -> str:
+    """Refuse a --device other than auto that a launch would not honour, and one that is not there;
+    put a single process on the GPU asked for (cuda:1). Call it before any Accelerator or Trainer
+    is made; returns the device (auto resolved)."""
+    from farmkit.io import FarmError
+    from farmkit.models import choose_device
+
+    if device != "auto" and deepspeed_launched():
+        # Accelerator(cpu=True) would drop DeepSpeed without a word; the run would not be what was launched
+        raise FarmError(
+            "--device: under DeepSpeed the engine places the model; leave --device auto"
+        )
+    if device not in ("auto", "cpu") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise FarmError(
+            "--device: under accelerate launch every process uses its own device; leave --device auto"
+        )
+    chosen = choose_device(device)
+    if chosen.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(chosen)  # accelerate's and the Trainer's "cuda" is the current GPU
+    return chosen
+
+
+def device_accelerator(device: str, **kwargs: Any) -> Any:
+    """make_accelerator on the --device asked for (check_device; cpu: the CPU even with a GPU)."""
+    check_device(device)
+    return make_accelerator(cpu=device == "cpu", **kwargs)
+
+
 def zero_stage(accelerator: Any) -> int:
     """DeepSpeed's ZeRO stage, 0 when DeepSpeed is not in use."""
     plugin = accelerator.state.deepspeed_plugin

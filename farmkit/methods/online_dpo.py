@@ -68,6 +68,11 @@ class OnlineDPOConfig(DPOConfig):
                 "--lora is not available: a round continues the previous round's policy, whose "
                 "adapters off would be the reference instead of the SFT model"
             )
+        if self.save_steps or self.resume:
+            raise ValueError(
+                "save-steps and resume are not online DPO's: its rounds are the checkpoints, and "
+                "running the same command again resumes it"
+            )
         if self.rounds < 1 or self.prompts_per_round < 1:
             raise ValueError("rounds and prompts-per-round must be at least 1")
         if self.temperature <= 0:

@@ -8,7 +8,7 @@ sampled tokens' log-probabilities under the policy (and the value model's values
 under the frozen reference, the per-token KL estimate; hand the batch to the method for its
 advantages; then `ppo_epochs` passes over the batch in minibatches of micro-batches, under
 accelerate (DDP or DeepSpeed ZeRO-2/3: the policy, with a value model, as one engine). Every step
-appends a metrics line, every --checkpoint-every steps a policy folder that --resume continues from
+appends a metrics line, every --save-steps steps a policy folder that --resume continues from
 (farmkit.methods.checkpoints), --gold judges checkpoints, and the trained policy is written whole at
 the end.
 
@@ -236,7 +236,9 @@ def train_on_policy(
 
     config = method.config
     resolve_backend(config.rollout_backend)  # vllm asked for and missing: say so before any work
-    accelerator = launch.make_accelerator(**tracking.accelerator_kwargs(config.report_to, output))
+    accelerator = launch.device_accelerator(
+        config.device, **tracking.accelerator_kwargs(config.report_to, output)
+    )
     if config.gold:
         check_processes()
     tracking.start(accelerator, method.tool, config_dict(config))

@@ -306,16 +306,27 @@ def decode_responses(tokenizer: Any, rollout: Rollout) -> list[str]:
 
 
 def add_lora(
-    model: Any, rank: int, alpha: int, task_type: str = "CAUSAL_LM", adapter: Path | None = None
+    model: Any,
+    rank: int,
+    alpha: int,
+    task_type: str = "CAUSAL_LM",
+    adapter: Path | None = None,
+    trainable_tokens: Sequence[int] = (),
 ) -> Any:
     """Wrap a model with LoRA adapters on its attention and MLP projections (peft): fresh ones, or the
-    trainable adapters saved in `adapter` (a run being resumed)."""
+    trainable adapters saved in `adapter` (a run being resumed). `trainable_tokens`: rows of the
+    embedding that train too (new control tokens, which would otherwise keep their first values)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter is not None:
         return PeftModel.from_pretrained(model, adapter, is_trainable=True)
     config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=0.0, task_type=task_type, target_modules="all-linear"
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        task_type=task_type,
+        target_modules="all-linear",
+        trainable_token_indices=list(trainable_tokens) or None,
     )
     return get_peft_model(model, config)
 

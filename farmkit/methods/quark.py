@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     prompts_per_round: int = help_field(
         64, "Prompts sampled per round, over all processes (AlpacaFarm: 512, one sample each)."
     )
-    samples_per_prompt: int = help_field(4, "Responses sampled per prompt per round.")
+    samples_per_prompt: int = shared_field("num_samples", 4, more_help="Sampled every round.")
     num_quantiles: int = help_field(
         5,
         "Reward quantiles the responses of a round are ranked into (the Quark paper's 5; AlpacaFarm's script leaves the count to the caller).",
@@ -77,10 +78,11 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "Optimizer steps per round, each on batch-size kept responses drawn in a shuffled cycle (AlpacaFarm: 1 step of 256); 0: epochs-per-round passes instead.",
     )
     learning_rate: float = shared_field("learning_rate", 1e-5)
-    lr_schedule: str = help_field(
+    lr_schedule: str = shared_field(
+        "lr_scheduler_type",
         "linear",
-        "Learning rate over the rounds: 'linear' decays it to 0 by the end, after warmup-steps rounds of warm-up (AlpacaFarm); 'constant' keeps it.",
         LR_SCHEDULES,
+        more_help="Over the rounds: 'linear' decays it to 0 by the end, after warmup-steps rounds of warm-up (AlpacaFarm); 'constant' keeps it.",
     )
     batch_size: int = help_field(8, "Responses per optimizer step, over all processes.")
     kl_coef: float = help_field(
@@ -88,6 +90,21 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     )
     generation_batch_size: int = shared_field("generation_batch_size", 16)
     device: str = shared_field("device", "auto")
+    # LoRA adapters on the policy (and the control tokens' embedding rows); the KL reference stays
+    # the SFT model, a frozen copy
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
+    save_steps: int = shared_field(
+        "save_steps",
+        0,
+        more_help="Steps are rounds here; the state goes to DIR-checkpoints/ (removed when the run ends).",
+    )
+    resume: bool = shared_field(
+        "resume",
+        False,
+        more_help="From the newest state in DIR-checkpoints/; none there is an error.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -99,15 +116,19 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
             "epochs_per_round",
             "batch_size",
             "generation_batch_size",
+            "lora_rank",
+            "lora_alpha",
         )
         if self.num_quantiles < 2:
             raise ValueError("num-quantiles must be at least 2")
         if self.prompts_per_round * self.samples_per_prompt < self.num_quantiles:
             raise ValueError(
-                "a round needs at least one response per quantile: raise prompts-per-round or samples-per-prompt"
+                "a round needs at least one response per quantile: raise prompts-per-round or num-samples"
             )
         if self.learning_rate <= 0 or self.kl_coef < 0 or self.steps_per_round < 0:
             raise ValueError("learning-rate must be positive, kl-coef and steps-per-round >= 0")
+        if self.save_steps < 0:
+            raise ValueError("save-steps must be >= 0")
         if self.control_token == "none" and self.keep == "all":
             raise ValueError(
                 "--keep all trains each quantile behind its own control token: it needs --control-token condition"
@@ -182,6 +203,7 @@ def train_quark(
     import torch
     from accelerate.utils import gather_object
 
+    from farmkit.methods import checkpoints as C
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
     from farmkit.methods.budget import Budget, reward_model_labels
@@ -236,6 +258,9 @@ def train_quark(
     # each control token starts as the token it follows, the last of the prompt (see add_control_tokens)
     prompt_end = plain_prompts[0][-1]
     token_ids = P.add_control_tokens(model, tokenizer, tokens, prompt_end) if tokens else []
+    if config.lora:
+        launch.refuse_lora_under_zero3(accelerator, True)
+        model = P.add_lora(model, config.lora_rank, config.lora_alpha, trainable_tokens=token_ids)
     reference_vocab = reference.get_output_embeddings().weight.shape[0]
     for network in (model, reference, scorer.network):
         P.disable_dropout(network)
@@ -255,7 +280,6 @@ def train_quark(
         start_network=reference,
         tool="farm-quark",
     )
-    budget = Budget(reward_model_labels(reward_model))
 
     def prompt_length(index: int) -> int:
         return len(plain_prompts[index])  # token ids, already fitted to the context
@@ -276,6 +300,15 @@ def train_quark(
     # under DeepSpeed the engine's batch is this process's share of a training batch, one step each
     launch.configure_deepspeed(accelerator, -(-config.batch_size // world), 1, config.max_grad_norm)
     model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    checkpoints = C.checkpoint_folder(output, config)
+    state, carried = C.resume_state(checkpoints, config)
+    if state is not None:  # the policy, optimizer, scheduler and random states after its round
+        accelerator.load_state(str(state))
+    history: list[dict[str, Any]] = carried.get("history", [])
+    if gold is not None and "gold" in carried:  # what judging the rounds done cost goes on
+        gold.restore(carried["gold"])
+    budget = Budget(reward_model_labels(reward_model), history[-1] if history else None)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference.dtype != trained_dtype:
         reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy: like with like
@@ -289,8 +322,7 @@ def train_quark(
     )
     log.info("rollouts: %s backend", backend.name)
     order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
-    history: list[dict[str, Any]] = []
-    started = time.time()
+    started = time.time() - (history[-1]["elapsed_s"] if history else 0.0)
 
     def sample_round(
         sampler: Any, chosen: list[int], conditioned_prompts: list[list[int]], round_number: int
@@ -331,7 +363,7 @@ def train_quark(
                 )
         return pool
 
-    for round_number in range(config.rounds):
+    for round_number in range(len(history), config.rounds):  # a resumed run: the rounds left
         chosen = order[
             round_number * config.prompts_per_round : (round_number + 1) * config.prompts_per_round
         ]
@@ -452,6 +484,11 @@ def train_quark(
             metrics["nll"],
             metrics["kl"],
         )
+        if C.saves_now(round_number + 1, config.rounds, config.save_steps):
+            carry = {"history": history}
+            if gold is not None:
+                carry["gold"] = gold.counters()
+            C.save_resume_state(accelerator, checkpoints, round_number + 1, config, carry)
 
     backend.close()
     tracking.finish(accelerator)
@@ -476,4 +513,5 @@ def train_quark(
                 metrics_path = Path(scratch) / "metrics.jsonl"
                 write_metrics(metrics_path, history)
                 P.save_policy(whole, tokenizer, output, meta, extra_files=[metrics_path])
+            shutil.rmtree(checkpoints, ignore_errors=True)  # the run is done: no need to resume it
     return history

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -61,6 +62,17 @@ class RewardConfig(ModelArgs, TrackingArgs):
         "Train only the head and the top K transformer blocks (0: the head alone; -1: every weight).",
     )
     eval_every: int = help_field(0, "Held-out evaluation every K steps (0: at the end only).")
+    save_steps: int = shared_field(
+        "save_steps",
+        0,
+        more_help="Optimizer steps; the state goes to DIR-checkpoints/ (removed when the run ends).",
+    )
+    resume: bool = shared_field(
+        "resume",
+        False,
+        more_help="From the newest state in DIR-checkpoints/; none there is an error.",
+    )
+    device: str = shared_field("device", "auto")
 
     def __post_init__(self) -> None:
         if not 0 <= self.eval_fraction < 1:
@@ -78,11 +90,12 @@ class RewardConfig(ModelArgs, TrackingArgs):
         if (
             self.train_layers < -1
             or self.eval_every < 0
+            or self.save_steps < 0
             or self.lora_rank < 1
             or not 0 <= self.warmup_ratio < 1
         ):
             raise ValueError(
-                "train_layers must be >= -1, eval_every >= 0, lora-rank >= 1 and warmup_ratio in [0, 1)"
+                "train_layers must be >= -1, eval_every and save-steps >= 0, lora-rank >= 1 and warmup_ratio in [0, 1)"
             )
 
 
@@ -379,6 +392,7 @@ def train_reward_model(
     from transformers import AutoModelForSequenceClassification
 
     from farmkit.cli import progress
+    from farmkit.methods import checkpoints as C
     from farmkit.methods import launch
     from farmkit.methods import schedule as schedules
     from farmkit.modelio import model_folder, model_meta
@@ -386,9 +400,10 @@ def train_reward_model(
 
     if not items:
         raise FarmError("no comparisons to train on")
-    gpu = torch.cuda.is_available()
+    gpu = launch.check_device(config.device).startswith("cuda")
     # joins the launcher's processes and honours a DeepSpeed launch (see launch.use_cpu)
     accelerator = launch.make_accelerator(
+        cpu=config.device == "cpu",
         mixed_precision="bf16" if gpu and torch.cuda.is_bf16_supported() else "no",
         **tracking.accelerator_kwargs(config.report_to, output_dir),
     )
@@ -453,6 +468,10 @@ def train_reward_model(
     network, optimizer, train_loader, eval_loader, schedule = accelerator.prepare(
         network, optimizer, train_loader, eval_loader, schedule
     )
+    checkpoints = C.checkpoint_folder(output_dir, config)
+    state, carried = C.resume_state(checkpoints, config)
+    if state is not None:  # weights, optimizer, scheduler and random states as they were
+        accelerator.load_state(str(state))
 
     if not accelerator.is_main_process:  # one process reports for all
         log.setLevel(logging.WARNING)
@@ -472,15 +491,24 @@ def train_reward_model(
         main = accelerator.is_main_process
         folder = stack.enter_context(model_folder(output_dir, main_process=main))
         metrics = stack.enter_context(MetricsWriter(folder / METRICS_FILE, "reward", enabled=main))
-        started, step, window = time.time(), 0, []
+        rows: list[dict[str, Any]] = carried.get("rows", [])
+        for row in rows:  # the resumed run's metrics so far, as it wrote them
+            metrics.write(**{key: value for key, value in row.items() if key != "method"})
+        step, window = len(rows), [row["loss"] for row in rows]
+        started = time.time() - (rows[-1]["elapsed_s"] if rows else 0.0)
         network.train()
         bar = (
-            progress(total=total_steps, desc="reward model")
+            progress(total=total_steps, initial=step, desc="reward model")
             if accelerator.is_main_process
             else None
         )
+        # a resumed run draws the same shuffled batches: the ones done are drawn and passed over
+        done = step
         while step < total_steps:
             for batch in train_loader:
+                if done:
+                    done -= 1
+                    continue
                 reward_1, reward_2 = _rewards(network, batch)
                 loss = bradley_terry_loss(reward_1, reward_2, batch["target"])
                 accelerator.backward(loss)
@@ -509,8 +537,10 @@ def train_reward_model(
                 if step == total_steps and len(eval_pairs):
                     row.update(_evaluate(accelerator, network, eval_loader))
                     summary.update({k: row[k] for k in ("eval_loss", "eval_accuracy")})
-                metrics.write(**row)
+                rows.append(metrics.write(**row))
                 tracking.log(accelerator, row, step)
+                if C.saves_now(step, total_steps, config.save_steps):
+                    C.save_resume_state(accelerator, checkpoints, step, config, {"rows": rows})
                 if bar is not None:
                     bar.update(1)
                 if step >= total_steps:
@@ -546,6 +576,8 @@ def train_reward_model(
             )
             meta.update(meta_extra or {})
             write_meta(folder, meta)
+    if accelerator.is_main_process:  # the run is done: its resume states are not needed
+        shutil.rmtree(checkpoints, ignore_errors=True)
     if "eval_accuracy" in summary:
         log.info(
             "held-out pairwise accuracy %.3f on %d pairs (loss %.4f)",

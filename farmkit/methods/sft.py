@@ -43,11 +43,10 @@ class SFTConfig(ModelArgs, TrackingArgs):
     batch_size: int = field(default=8, metadata={"help": "Sequences per device per forward pass."})
     gradient_accumulation_steps: int = shared_field("gradient_accumulation_steps", 1)
     warmup_ratio: float = shared_field("warmup_ratio", 0.03)
-    lr_scheduler: str = field(
-        default="cosine",
-        metadata={
-            "help": "Learning-rate schedule (a transformers scheduler name: cosine, linear, constant...)."
-        },
+    lr_scheduler: str = shared_field(
+        "lr_scheduler_type",
+        "cosine",
+        more_help="A transformers scheduler name: cosine, linear, constant...",
     )
     weight_decay: float = shared_field("weight_decay", 0.0)
     max_length: int = field(
@@ -62,17 +61,13 @@ class SFTConfig(ModelArgs, TrackingArgs):
     lora_dropout: float = field(
         default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."}
     )
-    save_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Write a resumable checkpoint every this many steps into DIR.checkpoints (0: none)."
-        },
+    save_steps: int = shared_field(
+        "save_steps", 0, more_help="Optimizer steps; the checkpoints go to DIR.checkpoints."
     )
-    resume: bool = field(
-        default=False,
-        metadata={
-            "help": "Continue from the newest checkpoint in DIR.checkpoints, if there is one."
-        },
+    resume: bool = shared_field(
+        "resume",
+        False,
+        more_help="From the newest checkpoint (--save-steps) in DIR.checkpoints; with none there, the run starts over.",
     )
     logging_steps: int = field(
         default=10,
@@ -384,13 +379,11 @@ def train_sft(
         trainer.remove_callback(PrinterCallback)
     resume_from = None
     if config.resume:
-        found = (
-            sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-            if checkpoints.is_dir()
-            else []
-        )
+        from farmkit.methods.checkpoints import newest_trainer_checkpoint
+
+        found = newest_trainer_checkpoint(checkpoints)
         if found:
-            resume_from = str(found[-1])
+            resume_from = str(found)
             log.info("resuming from %s", resume_from)
         else:
             log.warning("no checkpoint in %s: starting from the beginning", checkpoints)
