@@ -231,7 +231,13 @@ def test_the_key_holds_the_parser_version(monkeypatch):
     assert _keys(pool) != first
 
 
-def test_the_local_judge_key_holds_its_device_and_dtype(embedded_path):
+def test_the_local_judge_key_holds_its_device_and_dtype(embedded_path, monkeypatch):
+    import torch
+
+    # a GPU machine, pretended (a --device naming a GPU that is not there is refused)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     pool = _one_judge_pool(0.0, backend="local")
     assert _keys(pool, device="cpu") != _keys(pool, device="cuda")
     bf16 = dataclasses.replace(pool, judges=[dataclasses.replace(pool.judges[0], dtype="bfloat16")])

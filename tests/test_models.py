@@ -195,6 +195,7 @@ def test_under_a_launcher_each_process_takes_the_gpu_of_its_local_rank(monkeypat
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert models.choose_device() == "cuda"
     monkeypatch.setenv("LOCAL_RANK", "3")
