@@ -124,3 +124,14 @@ def figures_fixture(monkeypatch):
 
     monkeypatch.setattr(plots, "_save", keep)
     return drawn
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one process-wide state; a test that changes the launch's precision needs its
+    own, and leaves none behind."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -201,17 +201,6 @@ def test_truncated_importance_sampling_reweights_the_updates(models, tmp_path, m
     assert any(not torch.allclose(runs["exact"][k], runs["on"][k], atol=1e-6) for k in names)
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """accelerate keeps one process-wide state; a test that changes the launch's precision needs its
-    own, and leaves none behind."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 @pytest.mark.parametrize("method", ["ppo", "rloo", "grpo", "grpo-one-update"])
 def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
     models, tmp_path, monkeypatch, fresh_accelerate_state, method

@@ -155,6 +155,50 @@ def test_the_kl_term_changes_the_result(models, tmp_path):
     assert held[-1]["kl"] < free[-1]["kl"] - 0.01, (free[-1]["kl"], held[-1]["kl"])
 
 
+def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
+    models, tmp_path, monkeypatch, fresh_accelerate_state
+):
+    """Under `accelerate launch --mixed_precision bf16` the policy's forward runs under autocast, so
+    the reference's must too, or Quark's KL term is not 0 where policy and SFT are the same model.
+    One optimizer step on the plain prompt (no control tokens: with them the policy reads a token
+    SFT never saw): its KL is measured before the step, so it is exactly 0. The control below shows
+    the test can fail: without autocast on the reference the KL is not 0."""
+    from contextlib import nullcontext
+
+    from accelerate import Accelerator
+
+    sft, rm = models
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    config = QuarkConfig(
+        rounds=1,
+        control_token="none",
+        keep="top",
+        steps_per_round=1,
+        **{**SMALL, "epochs_per_round": 1},
+    )
+    output = tmp_path / "bf16"
+    rows = train_quark(str(sft), str(rm), prompt_records(16), str(output), config, seed=0)
+    meta = json.loads((output / "meta.json").read_text())
+    assert meta["launch"]["mixed_precision"] == "bf16"
+    assert rows[0]["optimizer_steps"] == 1
+    assert rows[0]["kl"] == 0.0
+
+    # the same run with the reference's autocast taken away (the defect this test is for)
+    calls = {"n": 0}
+    autocast = Accelerator.autocast
+
+    def reference_without_autocast(self, *args, **kwargs):
+        calls["n"] += 1
+        # the sampling's autocast comes first, the reference's second
+        return autocast(self, *args, **kwargs) if calls["n"] == 1 else nullcontext()
+
+    monkeypatch.setattr(Accelerator, "autocast", reference_without_autocast)
+    skewed = train_quark(
+        str(sft), str(rm), prompt_records(16), str(tmp_path / "skewed"), config, seed=0
+    )
+    assert calls["n"] >= 2 and skewed[0]["kl"] != 0.0
+
+
 def test_reference_shares_the_policy_precision(models, tmp_path, monkeypatch):
     sft, rm = models
     pretend_bf16_gpu(monkeypatch)
