@@ -18,7 +18,7 @@ from conftest import run_tool
 from farmkit.tools.farm_annotate import cli
 from openai_server import OpenAIServer, weigh_longer
 
-KEY = "sk-test-weighted-4d1e0b77"
+KEY = "sk-test-loopback-4d1e0b77"
 FAST = "settings: {timeout: 2.0, backoff: 0.02, max_retries: 3, concurrency: 4}\n"
 PRICE = (10.0, 30.0)  # gpt-4-1106-preview, USD per million tokens
 
@@ -229,3 +229,18 @@ def test_both_orders_averages_the_two_fractions(tmp_path):
     for record in _records(result.stdout):
         assert record["provenance"]["farm-annotate"]["order_shown"] == "both"
         assert record["preference"] == pytest.approx(_expected(record), abs=1e-6)
+
+
+def test_a_key_the_endpoint_echoes_as_a_token_is_not_in_the_records(tmp_path):
+    def echoes_the_key(body: dict) -> dict[str, float]:
+        return {KEY: 0.6, "Sure": 0.4}  # neither letter: no verdict, its reason quoting the tokens
+
+    with OpenAIServer(respond=lambda body: "Sure", top_logprobs=echoes_the_key) as server:
+        result = _annotate(
+            "--pool", _pool(tmp_path), "--no-cache", input=_jsonl(_pairs(2)), env=_env(server)
+        )
+    assert result.returncode == 0, result.stderr.decode()
+    records = _records(result.stdout)
+    assert [r["preference"] for r in records] == [None, None]
+    assert all("neither verdict token" in r["preference_reason"] for r in records)
+    assert KEY.encode() not in result.stdout + result.stderr

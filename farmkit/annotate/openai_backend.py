@@ -150,7 +150,10 @@ class OpenAIBackend(Backend):
         )
         price = self.prices.price(model, prompt_tokens, completion_tokens)
         if judge.top_logprobs:
-            read = [weighted_verdict(reply.logprobs, self.client.base_url, judge)]
+            verdict = weighted_verdict(reply.logprobs, self.client.base_url, judge)
+            if verdict.reason:  # it quotes the endpoint's tokens, which may echo the key
+                verdict.reason = redact(verdict.reason, self.client.api_key or "")
+            read = [verdict]
         else:
             choices, reason = parse_verdicts(template.format, reply.text, len(pairs), template)
             read = [Verdict(choice, reason=reason) for choice in choices]
