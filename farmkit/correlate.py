@@ -29,6 +29,11 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
   share choosing the longer output / the output with a list / output_1. The 30 characters are
   AlpacaEval's: its evaluators' leaderboard counts P(prefers longer) over 445 of the 648
   cross-annotated pairs, exactly those whose outputs differ by more than 30 characters.
+- AlpacaEval's evaluators table (`alpaca_eval_evaluators`): Human agreement = 100 x
+  human_agreement_alpacaeval (for the humans: 100 x their leave-one-out human_agreement), Bias and
+  Variance x 100, price and time per 1,000 as above, the three preferences as fractions, # parsed =
+  the labels that are a verdict (over all runs), and Spearman / Pearson between the judge's
+  leaderboard and the human one (1 for the humans).
 - cohen_kappa: between every two human annotators (their shared pairs), (p_o - p_e) / (1 - p_e);
   left out when there are more than 20 named annotators (crowd labels, where pairs rarely overlap).
 """
@@ -75,6 +80,7 @@ class Board:
         default_factory=dict
     )  # model -> (low, high), where given
     axis_label: str = ""  # file stem: score, and the judge when the board names one
+    judges: tuple[str, ...] = ()  # the `annotator` its rows name (farm-winrate's boards)
 
 
 # the standard error that goes with a score column (AlpacaEval's CSV names and farm-winrate's)
@@ -219,7 +225,9 @@ def read_board(path: str, name: str | None = None, score: str | None = None) -> 
     axis_label = f"{board_stem(source)}: {score_name}" + (
         f" ({', '.join(sorted(judges))})" if judges else ""
     )
-    return Board(f"{Path(source).name}:{score_name}", scores, intervals, axis_label)
+    return Board(
+        f"{Path(source).name}:{score_name}", scores, intervals, axis_label, tuple(sorted(judges))
+    )
 
 
 def board_stem(source: str) -> str:
@@ -643,3 +651,61 @@ def judge_summary(
             min_length_difference,
         ),
     }
+
+
+# AlpacaEval's evaluators leaderboard (evaluators/evaluators_leaderboard.csv): its columns in its
+# order, each with the field of an annotation-mode row and the factor it is shown at
+ALPACA_EVAL_EVALUATORS = (
+    ("Human agreement", "human_agreement_alpacaeval", 100),
+    ("Price [$/1000 examples]", "price_per_1000", 1),
+    ("Time [seconds/1000 examples]", "seconds_per_1000", 1),
+    ("Spearman corr.", "spearman", 1),
+    ("Pearson corr.", "pearson", 1),
+    ("Bias", "bias", 100),
+    ("Variance", "variance", 100),
+    ("Proba. prefer longer", "p_prefers_longer", 1),
+    ("Proba. prefer lists", "p_prefers_lists", 1),
+    ("Proba. prefer 1", "p_prefers_first", 1),
+    ("# parsed", "n_parsed", 1),
+    ("mode", "mode", 1),
+)
+
+
+def alpaca_eval_evaluators(
+    rows: Sequence[dict[str, Any]],
+    annotations: Annotations,
+    human_board: Board | None = None,
+    judge_boards: dict[str, Board] | None = None,
+) -> list[dict[str, Any]]:
+    """Annotation-mode rows as AlpacaEval's evaluators leaderboard rows (keyed by its column names,
+    the annotator under ""): percent where it uses percent, # parsed, and the rank and linear
+    correlation of each judge's leaderboard (`judge_boards`, by judge name) with `human_board`."""
+    judge_boards = judge_boards or {}
+    table = []
+    for row in rows:
+        name = row["annotator"]
+        people = name == "humans" and name not in annotations.runs_of
+        fields = dict(row)
+        if people:
+            fields["human_agreement_alpacaeval"] = row["human_agreement"]
+            fields["n_parsed"] = row["n_labels"]
+        else:
+            fields["n_parsed"] = sum(
+                1
+                for pair in annotations.pairs.values()
+                for judge, _, _ in pair.judge
+                if judge == name
+            )
+        if human_board is not None and people:
+            fields["spearman"] = fields["pearson"] = 1.0
+        elif human_board is not None and name in judge_boards:
+            correlation = correlate_boards(judge_boards[name], human_board)
+            fields["spearman"], fields["pearson"] = correlation["spearman"], correlation["pearson"]
+        fields["mode"] = row.get("mode") or "community"
+        entry: dict[str, Any] = {"": name}
+        for column, field_name, factor in ALPACA_EVAL_EVALUATORS:
+            value = fields.get(field_name)
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            entry[column] = value * factor if numeric and factor != 1 else value
+        table.append(entry)
+    return table

@@ -92,6 +92,8 @@ class Reply:
     completion_unreported: bool = False
     # earlier attempts whose bill was not told (timed out, dropped, malformed without usage)
     unknown_attempts: int = 0
+    # the first choice's `logprobs` as the endpoint gave it (None where it gave none)
+    logprobs: Any = None
 
 
 def redact(text: str, key: str | None = None, shapes: bool = True) -> str:
@@ -294,7 +296,9 @@ class EndpointClient:
                 status = response.status_code
                 if status == 200:
                     try:
-                        text, finished, prompt, completion = _parse(response.content, chat)
+                        text, finished, prompt, completion, logprobs = _parse(
+                            response.content, chat
+                        )
                     except Malformed as exc:
                         last, unknown = f"malformed reply: {exc}", unknown + (not exc.reported)
                         prompt_tokens, completion_tokens = (
@@ -311,6 +315,7 @@ class EndpointClient:
                             prompt is None,
                             completion is None,
                             unknown,
+                            logprobs,
                         )
                 elif status in (401, 403):
                     raise EndpointFatal(
@@ -561,9 +566,9 @@ class _HttpxTransport:
         await self.client.aclose()
 
 
-def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | None]:
-    """(text, finished, prompt tokens, completion tokens) of a 200 reply, or Malformed saying what is
-    wrong; a token count the reply does not give is None."""
+def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | None, Any]:
+    """(text, finished, prompt tokens, completion tokens, the choice's logprobs) of a 200 reply, or
+    Malformed saying what is wrong; a token count the reply does not give is None."""
     try:
         reply = orjson.loads(content)
     except orjson.JSONDecodeError:
@@ -590,7 +595,8 @@ def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | Non
             raise Malformed(f"no message: {_snippet(content)}", billed, told)
     if not isinstance(text, str | None):
         raise Malformed(f"the text is not a string: {_snippet(content)}", billed, told)
-    return text or "", choice.get("finish_reason") == "stop", counts[0], counts[1]
+    finished = choice.get("finish_reason") == "stop"
+    return text or "", finished, counts[0], counts[1], choice.get("logprobs")
 
 
 def _count(value: Any) -> int | None:

@@ -371,11 +371,16 @@ class WinrateTable:
         ]
 
     def rows(
-        self, seed: int = 0, resamples: int = 1000, confidence: float = 0.95
+        self,
+        seed: int = 0,
+        resamples: int = 1000,
+        confidence: float = 0.95,
+        sort_by: str = "win_rate",
     ) -> list[dict[str, Any]]:
         """One leaderboard row per (reference, model), models judged against themselves left out. Rows
-        are grouped by reference (the reference with the most models first), best win rate first
-        within each group."""
+        are grouped by reference (the reference with the most models first), best first within each
+        group by `sort_by` (a key of SORT_BY; rows without that figure last)."""
+        score = SORT_BY[sort_by]
         rng = np.random.default_rng(seed)
         controlled = self._length_controlled() if self.length_control else {}
         rows = []
@@ -400,7 +405,7 @@ class WinrateTable:
             key=lambda row: (
                 -sizes[row["reference"]],
                 -order[row["reference"]],
-                -math.inf if row["win_rate"] is None else -row["win_rate"],
+                math.inf if row.get(score) is None else -row[score],
             )
         )
         return rows
@@ -519,6 +524,53 @@ def paired(model_a: str, model_b: str, items_a: dict, items_b: dict) -> dict[str
     else:
         result["p_value"] = 1.0 if differences.mean() == 0 else 0.0
     return result
+
+
+# --sort-by: the figure a board is ordered by
+SORT_BY = {"win_rate": "win_rate", "lc": "length_controlled_win_rate"}
+
+# AlpacaEval's leaderboard CSV (data_AlpacaEval_2/*_leaderboard.csv): its column names in its order,
+# each with the field of a farm-winrate row it holds; the model name is the unnamed first column.
+# `mode` is AlpacaEval's provenance label (verified, minimal, community): a row's own, else community.
+ALPACA_EVAL_BOARD = (
+    ("win_rate", "win_rate"),
+    ("standard_error", "standard_error"),
+    ("n_wins", "n_wins"),
+    ("n_wins_base", "n_losses"),
+    ("n_draws", "n_draws"),
+    ("n_total", "n_total"),
+    ("discrete_win_rate", "discrete_win_rate"),
+    ("mode", "mode"),
+    ("avg_length", "avg_length"),
+    ("length_controlled_winrate", "length_controlled_win_rate"),
+    ("lc_standard_error", "lc_standard_error"),
+)
+
+
+def alpaca_eval_board(rows: Iterable[dict[str, Any]]) -> str:
+    """Leaderboard rows as AlpacaEval writes its leaderboard CSV (pandas' `to_csv` of a frame indexed
+    by model), so `pandas.read_csv(path, index_col=0)` reads them by AlpacaEval's column names."""
+    board = [
+        {"": row["generator"], **{name: row.get(field) for name, field in ALPACA_EVAL_BOARD}}
+        for row in rows
+    ]
+    for row in board:
+        row["mode"] = row["mode"] or "community"
+    return indexed_csv(board, [name for name, _ in ALPACA_EVAL_BOARD])
+
+
+def indexed_csv(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
+    """CSV of rows whose name is under the key "" (an unnamed first column, as pandas writes an
+    index), then `columns` in order; None is an empty cell."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["", *columns])
+    for row in rows:
+        writer.writerow([_csv_value(row.get(name)) for name in ("", *columns)])
+    return buffer.getvalue()
 
 
 # Columns shown by the human-readable formats (jsonl and csv carry every field).

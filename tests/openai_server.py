@@ -42,6 +42,11 @@ API:
   default; `len` bills a token per character, far more than a client's estimate); completion tokens
   are capped at the request's max_tokens, as a real endpoint stops there. `billed` lists the
   (prompt, completion) tokens of every reply that reported usage, malformed ones included.
+- `top_logprobs(body) -> {token: probability}`: the distribution of the reply's first token, for
+  requests that ask `logprobs: true` (the reply then carries `choices[0].logprobs` as OpenAI's does:
+  the `top_logprobs` most likely tokens of that position); None (the default) ignores the request's
+  `logprobs`, as an endpoint without log-probabilities does. `weigh_longer` answers farm-annotate's
+  single-pair prompts with P(B) = len(B) / (len(A) + len(B)) among A and B.
 - A request in absolute form (`POST http://host/v1/chat/completions`, as clients send to a proxy) is
   answered too, so the server can stand in for a proxy.
 - `python tests/openai_server.py --latency 0.2 [--judge longer|echo] [--reply TEXT] [--port P]` runs it
@@ -138,6 +143,37 @@ def judge_longer(body: dict[str, Any]) -> str:
     return verdict_text(format, ["B" if len(b) > len(a) else "A" for a, b in pairs])
 
 
+def weigh_longer(body: dict[str, Any]) -> dict[str, float]:
+    """The first token's distribution for a one-pair prompt: the verdict tokens A and B share 0.9 in
+    proportion to their answers' lengths (the longer more likely), another token the rest."""
+    _, pairs = shown_pairs(body)
+    a, b = pairs[0]
+    share_b = len(b) / (len(a) + len(b))
+    return {"A": 0.9 * (1 - share_b), "B": 0.9 * share_b, "The": 0.1}
+
+
+def _logprobs(distribution: dict[str, float], text: str, top: int) -> dict[str, Any]:
+    """`choices[0].logprobs` as OpenAI writes it: the first token with its `top` likeliest tokens."""
+    import math
+
+    ranked = sorted(
+        ((token, math.log(p) if p > 0 else -9999.0) for token, p in distribution.items()),
+        key=lambda entry: -entry[1],
+    )
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    first = text[:1] or ranked[0][0]
+    chosen = dict(ranked).get(first, -9999.0)
+    return {
+        "content": [
+            {**entry(first, chosen), "top_logprobs": [entry(t, lp) for t, lp in ranked[:top]]}
+        ],
+        "refusal": None,
+    }
+
+
 class OpenAIServer:
     def __init__(
         self,
@@ -156,7 +192,9 @@ class OpenAIServer:
         tls: tuple[str, str] | None = None,
         echo_key: bool = False,
         serial: bool = False,
+        top_logprobs: Callable[[dict[str, Any]], dict[str, float]] | None = None,
     ):
+        self.top_logprobs = top_logprobs
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
         self.script, self.chunked, self.echo_key = list(script or []), chunked, echo_key
         self.billing, self.dense = billing or count_tokens, billing is not None
@@ -446,6 +484,9 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             }
             if "prompt" in body:
                 choice = {"index": 0, "text": text, "finish_reason": "stop"}
+            elif body.get("logprobs") and server.top_logprobs is not None:
+                top = int(body.get("top_logprobs") or 0)
+                choice["logprobs"] = _logprobs(server.top_logprobs(body), text, top)
             reply = {
                 "id": f"chatcmpl-{sum(server.outcomes.values())}",
                 "object": "chat.completion",

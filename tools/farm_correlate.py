@@ -8,16 +8,19 @@ import click
 
 from farmkit.cli import AliasedOption, common_options, entry_point, log, provenance, stamp
 from farmkit.correlate import (
+    ALPACA_EVAL_EVALUATORS,
     Annotations,
+    alpaca_eval_evaluators,
+    board_stem,
     correlate_boards,
     human_summary,
     judge_summaries,
     read_board,
 )
-from farmkit.io import RecordWriter, atomic_path, records_stdout
-from farmkit.winrate import render
+from farmkit.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.winrate import indexed_csv, render
 
-FORMATS = ("jsonl", "table", "csv", "markdown")
+FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 
 
 def _fields(ctx, param, value):
@@ -104,7 +107,30 @@ def _fields(ctx, param, value):
     metavar="CHARS",
     help="p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).",
 )
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
+@click.option(
+    "--human-board",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    metavar="FILE",
+    help="Annotation mode: the human leaderboard each --judge-board is correlated with (Spearman, Pearson).",
+)
+@click.option(
+    "--judge-board",
+    "judge_boards",
+    multiple=True,
+    type=click.Path(allow_dash=True, dir_okay=False),
+    metavar="FILE",
+    help="Annotation mode: a judge's leaderboard, the judge named by the `annotator` of its rows, else "
+    "by the file's name. Repeatable.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="jsonl",
+    show_default=True,
+    help="alpaca-eval (annotation mode): AlpacaEval's evaluators leaderboard CSV (its columns and "
+    "order, percent where it uses percent, # parsed, the annotator as the unnamed first column).",
+)
 @click.option(
     "-o",
     "--output",
@@ -126,6 +152,8 @@ def cli(
     human_label,
     outputs,
     min_length_difference,
+    human_board,
+    judge_boards,
     fmt,
     output,
 ):
@@ -150,6 +178,14 @@ def cli(
     if boards and (judges or humans):
         raise click.UsageError(
             "give leaderboards (leaderboard mode) or --judge/--humans (annotation mode), not both"
+        )
+    if (human_board or judge_boards or fmt == "alpaca-eval") and not (judges or humans):
+        raise click.UsageError(
+            "--human-board, --judge-board and --format alpaca-eval are for annotation mode (--judge/--humans)"
+        )
+    if judge_boards and not human_board:
+        raise click.UsageError(
+            "--judge-board needs --human-board, the leaderboard it is compared with"
         )
     if len(outputs) != 2:
         raise click.BadParameter(
@@ -176,6 +212,14 @@ def cli(
         rows = judge_summaries(annotations, min_length_difference) + (
             [people] if people is not None else []
         )
+        if fmt == "alpaca-eval":
+            boards = _judge_boards(judge_boards, [r["annotator"] for r in rows], names, scores)
+            human = (
+                read_board(human_board, _nth(names, 0), _nth(scores, 0)) if human_board else None
+            )
+            table = alpaca_eval_evaluators(rows, annotations, human, boards)
+            _write_text(indexed_csv(table, [c for c, _, _ in ALPACA_EVAL_EVALUATORS]), output)
+            return
         info = provenance(
             "farm-correlate",
             None,
@@ -220,12 +264,30 @@ def cli(
         with RecordWriter(output) as writer:
             writer.write_all(rows)
         return
-    text = render(rows, fmt)
+    _write_text(render(rows, fmt), output)
+
+
+def _write_text(text: str, output: str) -> None:
     if output == "-":
         records_stdout().write(text.encode("utf-8"))
     else:
         with atomic_path(output) as tmp:
             tmp.write_text(text, encoding="utf-8")
+
+
+def _judge_boards(paths, judges: list[str], names, scores) -> dict:
+    """Each --judge-board by the judge it is of: the one `annotator` its rows name, else its file's name."""
+    boards = {}
+    for path in paths:
+        board = read_board(path, _nth(names, 0), _nth(scores, 0))
+        judge = board.judges[0] if len(board.judges) == 1 else board_stem(path)
+        if judge not in judges:
+            raise FarmError(
+                f"--judge-board {path}: its judge {judge!r} is none of the judges read "
+                f"({', '.join(judges)}); name it by its rows' `annotator` or by the file's name"
+            )
+        boards[judge] = board
+    return boards
 
 
 def _nth(values: tuple[str, ...], index: int) -> str | None:

@@ -18,9 +18,16 @@ from farmkit.cli import (
 )
 from farmkit.io import FarmError, RecordWriter, atomic_path, records_stdout
 from farmkit.length_control import read_instruction_difficulty
-from farmkit.winrate import TABLE_COLUMNS, WinrateTable, item_key, render
+from farmkit.winrate import (
+    SORT_BY,
+    TABLE_COLUMNS,
+    WinrateTable,
+    alpaca_eval_board,
+    item_key,
+    render,
+)
 
-FORMATS = ("jsonl", "table", "csv", "markdown")
+FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 
 
 @click.command(name="farm-winrate")
@@ -46,7 +53,16 @@ FORMATS = ("jsonl", "table", "csv", "markdown")
     type=click.Choice(FORMATS),
     default="jsonl",
     show_default=True,
-    help="jsonl: leaderboard rows (records); table, csv, markdown: for people and spreadsheets.",
+    help="jsonl: leaderboard rows (records); table, csv, markdown: for people and spreadsheets; "
+    "alpaca-eval: the CSV AlpacaEval publishes its leaderboards in (its column names and order, the "
+    "model as the unnamed first column; one reference).",
+)
+@click.option(
+    "--sort-by",
+    type=click.Choice(tuple(SORT_BY)),
+    default="win_rate",
+    show_default=True,
+    help="Order each reference's rows by the raw win rate or by the length-controlled one (lc), best first.",
 )
 @click.option(
     "--bootstrap",
@@ -121,6 +137,7 @@ def cli(
     reference,
     swap,
     fmt,
+    sort_by,
     bootstrap,
     confidence,
     compare,
@@ -160,6 +177,14 @@ def cli(
         raise click.UsageError(
             "--instruction-difficulty is for the length-controlled win rate; drop --no-length-control"
         )
+    if sort_by == "lc" and no_length_control:
+        raise click.UsageError(
+            "--sort-by lc orders by the length-controlled win rate; drop --no-length-control"
+        )
+    if fmt == "alpaca-eval" and compare:
+        raise click.UsageError(
+            "--format alpaca-eval writes a leaderboard; --compare writes comparisons instead"
+        )
     difficulty = (
         (difficulty_file, read_instruction_difficulty(difficulty_file, item_key))
         if difficulty_file
@@ -191,7 +216,13 @@ def cli(
         rows = [table.comparison(a, b) for a, b in compare]
         columns = None
     else:
-        rows = table.rows(seed=seed, resamples=bootstrap, confidence=confidence)
+        rows = table.rows(seed=seed, resamples=bootstrap, confidence=confidence, sort_by=sort_by)
+        references = sorted({str(row["reference"]) for row in rows})
+        if fmt == "alpaca-eval" and len(references) > 1:
+            raise FarmError(
+                f"--format alpaca-eval writes one reference's board; the rows are against "
+                f"{len(references)} ({', '.join(references)}): choose one with --reference-generator"
+            )
         columns = TABLE_COLUMNS
         dropped = sum(row["n_dropped"] for row in rows)
         if dropped:
@@ -219,7 +250,7 @@ def cli(
         with RecordWriter(output) as writer:
             writer.write_all(rows)
         return
-    text = render(rows, fmt, columns)
+    text = alpaca_eval_board(rows) if fmt == "alpaca-eval" else render(rows, fmt, columns)
     if output == "-":
         records_stdout().write(text.encode("utf-8"))
     else:

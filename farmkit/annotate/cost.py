@@ -18,6 +18,7 @@ PRICES: dict[str, tuple[float, float]] = {
     "gpt-4.1-mini": (0.40, 1.60),
     "gpt-4.1": (2.00, 8.00),
     "gpt-4-turbo": (10.00, 30.00),
+    "gpt-4-1106-preview": (10.00, 30.00),
     "gpt-3.5-turbo": (0.50, 1.50),
 }
 

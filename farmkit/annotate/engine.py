@@ -732,11 +732,12 @@ class Annotator:
             if reasons:
                 preference, reason = None, "; ".join(dict.fromkeys(reasons))
                 self.stats.failures += 1
-            elif (
-                len(asks) == 1 and verdicts[0].soft is not None
-            ):  # a soft label: P(shown second better), undone
-                soft = verdicts[0].soft
-                preference, reason = round(1 + (1 - soft if asks[0].swapped else soft), 6), None
+            elif all(v.soft is not None for v in verdicts):
+                # soft labels, P(shown second better): undone, and averaged when asked in both orders
+                undone = [
+                    1 - v.soft if a.swapped else v.soft for a, v in zip(asks, verdicts, strict=True)
+                ]
+                preference, reason = round(1 + sum(undone) / len(undone), 6), None
             else:
                 preferences = {_undo_order(ask) for ask in asks}
                 # asked in both orders: two verdicts that disagree are a tie
@@ -825,6 +826,7 @@ def _stored(verdict: Verdict) -> dict[str, Any]:
         "seconds": verdict.seconds,
         "model": verdict.model,
         "probability": verdict.probability,
+        "soft": verdict.soft,
         "attempts": verdict.attempts,
         "parse_failures": verdict.parse_failures,
         "estimated": verdict.estimated,
@@ -840,6 +842,7 @@ def _verdict(stored: dict[str, Any]) -> Verdict:
         seconds=stored["seconds"],
         model=stored["model"],
         probability=stored["probability"],
+        soft=stored.get("soft"),
         attempts=stored.get("attempts", 1),
         # stored before the count was kept: a cached verdict was read, so its earlier replies were not
         parse_failures=stored.get("parse_failures", stored.get("attempts", 1) - 1),

@@ -2,6 +2,10 @@
 llama.cpp's server, Ollama) through farmkit's endpoint client (farmkit/endpoint.py), which retries
 transient failures, malformed replies included, and stops the run on errors retrying cannot fix.
 
+A judge whose pool sets `top_logprobs: N` is weighted: it asks for the N likeliest tokens of the
+reply's first position and its verdict is the share of the answer shown second among the two
+verdict tokens (see `weighted_verdict`), a fractional preference rather than a parsed letter.
+
 Concurrency is bounded by the engine (one slot per request, held while backing off). The key comes
 from OPENAI_API_KEY and is never written anywhere: what the endpoint says (errors, replies kept in
 records) passes through `farmkit.endpoint.redact` first.
@@ -9,6 +13,7 @@ records) passes through `farmkit.endpoint.redact` first.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -55,7 +60,18 @@ class OpenAIBackend(Backend):
 
     @classmethod
     def check(cls, judge: Judge) -> str | None:
-        return None if judge.tier or judge.model else "an openai judge needs a tier or a model"
+        if not (judge.tier or judge.model):
+            return "an openai judge needs a tier or a model"
+        if judge.top_logprobs:
+            if not 1 <= judge.top_logprobs <= MOST_TOP_LOGPROBS:
+                return f"top_logprobs must be between 1 and {MOST_TOP_LOGPROBS} (0: not weighted)"
+            if judge.batch_size != 1:
+                return "a weighted judge (top_logprobs) needs batch_size 1: one verdict token per reply"
+            if load_template(judge.prompt).format != "choice":
+                return (
+                    "a weighted judge (top_logprobs) needs a `choice` prompt (one letter, A or B)"
+                )
+        return None
 
     def __init__(self, pool: Pool, options: dict[str, Any]):
         self.pool = pool
@@ -100,6 +116,11 @@ class OpenAIBackend(Backend):
                     "temperature": judge.temperature,
                     "max_tokens": judge.max_tokens,
                     "seed": seed,
+                    **(
+                        {"logprobs": True, "top_logprobs": judge.top_logprobs}
+                        if judge.top_logprobs
+                        else {}
+                    ),
                 },
                 before_retry=None if reservation is None else reservation.retry_fits,
             )
@@ -128,15 +149,28 @@ class OpenAIBackend(Backend):
             reply.completion_tokens + (unknown + reply.completion_unreported) * judge.max_tokens
         )
         price = self.prices.price(model, prompt_tokens, completion_tokens)
-        choices, reason = parse_verdicts(template.format, reply.text, len(pairs), template)
+        if judge.top_logprobs:
+            verdict = weighted_verdict(reply.logprobs, self.client.base_url, judge)
+            if verdict.reason:  # it quotes the endpoint's tokens, which may echo the key
+                verdict.reason = redact(verdict.reason, self.client.api_key or "")
+            read = [verdict]
+        else:
+            choices, reason = parse_verdicts(template.format, reply.text, len(pairs), template)
+            read = [Verdict(choice, reason=reason) for choice in choices]
         # kept in the records of pairs without a verdict: an endpoint may echo the key in its reply
-        raw = redact(reply.text, self.client.api_key or "") if None in choices else None
+        raw = (
+            redact(reply.text, self.client.api_key or "")
+            if any(not v.choice for v in read)
+            else None
+        )
         share = len(pairs)
         return [
             Verdict(
-                choice,
-                reason=None if choice else (reason or "no verdict"),
-                raw=None if choice else raw,
+                verdict.choice,
+                reason=None if verdict.choice else (verdict.reason or "no verdict"),
+                raw=None if verdict.choice else raw,
+                probability=verdict.probability,
+                soft=verdict.soft,
                 estimated=bool(unknown or reply.prompt_unreported or reply.completion_unreported),
                 prompt_tokens=prompt_tokens / share,
                 completion_tokens=completion_tokens / share,
@@ -144,8 +178,56 @@ class OpenAIBackend(Backend):
                 seconds=elapsed / share,
                 model=model,
             )
-            for choice in choices
+            for verdict in read
         ]
 
     async def close(self) -> None:
         await self.client.close()
+
+
+MOST_TOP_LOGPROBS = 20  # the most OpenAI's chat completions give
+VERDICT_TOKENS = ("A", "B")  # the answer shown first, second
+
+
+def weighted_verdict(
+    logprobs: Any, endpoint: str = "the endpoint", judge: Judge | None = None
+) -> Verdict:
+    """The verdict a weighted judge's reply means: at the reply's first non-blank position, the
+    probabilities of the listed tokens that read "A" or "B" once stripped of spaces (spellings of one
+    letter add up; a letter not listed counts as 0), and P(B) = P(B) / (P(A) + P(B)) as `soft` (the
+    answer shown second is better), P(A) as `probability`, the likelier letter as `choice`. Neither
+    letter listed: no verdict. A reply without log-probabilities is an error no retry fixes."""
+    positions = logprobs.get("content") if isinstance(logprobs, dict) else None
+    listed = _top_of_first_word(positions) if isinstance(positions, list) else None
+    if listed is None:
+        asked = f"top_logprobs: {judge.top_logprobs}" if judge else "top_logprobs"
+        raise FatalBackendError(
+            f"{endpoint} returned no log-probabilities for the verdict token (judge "
+            f"{judge.name if judge else '?'} asks for logprobs with {asked}); use an endpoint that "
+            "gives them (OpenAI, vLLM) or a pool whose judges parse the reply's text"
+        )
+    mass = dict.fromkeys(VERDICT_TOKENS, 0.0)
+    for entry in listed:
+        token, logprob = entry.get("token"), entry.get("logprob")
+        if isinstance(token, str) and token.strip() in mass and isinstance(logprob, int | float):
+            mass[token.strip()] += math.exp(logprob) if logprob > -9999 else 0.0
+    total = mass["A"] + mass["B"]
+    if total <= 0:
+        shown = ", ".join(repr(e.get("token")) for e in listed[:MOST_TOP_LOGPROBS])
+        return Verdict(None, reason=f"neither verdict token (A, B) among the top tokens ({shown})")
+    second = mass["B"] / total
+    choice = "tie" if mass["A"] == mass["B"] else ("B" if second > 0.5 else "A")
+    return Verdict(choice, probability=round(1 - second, 6), soft=round(second, 6))
+
+
+def _top_of_first_word(positions: list[Any]) -> list[dict[str, Any]] | None:
+    """The top tokens listed at the first position whose token is not blank (the first, if all are)."""
+    usable = [
+        p for p in positions if isinstance(p, dict) and isinstance(p.get("top_logprobs"), list)
+    ]
+    if not usable or not any(isinstance(e, dict) for e in usable[0]["top_logprobs"]):
+        return None
+    for position in usable:
+        if str(position.get("token") or "").strip():
+            return [e for e in position["top_logprobs"] if isinstance(e, dict)]
+    return [e for e in usable[0]["top_logprobs"] if isinstance(e, dict)]

@@ -52,6 +52,9 @@ class Judge:
     batch_size: int = 1
     examples: int = 0
     max_tokens: int = 300
+    # openai: ask for this many likeliest first tokens and weigh the verdict by their probabilities
+    # (a fractional preference; one pair per request, a `choice` template); 0: a parsed hard verdict
+    top_logprobs: int = 0
     dtype: str = (
         "auto"  # local: the judge model's weights (auto: bf16 on a GPU that has it, else fp32)
     )
@@ -69,6 +72,8 @@ class Judge:
         fields = dataclasses.asdict(self)
         for unused in ("name", "weight", "tier", "model", "prompt", "dtype"):
             fields.pop(unused)
+        if not self.top_logprobs:  # added later: the judges that do not weigh keep their cache keys
+            fields.pop("top_logprobs")
         return fields
 
 
