@@ -213,3 +213,44 @@ def test_ppo_epochs_help_says_when_the_ratio_is_one():
         ].metadata["help"]
         assert "only with one pass of one minibatch" in text
         assert "minibatch-size = rollout-batch-size" in text
+
+
+def test_size_full_runs_ppo_and_quark_with_the_alpacafarm_preset(tmp_path):
+    """examples' SIZE=full is AlpacaFarm's run: farm-ppo and farm-quark get --preset alpacafarm and
+    no hyperparameter that would override it; the CPU sizes keep their own rows."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def planned(size: str) -> dict[str, str]:
+        result = subprocess.run(
+            ["make", "-C", str(examples), "-n", "demo", f"SIZE={size}", f"OUT={tmp_path}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        text = result.stdout.replace("\\\n", " ")
+        return {
+            tool: line
+            for line in text.splitlines()
+            for tool in ("farm_ppo", "farm_quark", "farm-ppo ", "farm-quark ")
+            if tool in line
+        }
+
+    full = planned("full")
+    for tool in ("farm_ppo", "farm_quark"):
+        line = full[tool]
+        assert "--preset alpacafarm" in line, line
+        flags = set(re.findall(r"(--[a-z-]+)", line.split(f"farmkit.tools.{tool}")[1]))
+        assert flags <= {"--preset", "--steps", "--rounds", "--generation-batch-size", "--seed"}, (
+            line
+        )
+    for line in planned("demo").values():
+        assert "--preset" not in line and "--learning-rate 5e-5" in line, line
