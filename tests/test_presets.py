@@ -7,10 +7,11 @@ trainers are replaced by one that keeps the config it was handed."""
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 from click.testing import CliRunner
-from policy_fixtures import prompt_records, write_jsonl
+from policy_fixtures import keyword_reward_model, prompt_records, tiny_sft, write_jsonl
 
 from farmkit.methods.config import build_config, config_dict
 from farmkit.methods.group import GRPOConfig, RLOOConfig
@@ -254,3 +255,32 @@ def test_size_full_runs_ppo_and_quark_with_the_alpacafarm_preset(tmp_path):
         )
     for line in planned("demo").values():
         assert "--preset" not in line and "--learning-rate 5e-5" in line, line
+
+
+def test_a_tiny_rloo_run_with_its_preset_makes_one_unclipped_update_per_batch(
+    tiny_model_path, tmp_path
+):
+    """Under --preset ahmadian2024 each batch is one update on the samples' own policy: the ratio
+    is 1 (nothing clipped, approx_kl 0), and meta.json records the preset and what it resolved to."""
+    from farmkit.tools.farm_rloo import cli
+
+    sft = tiny_sft(tiny_model_path, tmp_path / "sft")
+    rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", prompt_records(16))
+    output = tmp_path / "rloo"
+    args = [str(sft), str(rm), str(prompts), "-o", str(output), "--steps", "2"]
+    args += ["--rollout-batch-size", "16", "--num-samples", "4", "--max-new-tokens", "4"]
+    args += ["--learning-rate", "3e-3", "--preset", "ahmadian2024", "-q"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rows = (tmp_path / "rloo-checkpoints" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(row) for row in rows]
+    assert [row["clip_fraction"] for row in rows] == [0.0, 0.0]
+    assert [row["approx_kl"] for row in rows] == [0.0, 0.0]
+    config = json.loads((output / "meta.json").read_text())["config"]
+    assert config["preset"] == "ahmadian2024"
+    assert (config["ppo_epochs"], config["minibatch_size"], config["learning_rate"]) == (
+        1,
+        16,
+        3e-3,
+    )
