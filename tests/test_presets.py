@@ -284,3 +284,21 @@ def test_a_tiny_rloo_run_with_its_preset_makes_one_unclipped_update_per_batch(
         16,
         3e-3,
     )
+
+
+def test_a_run_resumes_under_the_preset_or_under_the_values_it_resolved_to(tmp_path):
+    from farmkit.io import FarmError
+    from farmkit.methods.checkpoints import check_same_settings
+
+    preset = build_config(PPOConfig, {"preset": "alpacafarm"})
+    spelled_out = build_config(
+        PPOConfig, {key: value for key, value in config_dict(preset).items() if key != "preset"}
+    )
+    check_same_settings(tmp_path, config_dict(spelled_out), preset)
+    check_same_settings(tmp_path, config_dict(preset), spelled_out)
+    with pytest.raises(FarmError, match="learning_rate"):  # a value that differs still refuses
+        check_same_settings(
+            tmp_path,
+            config_dict(preset),
+            build_config(PPOConfig, {"preset": "alpacafarm", "learning_rate": 2e-5}),
+        )
