@@ -1,6 +1,6 @@
 # Size presets of examples/Makefile, one table: a row per variable, a column per SIZE. The CPU
 # presets (ci, demo) run the paper's steps at toy scale; `full` is AlpacaFarm's (Dubois et al., 2023,
-# appendix: SFT 3 epochs, reward model and DPO 1 epoch, PPO ~400 steps with rollout batch 512,
+# appendix: SFT 3 epochs, reward model and DPO 1 epoch, PPO 390 steps with rollout batch 512,
 # best-of-16). A variable set on the command line or in the environment wins over its row.
 # -1 steps means "by epochs"; $$(X) is "whatever X is".
 #
@@ -17,12 +17,13 @@ RM_STEPS.sizes          := 4         10                    -1        # full: 1 e
 METHOD_STEPS.sizes      := 2         6                     -1        # DPO, FeedME, reward conditioning, expert iteration
 DPO_LR.sizes            := 1e-6      1e-5                  1e-6      # farm-dpo --learning-rate (see below)
 BON_N.sizes             := 2         4                     16
-PPO_STEPS.sizes         := 2         12                    400
-PPO_LR.sizes            := 1e-5      5e-5                  1e-5      # farm-ppo --learning-rate (see below)
+PPO_STEPS.sizes         := 2         12                    390       # full: AlpacaFarm's 10 epochs of 20,000 prompts, 512 a step
+PPO_LR.sizes            := 1e-5      5e-5                  -         # farm-ppo --learning-rate (see below; full: the preset's)
 ROLLOUT_BATCH.sizes     := 4         8                     512       # PPO rollouts per step, Quark prompts per round
-QUARK_ROUNDS.sizes      := 1         6                     10
-QUARK_LR.sizes          := 1e-5      5e-5                  1e-5      # farm-quark --learning-rate (see below)
-QUARK_CONTROL.sizes     := none      none                  condition # farm-quark --control-token (see the Makefile)
+QUARK_ROUNDS.sizes      := 1         6                     390       # full: AlpacaFarm's 10 epochs, 512 prompts a round
+PRESET.sizes            := none      none                  alpacafarm # farm-ppo and farm-quark --preset (none: the rows; see the Makefile)
+QUARK_LR.sizes          := 1e-5      5e-5                  -         # farm-quark --learning-rate (see below; full: the preset's)
+QUARK_CONTROL.sizes     := none      none                  -         # farm-quark --control-token (see the Makefile; full: the preset's)
 BOOTSTRAP.sizes         := 100       1000                  1000      # farm-winrate's bootstrap resamples
 BACKEND.sizes           := hf        hf                    vllm      # farm-sample's backend
 OVEROPT_NS.sizes        := 1,2,4     1,2,4,8,16,32,64      1,2,4,8,16,32,64,128,256  # best-of-n sweep of `make overopt`, smallest first
@@ -45,7 +46,9 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,4,16    # best-of-n
 # between 0.10 and 0.40 per token from step 4 on, its reward flat (+0.270 -> +0.318); neither
 # collapsed (README, The demo). DPO at AlpacaFarm's 1e-6 for 6 steps left the policy where it was
 # (implicit reward margin 0.04 at step 6, val answers identical to SFT's, 20 of 20); at 1e-5 its
-# margin on its pairs reached 0.38 by step 6. The full column keeps the tools' defaults.
+# margin on its pairs reached 0.38 by step 6. The full column runs PPO and Quark with
+# --preset alpacafarm: every hyperparameter AlpacaFarm's scripts set (README, farm-ppo and
+# farm-quark), its rows marked - are the preset's.
 #
 # On a GPU machine the full run is
 #   make demo SIZE=full MODEL=/models/llama-7b-sft-base DATA=alpaca_data.jsonl POOL=sim_ann EVAL_POOL=sim_eval GPUS=8

@@ -6,8 +6,9 @@ tools that read prompt files decide about such prompts first (farmkit.sampling.s
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,27 @@ def length_buckets(lengths: Sequence[int], prompts_per_batch: int) -> list[list[
         order[start : start + prompts_per_batch]
         for start in range(0, len(order), prompts_per_batch)
     ]
+
+
+@contextlib.contextmanager
+def plain_generation_config(model: Any, tokenizer: Any) -> Iterator[None]:
+    """Set the model's own generation_config (repetition_penalty, top_k, no_repeat_ngram_size,
+    min_new_tokens, extra end tokens...) aside while sampling, keeping only its special tokens: the
+    samples then come from exactly the distribution that `generate`'s arguments say (a method that
+    trains on its samples' probabilities needs that). Restored afterwards."""
+    from transformers import GenerationConfig
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    own = inner.generation_config
+    inner.generation_config = GenerationConfig(
+        bos_token_id=own.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    try:
+        yield
+    finally:
+        inner.generation_config = own
 
 
 def generate(

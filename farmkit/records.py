@@ -37,6 +37,9 @@ class Comparison:
     messages: Any = (
         None  # a multi-turn prompt (the conversation before the reply), when the record has one
     )
+    # whether output_1 and output_2 ended with their end token (False: cut at the length limit, as
+    # the record's finished_1/finished_2 say; records without them count as finished)
+    finished: tuple[bool, bool] = (True, True)
 
     @property
     def chosen(self) -> str:
@@ -83,12 +86,13 @@ def comparisons(
                 record["output_2"],
                 target,
                 record.get("messages") or None,
+                (record.get("finished_1") is not False, record.get("finished_2") is not False),
             )
         )
     return kept, counts
 
 
-def chosen_rejected(items: Iterable[Comparison]) -> Iterator[dict[str, str]]:
+def chosen_rejected(items: Iterable[Comparison]) -> Iterator[dict[str, Any]]:
     """Comparisons as instruction/input/chosen/rejected dicts (ties, if any were kept, are skipped)."""
     for item in items:
         if item.target != 0.5:
@@ -100,4 +104,12 @@ def chosen_rejected(items: Iterable[Comparison]) -> Iterator[dict[str, str]]:
             }
             if item.messages:
                 pair["messages"] = item.messages
+            # an answer cut at the length limit: DPO trains it without an end token
+            second_chosen = item.target > 0.5
+            for side, finished in (
+                ("chosen", item.finished[1] if second_chosen else item.finished[0]),
+                ("rejected", item.finished[0] if second_chosen else item.finished[1]),
+            ):
+                if not finished:
+                    pair[f"{side}_finished"] = False
             yield pair

@@ -256,11 +256,11 @@ def rollout_backend(kind: str, device: str = "auto") -> str:
 
 
 def vllm_generate_from_folder(
-    path: str, texts: Sequence[str], decoding: DecodingConfig, seed: int
+    path: str, texts: Sequence[str], decoding: DecodingConfig, seed: int, dtype: str = "auto"
 ) -> list[list[Sample]]:
     """decoding.n samples of each prompt text from the model folder `path` with a vLLM engine made
-    for the call (the methods that sample a saved policy each round: farm-expiter, farm-online-dpo).
-    One process: vLLM batches on its own."""
+    for the call (the methods that sample a saved policy each round: farm-expiter, farm-online-dpo)
+    in `dtype`. One process: vLLM batches on its own."""
     from farmkit import distributed
     from farmkit.models import load_tokenizer
 
@@ -269,7 +269,7 @@ def vllm_generate_from_folder(
             "--rollout-backend vllm runs as one process (it batches on its own): launch without "
             "several processes, or use --rollout-backend hf"
         )
-    engine = vllm_engine(path, seed=seed)
+    engine = vllm_engine(path, dtype=dtype, seed=seed)
     try:
         return vllm_generate(engine, load_tokenizer(path), texts, decoding, seed)
     finally:

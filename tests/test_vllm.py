@@ -812,9 +812,10 @@ def test_online_dpo_samples_each_round_with_vllm(
     folders = []
     generate_from_folder = sampling.vllm_generate_from_folder
 
-    def spy_folder(path, texts, decoding, seed):
+    def spy_folder(path, texts, decoding, seed, dtype="auto"):
         folders.append(str(path))
-        samples = generate_from_folder(path, texts, decoding, seed)
+        assert dtype == "float32"  # as the RL rollouts' engine
+        samples = generate_from_folder(path, texts, decoding, seed, dtype=dtype)
         assert len(samples) == len(texts) and all(len(pair) == 2 for pair in samples)
         return samples
 

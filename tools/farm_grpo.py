@@ -38,7 +38,8 @@ def cli(
     standard deviation. No value model. The loss clips per-token ratios and averages over each
     response's tokens (--ppo-epochs passes). --dr-grpo drops the division by the standard
     deviation and the per-response length average (token terms summed, divided by
-    --max-new-tokens). --kl-in loss (default) adds --kl-coef x the per-token KL estimate to
+    --max-new-tokens). --preset deepseekmath or dr-grpo runs the method as published (one
+    update per batch; Dr.GRPO: no KL). --kl-in loss (default) adds --kl-coef x the per-token KL estimate to
     the loss; --kl-in reward subtracts it from the score. Metrics, checkpoints
     (--save-steps, --resume), --lora and `accelerate launch` as in farm-ppo.
 

@@ -43,7 +43,7 @@ def cli(
     clip_fraction, ...); every --save-steps steps a loadable policy folder is written there
     (step-N/), which --resume continues from. Where farmkit departs from AlpacaFarm's PPO an option
     says so and takes AlpacaFarm's value (--kl-estimator clamped --whiten-rewards --value-head zero
-    --warmup-steps 5). Run under `accelerate launch` for several GPUs (DDP, or DeepSpeed ZeRO-2/3:
+    --warmup-steps 5); --preset alpacafarm sets all of AlpacaFarm's values. Run under `accelerate launch` for several GPUs (DDP, or DeepSpeed ZeRO-2/3:
     the policy and the value model train as one module).
 
     \b

@@ -42,8 +42,9 @@ def cli(
     quantile (--keep top) or on all (--keep all), each behind its control token, with a KL
     penalty to SFT; the pool is emptied between rounds. The policy's meta.json names the
     best-quantile token as `sampling_control_token`: farm-sample adds it by itself. Per-round
-    metrics are in DIR/metrics.jsonl. AlpacaFarm's settings: --steps-per-round 1 --warmup-steps 5
-    (the learning rate decays to 0 over the rounds by default). Run under `accelerate launch` for
+    metrics are in DIR/metrics.jsonl. --preset alpacafarm sets all of AlpacaFarm's values (512
+    prompts a round, one step of 256, learning rate 3e-6, 4 quantiles, ...; the learning rate
+    decays to 0 over the rounds by default). Run under `accelerate launch` for
     several GPUs (DDP, or DeepSpeed ZeRO-2/3).
 
     \b

@@ -36,7 +36,8 @@ def cli(
     Each step samples --num-samples (k) responses to each of rollout-batch-size / k
     prompts; a response's advantage is its score minus the mean score of the other k - 1
     responses to its prompt. No value model. The loss clips the ratio of whole-response
-    probabilities (--ppo-epochs passes). --kl-in reward (default) subtracts --kl-coef x the
+    probabilities (--ppo-epochs passes; --preset ahmadian2024: one update per batch, so the ratio
+    is 1, REINFORCE as published). --kl-in reward (default) subtracts --kl-coef x the
     response's KL estimate from its score; --kl-in loss adds it to the loss. Metrics,
     checkpoints (--save-steps, --resume), --lora and `accelerate launch` as in farm-ppo.
 

@@ -336,7 +336,8 @@ def _save_checkpoint(
 # folder goes away when the run finishes.
 
 # settings a resumed run may change: they do not alter what is computed
-RESUMABLE_CHANGES = {"resume", "save_steps", "checkpoint_every", "device", "report_to"}
+# (a preset's name changes nothing by itself: the values it resolved to are compared)
+RESUMABLE_CHANGES = {"resume", "save_steps", "checkpoint_every", "device", "report_to", "preset"}
 
 
 def resume_state(checkpoints: Path, config: Any) -> tuple[Path | None, dict[str, Any]]:

@@ -327,9 +327,72 @@ def read_yaml(path: str | Path, config_class: type) -> tuple[dict[str, Any], lis
     return values, renamed
 
 
+# ---------------------------------------------------------------------------------------------
+# Presets: a published method's settings under one name (--preset). They lie under whatever is
+# given (a --config file, flags): defaults < preset < YAML < flags.
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """The settings a publication ran a method with, by field name. A value may be a function of
+    the other resolved values (`same_as`), for a setting the publication ties to another one."""
+
+    source: str  # where the values come from, as --help shows it
+    values: dict[str, Any]
+
+
+def same_as(name: str) -> Any:
+    """A preset value that follows another field's resolved value."""
+
+    def follow(lookup: Any) -> Any:
+        return lookup(name)
+
+    return follow
+
+
+def preset_field(presets: dict[str, Preset]) -> Any:
+    """The `preset` field of a method config: its choices and their sources, in its help."""
+    sources = "; ".join(f"{name}: {preset.source}" for name, preset in presets.items())
+    return help_field(
+        None,
+        "Start from the settings a publication ran this method with; options given on the "
+        "command line (and --config keys) override them, and meta.json records the preset and "
+        f"the values the run resolved to. {sources}.",
+        tuple(presets),
+        presets=presets,
+    )
+
+
+def with_preset(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (what was given) over the settings of the preset they name, if any."""
+    fields = field_values(config_class)
+    name = values.get("preset")
+    if name is None or "preset" not in fields:
+        return dict(values)
+    presets: dict[str, Preset] = fields["preset"].metadata["presets"]
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(presets)}")
+    resolved = dict(values)
+    following = {}
+    for key, value in presets[name].values.items():
+        if key in values:
+            continue
+        if callable(value):
+            following[key] = value
+        else:
+            resolved[key] = value
+
+    def lookup(key: str) -> Any:
+        return resolved[key] if key in resolved else fields[key].default
+
+    resolved.update({key: follow(lookup) for key, follow in following.items()})
+    return resolved
+
+
 def build_config(config_class: type, values: dict[str, Any]) -> Any:
-    """The config from field values; raises ValueError (or TypeError) when it is not valid."""
-    return config_class(**values)
+    """The config from field values (over the settings of the preset they name); raises
+    ValueError (or TypeError) when it is not valid."""
+    return config_class(**with_preset(config_class, values))
 
 
 def config_dict(config: Any) -> dict[str, Any]:

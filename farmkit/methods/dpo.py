@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.io import FarmError, atomic_path
 from farmkit.methods.config import (
     GoldArgs,
     ModelArgs,
@@ -174,6 +174,90 @@ def no_checkpointing_field(config_class: Any) -> str:
     )
 
 
+def pair_rows(
+    tokenizer: Any, prompt_format: Any, pairs: list[dict[str, Any]], max_length: int
+) -> list[dict[str, list[int]]]:
+    """The token ids DPO trains on: prompt, chosen and rejected answers, each answer followed by
+    its end token unless the pair says it was cut at the length limit (`chosen_finished` or
+    `rejected_finished` False: online DPO's answers that hit --max-new-tokens), so that a cut answer
+    does not teach the model to stop where it never stopped. A pair whose prompt alone fills
+    max_length has nothing to learn from and is left out."""
+    from farmkit.methods.sft import training_ids
+
+    rows = []
+    for pair in pairs:
+        row = {}
+        for side in ("chosen", "rejected"):
+            prompt_ids, ids = training_ids(tokenizer, prompt_format, {**pair, "output": pair[side]})
+            if pair.get(f"{side}_finished", True) is False:
+                ids = tokenizer(pair[side], add_special_tokens=False)["input_ids"]
+            row["prompt_ids"], row[f"{side}_ids"] = prompt_ids, ids
+        if len(row["prompt_ids"]) < max_length:
+            rows.append(row)
+    return rows
+
+
+@dataclass
+class Continuation:
+    """One optimizer and one learning-rate schedule over several train_dpo calls (online DPO's
+    rounds): the optimizer's state is read from `load_from` (the previous call's, if any) and
+    written to `save_to` at the end; the schedule spans `total` steps, of which `done` were taken
+    by the earlier calls."""
+
+    load_from: Path | None
+    save_to: Path
+    done: int
+    total: int
+
+
+def continuing(trainer_class: type, continuation: Continuation) -> type:
+    """A transformers Trainer subclass that continues `continuation`'s optimizer and schedule."""
+    from farmkit.methods.schedule import scheduler, warmup_steps
+
+    class Continuing(trainer_class):  # type: ignore[valid-type,misc]
+        def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+            import torch
+
+            optimizer = super().create_optimizer(*args, **kwargs)
+            if continuation.load_from is not None:
+                state = torch.load(continuation.load_from, map_location="cpu", weights_only=True)
+                self.optimizer.load_state_dict(state)
+            return optimizer
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            from torch.optim.lr_scheduler import LambdaLR
+
+            if self.lr_scheduler is None:
+                optimizer = optimizer if optimizer is not None else self.optimizer
+                given = float(self.args.warmup_steps or 0)
+                total = max(continuation.total, continuation.done + num_training_steps)
+                warmup = int(given) if given >= 1 else warmup_steps(given, total)
+                run = scheduler(
+                    self.args.lr_scheduler_type,
+                    optimizer,
+                    warmup,
+                    total,
+                    self.args.lr_scheduler_kwargs,
+                )
+                factors = getattr(run, "lr_lambdas", None)
+                self.lr_scheduler = (
+                    LambdaLR(
+                        optimizer,
+                        [
+                            lambda step, factor=factor: factor(continuation.done + step)
+                            for factor in factors
+                        ],
+                    )
+                    if factors
+                    else run
+                )
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    Continuing.__name__ = Continuing.__qualname__ = trainer_class.__name__
+    return Continuing
+
+
 def train_dpo(
     sft: str,
     pairs: list[dict[str, str]],
@@ -187,13 +271,15 @@ def train_dpo(
     extra_meta: dict[str, Any] | None = None,
     gold: Any = None,
     tracker_dir: str | os.PathLike | None = None,
+    continuation: Continuation | None = None,
 ) -> dict[str, Any]:
     """Train with DPO from `sft` on chosen/rejected pairs and write the policy folder to `output`.
     `start_from`: a policy folder to train instead of `sft` (online DPO's previous round), `sft`
     staying the frozen reference. `gold`: the run's GoldEvaluator (online DPO's, for all its rounds);
     by default one is made from config.gold. The trained policy's gold figures go on the last
-    metrics row. Returns the last logged training metrics (loss, reward margins, accuracies), with
-    `training_tokens` and the gold figures."""
+    metrics row. `continuation`: carry an optimizer and a schedule on from an earlier call (online
+    DPO's rounds). Returns the last logged training metrics (loss, reward margins, accuracies), with
+    `training_tokens`, `optimizer_steps` and the gold figures."""
     import torch
     from datasets import Dataset
     from trl import DPOConfig as TRLConfig
@@ -204,7 +290,6 @@ def train_dpo(
     from farmkit.methods.budget import Budget
     from farmkit.methods.gold import check_processes, make_gold
     from farmkit.methods.policy import plain_model
-    from farmkit.methods.sft import training_ids
     from farmkit.modelio import model_meta, save_model_folder
     from farmkit.models import PromptFormat, load_causal_lm
 
@@ -225,16 +310,7 @@ def train_dpo(
     with launch.whole_models():
         model, tokenizer = load_causal_lm(start_from or sft, device="cpu", dtype="float32")
     fmt = PromptFormat.for_model(sft, config.template)
-    rows = []
-    for pair in pairs:
-        prompt_ids, chosen_ids = training_ids(tokenizer, fmt, {**pair, "output": pair["chosen"]})
-        _, rejected_ids = training_ids(tokenizer, fmt, {**pair, "output": pair["rejected"]})
-        if (
-            len(prompt_ids) < config.max_length
-        ):  # a pair whose prompt fills max_length has nothing to learn from
-            rows.append(
-                {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids, "rejected_ids": rejected_ids}
-            )
+    rows = pair_rows(tokenizer, fmt, pairs, config.max_length)
     if not rows:
         raise FarmError(
             f"every pair's prompt is at least max_length={config.max_length} tokens long"
@@ -320,7 +396,12 @@ def train_dpo(
         )
         from farmkit.methods.schedule import warm_trainer
 
-        trainer = warm_trainer(_pretokenized(DPOTrainer))(  # the first step has a learning rate
+        trainer_class = warm_trainer(
+            _pretokenized(DPOTrainer)
+        )  # the first step has a learning rate
+        if continuation is not None:
+            trainer_class = continuing(trainer_class, continuation)
+        trainer = trainer_class(
             model=model,
             ref_model=reference,
             args=args,
@@ -347,7 +428,13 @@ def train_dpo(
         for row in metric_rows:  # the running total where TRL logged it
             row["training_tokens"] = int(row.get("num_tokens") or budget.training_tokens)
         metrics_path = Path(scratch) / "metrics.jsonl"
-        figures: dict[str, Any] = {"training_tokens": budget.training_tokens}
+        figures: dict[str, Any] = {
+            "training_tokens": budget.training_tokens,
+            "optimizer_steps": trainer.state.global_step,
+        }
+        if continuation is not None and accelerator.is_main_process:
+            with atomic_path(continuation.save_to) as state_file:
+                torch.save(trainer.optimizer.state_dict(), state_file)
         # every process takes part in gathering ZeRO-3's shards; the main one alone writes
         with launch.full_weights(accelerator, trainer.model_wrapped) as whole:
             if accelerator.is_main_process:

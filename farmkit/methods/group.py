@@ -32,7 +32,10 @@ from farmkit.io import FarmError
 from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
+    Preset,
     help_field,
+    preset_field,
+    same_as,
     shared_field,
 )
 from farmkit.methods.estimators import (
@@ -59,6 +62,7 @@ KL_IN = ("reward", "loss")
 
 KL_COEF_HELP = "Coefficient of the KL penalty to the SFT model (see --kl-in; 0: none, the KL is still measured)."
 KL_IN_HELP = "Where the KL to the SFT model enters: 'reward' subtracts kl-coef x the response's summed per-token estimate (sampling policy vs SFT) from its score before the group advantages; 'loss' adds kl-coef x the current policy's per-token estimate to the loss."
+PPO_EPOCHS_HELP = "Passes over each rollout batch, each in minibatches. The probability ratio is 1 (plain on-policy policy gradient, nothing clipped) only with one pass of one minibatch (--ppo-epochs 1 and minibatch-size = rollout-batch-size: one update per batch, as the published methods ran; --preset sets it); farmkit's default of 2 passes in minibatches is a PPO-style departure that reuses each batch for several updates."
 KL_ESTIMATOR_HELP = "Per-token KL estimate: k1 = log pi - log pi_ref; clamped = k1 floored at 0; k3 = (r - 1) - log r, r = pi_ref / pi (never negative; the usual choice in the loss, where k1's expected gradient is 0)."
 
 
@@ -86,9 +90,7 @@ class GroupConfig(OnPolicyConfig):
         4,
         "Responses per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
     )
-    ppo_epochs: int = help_field(
-        2, "Passes over each rollout batch (1: plain on-policy policy gradient, the ratio is 1)."
-    )
+    ppo_epochs: int = help_field(2, PPO_EPOCHS_HELP)
     kl_coef: float = help_field(0.05, KL_COEF_HELP)
     kl_in: str = help_field("reward", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k1", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
@@ -108,11 +110,50 @@ class GroupConfig(OnPolicyConfig):
         raise NotImplementedError
 
 
+# One update per rollout batch: the ratio of the update is 1, so nothing is clipped (REINFORCE).
+ONE_UPDATE = {"ppo_epochs": 1, "minibatch_size": same_as("rollout_batch_size")}
+
+RLOO_PRESETS = {
+    "ahmadian2024": Preset(
+        "RLOO as Ahmadian et al. (2024, Back to Basics) ran it: REINFORCE with the leave-one-out "
+        "baseline, one update per rollout batch (--ppo-epochs 1, minibatch-size = "
+        "rollout-batch-size, so the ratio is 1 and nothing is clipped), the KL in the reward",
+        {**ONE_UPDATE, "kl_in": "reward", "kl_estimator": "k1"},
+    )
+}
+GRPO_PRESETS = {
+    "deepseekmath": Preset(
+        "GRPO as DeepSeekMath (Shao et al. 2024) trained DeepSeekMath-RL: one update per "
+        "rollout batch, KL coefficient 0.04 in the loss with the k3 estimator, advantages "
+        "divided by the group's standard deviation, 64 samples per prompt, learning rate 1e-6, "
+        "answers up to 1024 tokens, 1024 responses per batch",
+        {
+            **ONE_UPDATE,
+            "kl_coef": 0.04,
+            "kl_in": "loss",
+            "kl_estimator": "k3",
+            "dr_grpo": False,
+            "samples_per_prompt": 64,
+            "learning_rate": 1e-6,
+            "max_new_tokens": 1024,
+            "rollout_batch_size": 1024,
+        },
+    ),
+    "dr-grpo": Preset(
+        "Dr.GRPO (Liu et al. 2025): --dr-grpo (no division by the group's standard deviation, "
+        "no per-response length normalization) and no KL penalty (--kl-coef 0)",
+        {"dr_grpo": True, "kl_coef": 0.0},
+    ),
+}
+
+
 @dataclass
 class RLOOConfig(GroupConfig):
     method: ClassVar[str] = "rloo"
     tool: ClassVar[str] = "farm-rloo"
     policy_loss: ClassVar[str] = "sequence-ratio"
+
+    preset: str | None = preset_field(RLOO_PRESETS)
 
     def advantages(self, scores: Any) -> Any:
         return rloo_advantages(scores, self.samples_per_prompt)
@@ -126,12 +167,13 @@ class GRPOConfig(GroupConfig):
     method: ClassVar[str] = "grpo"
     tool: ClassVar[str] = "farm-grpo"
 
+    preset: str | None = preset_field(GRPO_PRESETS)
     kl_coef: float = help_field(0.04, KL_COEF_HELP + " GRPO's paper: 0.04; Dr.GRPO's: 0.")
     kl_in: str = help_field("loss", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k3", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
     dr_grpo: bool = help_field(
         False,
-        "Dr.GRPO: advantages r - group mean, not divided by the group's standard deviation, and each response's token terms summed and divided by max-new-tokens (a constant) instead of averaged over its own length.",
+        "Dr.GRPO: advantages r - group mean, not divided by the group's standard deviation, and each response's token terms summed and divided by max-new-tokens (a constant) instead of averaged over its own length. It leaves --kl-coef as it is (Dr.GRPO's paper: 0; --preset dr-grpo sets both).",
     )
 
     def advantages(self, scores: Any) -> Any:

@@ -10,6 +10,8 @@ metrics.jsonl (one line a round) and, for each round, round_<r>/:
     preferences.jsonl   the round's labels (preference records, exactly as farm-annotate writes them)
     labels.json         what labelling them took (requests, cache hits, price...), written after them
     policy/             the policy after the round's DPO steps (a model folder, farmkit.modelio)
+    optimizer.pt        the AdamW state after it (the two newest rounds keep theirs): the next
+                        round continues it, on one learning-rate schedule over all the rounds
     round.json          the round's metrics line, written last: the round is finished
 
 A rerun with the same settings takes finished rounds as they are, trains a round whose labels are
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ log = logging.getLogger("farmkit")
 TOOL = "farm-online-dpo"
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"  # what the rounds in OUTPUT were made with; a rerun must match it
+OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's state after the newest trained round
 DEFAULT_POOL = "sim_ann_offline"
 
 
@@ -60,6 +64,13 @@ class OnlineDPOConfig(DPOConfig):
     epochs: float = shared_field("epochs", 1.0)  # passes over each round's pairs
     # each round samples the previous round's saved policy: a vLLM engine loads that folder
     rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
+    fresh_optimizer_each_round: bool = help_field(
+        False,
+        "A new optimizer and learning-rate schedule (warm-up, decay to 0) every round, as "
+        "farm-online-dpo did before: a departure from online DPO as published, which trains one "
+        "policy continuously. Default: one AdamW state and one schedule over all --rounds (the "
+        "state saved beside the two newest rounds, so a rerun continues it).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,6 +121,24 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _write_json(path: Path, value: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(value, indent=1) + "\n")
+
+
+def steps_per_round(config: OnlineDPOConfig) -> int:
+    """Optimizer steps a round takes when all its prompts give a pair (transformers' count): the
+    run's schedule spans --rounds of them (rounds with ties train fewer, so it ends a little above
+    0)."""
+    if config.max_steps > 0:
+        return config.max_steps
+    batches = math.ceil(config.prompts_per_round / config.batch_size)
+    return math.ceil(config.epochs * max(1, batches // config.gradient_accumulation_steps))
+
+
+def _drop_old_optimizer_states(run_folder: Path, finished: int) -> None:
+    """Keep the optimizer states of the rounds `finished` and `finished - 1` only (a state is twice
+    the model's size): a rerun of the last round (its round.json removed) continues the one before."""
+    for state in run_folder.glob(f"round_*/{OPTIMIZER_FILE}"):
+        if int(state.parent.name.split("_")[1]) < finished - 1:
+            state.unlink()
 
 
 def round_seed(seed: int, number: int) -> int:
@@ -184,7 +213,7 @@ def _sample_pairs(
     import torch
 
     from farmkit.annotate.pairs import Item
-    from farmkit.generation import DecodingConfig, generate
+    from farmkit.generation import DecodingConfig, generate, plain_generation_config
     from farmkit.models import PromptFormat, load_causal_lm, load_tokenizer
     from farmkit.sampling import rollout_backend, vllm_generate_from_folder
 
@@ -198,11 +227,15 @@ def _sample_pairs(
     if rollout_backend(config.rollout_backend) == "vllm":
         tokenizer = load_tokenizer(policy)
         prompts = [fmt.record_prompt(tokenizer, record) for record in records]
-        samples = vllm_generate_from_folder(policy, prompts, decoding, seed)
+        # in fp32, as the RL rollouts' engine: the precision the policy trains in
+        samples = vllm_generate_from_folder(policy, prompts, decoding, seed, dtype="float32")
     else:
-        model, tokenizer = load_causal_lm(policy, device="auto")
+        # in fp32 and from exactly softmax(logits / temperature), as the RL rollouts sample: the
+        # model's generation_config (repetition_penalty, top_k, ...) is set aside
+        model, tokenizer = load_causal_lm(policy, device="auto", dtype="float32")
         prompts = [fmt.record_prompt(tokenizer, record) for record in records]
-        samples = generate(model, tokenizer, prompts, decoding, seed=seed)
+        with plain_generation_config(model, tokenizer):
+            samples = generate(model, tokenizer, prompts, decoding, seed=seed)
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -217,6 +250,9 @@ def _sample_pairs(
             "generator_2": generator,
             "sample_index_1": 0,
             "sample_index_2": 1,
+            # False: cut at --max-new-tokens; DPO then trains the answer without an end token
+            "finished_1": first.finished,
+            "finished_2": second.finished,
         }
         for key in ("id", "messages", "dataset"):
             if key in record:
@@ -358,7 +394,7 @@ def train_online_dpo(
             "farm-online-dpo does not run under DeepSpeed: run it as one process, without "
             "accelerate launch --use_deepspeed"
         )
-    from farmkit.methods.dpo import dpo_pairs, train_dpo
+    from farmkit.methods.dpo import Continuation, dpo_pairs, train_dpo
     from farmkit.methods.rollouts import prompt_order
     from farmkit.modelio import model_meta
     from farmkit.models import PromptFormat, file_sha256, load_tokenizer, resolve
@@ -392,6 +428,7 @@ def train_online_dpo(
         tool=TOOL,
     )
     order = prompt_order(len(records), config.rounds * config.prompts_per_round, seed)
+    total_steps = config.rounds * steps_per_round(config)
     policy = sft
     rounds: list[dict[str, Any]] = []
     stopped = None
@@ -446,6 +483,15 @@ def train_online_dpo(
             "annotation": labels,
         }
         if pairs:
+            continuation = None
+            if not config.fresh_optimizer_each_round:
+                previous = Path(policy).parent / OPTIMIZER_FILE
+                continuation = Continuation(
+                    load_from=previous if policy != sft and previous.is_file() else None,
+                    save_to=folder / OPTIMIZER_FILE,
+                    done=sum(int(r.get("optimizer_steps") or 0) for r in rounds),
+                    total=total_steps,
+                )
             trained = train_dpo(
                 sft,
                 pairs,
@@ -460,14 +506,17 @@ def train_online_dpo(
                 gold=gold,
                 # the tracker's files of every round beside the output, as farm-expiter's
                 tracker_dir=tracker_dir(out) / f"round-{number}",
+                continuation=continuation,
             )
             policy = str(folder / "policy")
+            entry["optimizer_steps"] = trained.get("optimizer_steps", 0)
             entry.update(_dpo_summary(folder / "policy"))
             entry.update({key: value for key, value in trained.items() if key.startswith("gold_")})
         else:
             log.warning("round %d: no usable pair (every label a tie or null); not trained", number)
         entry["seconds"] = round(time.perf_counter() - round_started, 3)
         _write_json(folder / "round.json", entry)
+        _drop_old_optimizer_states(run_folder, number)
         rounds.append(entry)
         _write_run_metrics(run_folder / METRICS_FILE, rounds)
         loss = entry.get("dpo_loss")

@@ -25,7 +25,9 @@ from farmkit.io import FarmError
 from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
+    Preset,
     help_field,
+    preset_field,
     shared_field,
 )
 from farmkit.methods.onpolicy import MicroBatch, OnPolicyMethod, Prepared
@@ -33,9 +35,45 @@ from farmkit.methods.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 log = logging.getLogger("farmkit")
 VALUE_HEADS = ("reward", "zero")
 
+# AlpacaFarm's PPO run: the values of examples/scripts/rlhf_ppo.sh (tatsu-lab/alpaca_farm at
+# 7f53055) and, for what the script does not set, of the code it runs (rl/ppo_utils.py's
+# TrainingArguments, rl/ppo_trainer.py, models/rl_models.py). README, farm-ppo, cites each line.
+PPO_PRESETS = {
+    "alpacafarm": Preset(
+        "AlpacaFarm's examples/scripts/rlhf_ppo.sh and the defaults of the code it runs "
+        "(README: farm-ppo's table)",
+        {
+            "rollout_batch_size": 512,
+            "minibatch_size": 256,  # step_batch_size
+            "micro_batch_size": 2,  # step_per_device_batch_size
+            "learning_rate": 1e-5,
+            "warmup_steps": 5,
+            "kl_coef": 0.0067,
+            # total_epochs 10 over the 20,000 prompts of the unlabeled split, 512 a step
+            "steps": 390,
+            "checkpoint_every": 20,
+            "ppo_epochs": 2,  # noptepochs
+            "clip_range": 0.2,
+            "value_clip_range": 0.2,
+            "value_loss_coef": 0.1,
+            "gamma": 1.0,
+            "lam": 1.0,
+            "whiten_rewards": True,
+            "kl_estimator": "clamped",
+            "value_head": "zero",  # init_value_with_reward: the reward model's body, a zero head
+            "adam_eps": 1e-5,
+            "max_grad_norm": 1.0,
+            "temperature": 1.0,
+            "max_new_tokens": 300,  # response_len
+            "unfinished": "truncate",  # truncate_token_ids None: no penalty
+        },
+    )
+}
+
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
+    preset: str | None = preset_field(PPO_PRESETS)
     steps: int = help_field(
         100, "PPO steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
     )

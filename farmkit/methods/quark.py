@@ -26,10 +26,12 @@ from typing import Any
 from farmkit.io import FarmError
 from farmkit.methods.config import (
     GoldArgs,
+    Preset,
     RolloutConfig,
     TrackingArgs,
     config_dict,
     help_field,
+    preset_field,
     require_positive,
     shared_field,
 )
@@ -41,6 +43,36 @@ KEEP = ("top", "all")
 CONTROL = ("condition", "none")
 LR_SCHEDULES = ("linear", "constant")
 
+# AlpacaFarm's Quark run: the values of examples/scripts/rlhf_quark.sh (tatsu-lab/alpaca_farm at
+# 12a7a93) and, for what the script does not set, of the code it runs (rl/quark_utils.py's
+# TrainingArguments, rl/quark_trainer.py). README, farm-quark, cites each line.
+QUARK_PRESETS = {
+    "alpacafarm": Preset(
+        "AlpacaFarm's examples/scripts/rlhf_quark.sh and the defaults of the code it runs "
+        "(README: farm-quark's table)",
+        {
+            "prompts_per_round": 512,  # rollout_batch_size, one sample each
+            "samples_per_prompt": 1,
+            "batch_size": 256,  # step_batch_size
+            "steps_per_round": 1,  # num_gradient_steps_per_step
+            "learning_rate": 3e-6,
+            "warmup_steps": 5,
+            "lr_schedule": "linear",
+            "kl_coef": 0.05,
+            # total_epochs 10 over the 20,000 prompts of the unlabeled split, 512 a round
+            "rounds": 390,
+            "num_quantiles": 4,  # num_reward_tokens
+            "keep": "top",  # train_on_best_quantile
+            "control_token": "none",  # its top-quantile training injects no token
+            "adam_eps": 1e-5,
+            "max_grad_norm": 1.0,
+            "temperature": 1.0,
+            "max_new_tokens": 300,  # response_len
+            "unfinished": "truncate",
+        },
+    )
+}
+
 
 def quantile_token(quantile: int) -> str:
     """Control token of a reward quantile; quantile 0 is the best."""
@@ -49,6 +81,7 @@ def quantile_token(quantile: int) -> str:
 
 @dataclass
 class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
+    preset: str | None = preset_field(QUARK_PRESETS)
     rounds: int = help_field(
         4, "Rounds of sample, score, rank, train; the rollout pool is reset every round."
     )
@@ -58,7 +91,7 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     samples_per_prompt: int = shared_field("num_samples", 4, more_help="Sampled every round.")
     num_quantiles: int = help_field(
         5,
-        "Reward quantiles the responses of a round are ranked into (the Quark paper's 5; AlpacaFarm's script leaves the count to the caller).",
+        "Reward quantiles the responses of a round are ranked into (the Quark paper's 5; AlpacaFarm: 4, its num_reward_tokens default).",
     )
     keep: str = help_field(
         "top",
