@@ -17,6 +17,7 @@ from farmkit.cli import (
     output_option,
     seed_option,
     shared_option,
+    split_option,
     verdict_cache,
 )
 from farmkit.io import RecordWriter, records_stdout
@@ -32,8 +33,9 @@ from farmkit.io import RecordWriter, records_stdout
 )
 @click.option(
     "--reference",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Pair each output record with this file's output for the same instruction (in position 1), for evaluation.",
+    type=click.Path(allow_dash=False),
+    help="Pair each output record with this file's (or Hugging Face dataset's) output for the same "
+    "instruction (in position 1), for evaluation.",
 )
 @click.option(
     "--generator",
@@ -97,6 +99,7 @@ from farmkit.io import RecordWriter, records_stdout
 )
 @click.option("--list-pools", is_flag=True, help="Print every shipped pool as JSON lines and exit.")
 @on_error_option
+@split_option
 @common_options
 def cli(
     inputs,

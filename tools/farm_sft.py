@@ -14,6 +14,7 @@ from farmkit.cli import (
     model_dir_option,
     on_error_option,
     resolve_config,
+    split_option,
 )
 from farmkit.io import FarmError, RecordError, display_name, read_records
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
@@ -48,6 +49,7 @@ from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
 )
 @config_options(SFTConfig)
 @on_error_option
+@split_option
 @common_options
 def cli(
     model,
