@@ -417,27 +417,56 @@ def _go_offline(datasets: Any) -> None:
         huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
-def _one_split(dataset: Any, name: str, split: str | None, datasets: Any) -> tuple[Any, str]:
-    """One split of a DatasetDict: the one asked for, else `train`, else the only one."""
-    if not isinstance(dataset, datasets.DatasetDict):
-        return dataset, split or ""
-    names = list(dataset)
+def _choose_split(names: list[str], name: str, split: str | None) -> str:
+    """The split to read of those a dataset has: the one asked for, else `train`, else the only one."""
     if split is not None:
-        if split not in dataset:
+        if split not in names:
             raise FarmError(
                 f"{name}: no split {split!r}; it has {', '.join(names)} (choose with "
                 f"{name}:SPLIT or --split)"
             )
-        return dataset[split], split
+        return split
     if len(names) == 1:
-        return dataset[names[0]], names[0]
-    if "train" in dataset:
+        return names[0]
+    if "train" in names:
         log.info("farmkit: %s: reading its train split (of %s)", name, ", ".join(names))
-        return dataset["train"], "train"
+        return "train"
     raise FarmError(
         f"{name}: holds several splits ({', '.join(names)}) and none is train; choose one with "
         f"{name}:SPLIT or --split SPLIT"
     )
+
+
+_OWN_READER = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".parquet")
+
+
+def _folder_files(name: str, split: str | None, datasets: Any) -> tuple[str, Iterator] | None:
+    """A folder of JSON/JSONL/Parquet data files read by farmkit itself, the split's files found
+    as `datasets` finds them (`data/train-*.parquet`, `test.jsonl`, ...): values exactly as written
+    (datasets' type inference would turn a column of mixed types into decoded JSON) and errors
+    naming FILE:LINE when the split is one file. None for other files (csv, arrow): `datasets`."""
+    try:
+        builder = datasets.load_dataset_builder(name)
+    except (ValueError, FileNotFoundError, ConnectionError) as exc:
+        raise FarmError(f"{name}: cannot read the dataset folder: {exc}") from None
+    files = {str(key): list(value) for key, value in (builder.config.data_files or {}).items()}
+    if not files:
+        return None
+    chosen = _choose_split(list(files), name, split)
+    paths = files[chosen]
+    if not all(str(path).lower().endswith(_OWN_READER) for path in paths):
+        return None
+    if len(paths) == 1:
+        return str(paths[0]), _file_rows(paths[0])
+
+    def rows() -> Iterator[tuple[int, Any]]:  # one count over the split's files, in order
+        number = 0
+        for path in paths:
+            for _, row in _file_rows(path):
+                number += 1
+                yield number, row
+
+    return f"{name}:{chosen}", rows()
 
 
 def dataset_rows(spec: str) -> tuple[str, Iterator[tuple[int, Any]]] | None:
@@ -463,6 +492,10 @@ def dataset_rows(spec: str) -> tuple[str, Iterator[tuple[int, Any]]] | None:
         except (OSError, ValueError) as exc:
             raise FarmError(f"{name}: cannot read the saved dataset: {exc}") from None
     else:
+        if folder.is_dir():
+            found = _folder_files(name, split, datasets)
+            if found is not None:
+                return found
         offline = not folder.is_dir() and hub_offline()
         if offline:
             _go_offline(datasets)
@@ -483,7 +516,10 @@ def dataset_rows(spec: str) -> tuple[str, Iterator[tuple[int, Any]]] | None:
             ) from None
         except ValueError as exc:  # an unknown split, among others
             raise FarmError(f"{name}: {exc}") from None
-    dataset, chosen = _one_split(dataset, name, split, datasets)
+    chosen = split or ""
+    if isinstance(dataset, datasets.DatasetDict):
+        chosen = _choose_split(list(dataset), name, split)
+        dataset = dataset[chosen]
     return (f"{name}:{chosen}" if chosen else name), enumerate(dataset, start=1)
 
 

@@ -204,3 +204,22 @@ def test_every_training_tool_reads_a_dataset_folder_split(tmp_path, tool, args, 
     done = run_tool(tool, *args, folder, "--split", "bad", "-o", str(tmp_path / "out"), env=OFFLINE)
     assert done.returncode == 1, done.stderr.decode()
     assert f"{folder}:bad:1:" in done.stderr.decode(), done.stderr.decode()[-2000:]
+
+
+def test_a_folder_of_json_files_keeps_values_as_written_and_names_file_and_line(tmp_path):
+    """datasets' own JSON loader types a column of mixed types as JSON and decodes the strings in it
+    ("3" becomes 3); farmkit reads a folder's JSON files itself, so values stay as written and a bad
+    row is named by its file and line."""
+    folder = tmp_path / "prefs"
+    (folder / "data").mkdir(parents=True)
+    rows = [
+        {"prompt": "Larger, 2 or 3?", "chosen": "3", "rejected": "2"},
+        {"prompt": "Spell cat.", "chosen": 7, "rejected": "k a t"},
+    ]
+    train = folder / "data" / "train.jsonl"
+    train.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    with pytest.raises(FarmError, match=rf"^{train}:2: "):
+        list(read_records(folder, "preference"))
+    train.write_bytes(orjson.dumps(rows[0]) + b"\n")
+    [record] = read_records(folder, "preference")
+    assert (record["output_1"], record["output_2"]) == ("3", "2")
