@@ -95,6 +95,14 @@ split_option = click.option(
     "Default: train, or the dataset's only split.",
 )
 
+reference_option = click.option(
+    "--reference",
+    type=click.Path(allow_dash=False),
+    help="The reference's outputs (a file or a Hugging Face dataset): each output record is paired "
+    "with the reference's output for the same instruction, the reference in position 1, for "
+    "evaluation.",
+)
+
 long_prompts_option = click.option(
     "--long-prompts",
     type=click.Choice(["fail", "skip", "truncate"]),

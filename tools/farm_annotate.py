@@ -15,6 +15,7 @@ from farmkit.cli import (
     judge_options,
     on_error_option,
     output_option,
+    reference_option,
     seed_option,
     shared_option,
     split_option,
@@ -31,12 +32,7 @@ from farmkit.io import RecordWriter, records_stdout
     help="A pool name (see --list-pools) or a pool YAML file.  [default: sim_ann; with --reference: sim_eval, "
     "the noise-free evaluation pool]",
 )
-@click.option(
-    "--reference",
-    type=click.Path(allow_dash=False),
-    help="Pair each output record with this file's (or Hugging Face dataset's) output for the same "
-    "instruction (in position 1), for evaluation.",
-)
+@reference_option
 @click.option(
     "--generator",
     "generators",
