@@ -223,3 +223,33 @@ def test_a_folder_of_json_files_keeps_values_as_written_and_names_file_and_line(
     train.write_bytes(orjson.dumps(rows[0]) + b"\n")
     [record] = read_records(folder, "preference")
     assert (record["output_1"], record["output_2"]) == ("3", "2")
+
+
+def test_farm_eval_takes_datasets_for_outputs_and_reference(tmp_path):
+    outputs = _saved_splits(
+        tmp_path / "outs", {"train": _outputs("x", "m"), "test": _outputs("y", "m2")}
+    )
+    reference = tmp_path / "ref"
+    (reference / "data").mkdir(parents=True)
+    (reference / "data" / "train.jsonl").write_bytes(
+        b"".join(orjson.dumps(r) + b"\n" for r in _outputs("ref", "ref"))
+    )
+    done = run_tool(
+        "farm-eval",
+        f"{outputs}:test",
+        "--reference",
+        str(reference),
+        "--pool",
+        "sim_eval_offline",
+        "--no-cache",
+        "--bootstrap",
+        "0",
+        env=OFFLINE,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    [row] = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert (row["generator"], row["reference"], row["n_total"]) == ("m2", "ref", 3)
+    missing = run_tool(
+        "farm-eval", "nobody-here/outputs", "--reference", str(reference), env=OFFLINE
+    )
+    assert missing.returncode == 1 and "not in the local cache" in missing.stderr.decode()
