@@ -250,6 +250,12 @@ def test_farm_eval_takes_datasets_for_outputs_and_reference(tmp_path):
     [row] = [orjson.loads(line) for line in done.stdout.splitlines()]
     assert (row["generator"], row["reference"], row["n_total"]) == ("m2", "ref", 3)
     missing = run_tool(
-        "farm-eval", "nobody-here/outputs", "--reference", str(reference), env=OFFLINE
+        "farm-eval",
+        "nobody-here/outputs",
+        "--reference",
+        str(reference),
+        "--pool",
+        "gold",
+        env=OFFLINE,
     )
     assert missing.returncode == 1 and "not in the local cache" in missing.stderr.decode()
