@@ -80,6 +80,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bin", type=Path, required=True)
     parser.add_argument("--models", help="comma-separated; default: every model with data")
+    parser.add_argument(
+        "--context",
+        action="store_true",
+        help="fit the length control with every published verdict (farm-eval --context) instead of "
+        "a difficulty file",
+    )
     args = parser.parse_args()
     pipe = not (args.bin / "farm-eval").exists()
     if pipe:
@@ -113,6 +119,23 @@ def main() -> None:
                 + b"\n"
                 for x, d in zip(eval_set, difficulty, strict=True)
             )
+        )
+        (folder / "context.jsonl").write_bytes(
+            b"".join(
+                orjson.dumps(
+                    {
+                        **{k: v for k, v in r.items() if k != "instruction_index"},
+                        "instruction": eval_set[r["instruction_index"]]["instruction"],
+                    }
+                )
+                + b"\n"
+                for r in lines(DATA / "annotations" / f"{JUDGE}.jsonl.gz")
+            )
+        )
+        length_control = (
+            ["--context", str(folder / "context.jsonl")]
+            if args.context
+            else ["--instruction-difficulty", str(folder / "difficulty.jsonl")]
         )
         print(
             f"{'model':28} {'raw':>8} {'pub raw':>8} {'LC':>7} {'pub LC':>7} {'dLC':>6} {'raw place':>10} {'LC place':>9}"
@@ -175,8 +198,7 @@ def main() -> None:
                         str(folder / "ref.json"),
                         "--labels",
                         str(folder / "a.json"),
-                        "--instruction-difficulty",
-                        str(folder / "difficulty.jsonl"),
+                        *length_control,
                         "--leaderboard",
                         str(BOARD),
                         "--sort-by",

@@ -94,9 +94,12 @@ def leaderboard(
     difficulty: str | None = None,
     bootstrap: int = 0,
     seed: int = 0,
+    context: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """farm-winrate: one row per model against the reference, with the length-controlled win rate
-    and, with `bootstrap` resamples, a percentile interval of the raw one."""
+    and, with `bootstrap` resamples, a percentile interval of the raw one. `context`: files of other
+    models' verdicts against the same reference (AlpacaEval annotations): the length control is
+    fitted jointly with them, as farm-winrate does over a whole board, and only the new rows return."""
     from farmkit.length_control import read_instruction_difficulty
     from farmkit.winrate import WinrateTable, item_key
 
@@ -105,10 +108,54 @@ def leaderboard(
         given = (display_name(difficulty), read_instruction_difficulty(difficulty, item_key))
     table = WinrateTable(bootstrap=bootstrap > 0, difficulty=given)
     table.add_records(preferences, source="farm-eval")
-    rows = table.rows(seed=seed, resamples=max(bootstrap, 1))
+    evaluated = {record.get("generator_2") for record in preferences}
+    for path in context:
+        numbers, records = context_verdicts(path, evaluated)
+        if records:
+            table.add_records(records, source=display_name(path), numbers=numbers)
+    rows = [
+        row
+        for row in table.rows(seed=seed, resamples=max(bootstrap, 1))
+        if row["generator"] in evaluated
+    ]
     for note in table.lc_notes:
         log.info("farm-eval: instruction difficulty %s", note)
     return rows
+
+
+def context_verdicts(path: str, evaluated: set[Any]) -> tuple[list[int], list[dict[str, Any]]]:
+    """The verdicts of `path` that fit beside farm-eval's own: other models' (a model being evaluated
+    is judged anew), rows that are what their AlpacaEval folder says (an upstream copy of another
+    system's folder is left out, counted on stderr), keyed by their instruction text as farm-eval's
+    are. A verdict without its instruction text cannot be matched and is an error naming its line."""
+    from farmkit.io import RecordError, iter_json
+
+    name = display_name(path)
+    numbers, records, copies = [], [], 0
+    for number, record in iter_json(path):
+        if not isinstance(record, dict) or not isinstance(record.get("instruction"), str):
+            raise RecordError(
+                name,
+                number,
+                "a context verdict needs its `instruction` text (AlpacaEval's annotations have it), "
+                "to be matched with the evaluated models' instructions",
+            )
+        if record.get("generator_2") in evaluated:
+            continue
+        if record.get("results_dir") not in (None, record.get("generator_2")):
+            copies += 1
+            continue
+        kept = {k: v for k, v in record.items() if k not in ("id", "instruction_index")}
+        numbers.append(number)
+        records.append(kept)
+    if copies:
+        log.warning(
+            "farm-eval: %s: left out %d verdict(s) whose results_dir names another system "
+            "(an upstream copy)",
+            name,
+            copies,
+        )
+    return numbers, records
 
 
 def _number(text: str) -> Any:

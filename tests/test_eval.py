@@ -269,7 +269,15 @@ def alpaca_eval_inputs(folder, models, out):
         ],
         len(eval_set),
     )
+    context = [  # every published verdict, with its instruction's text (AlpacaEval's annotations)
+        {
+            **{k: v for k, v in r.items() if k != "instruction_index"},
+            "instruction": eval_set[r["instruction_index"]]["instruction"],
+        }
+        for r in _read(folder / "annotations" / "weighted_alpaca_eval_gpt4_turbo.jsonl.gz")
+    ]
     paths = {
+        "context": _jsonl(out / "context.jsonl", context),
         "reference": _jsonl(out / "reference.jsonl", list(outputs[REFERENCE].values())),
         "labels": _jsonl(out / "annotations.jsonl", annotations),
         "difficulty": _jsonl(
@@ -338,3 +346,36 @@ def test_farm_eval_reproduces_published_alpaca_eval_2_rows(tmp_path):
             between,
         )
     assert len(board) == len(published)
+
+
+def test_farm_eval_fits_length_control_with_other_models_verdicts(tmp_path):
+    """--context: the published verdicts of the other models (and an upstream copy among them, left
+    out) fit the length control jointly, as farm-winrate does over the whole board: LC within 0.5
+    points without a difficulty file."""
+    shared_data(BOARD_CSV)
+    paths = alpaca_eval_inputs(SHARED_DATA / "alpaca_eval", REPRODUCED, tmp_path)
+    done = run_tool(
+        "farm-eval",
+        *(paths[m] for m in REPRODUCED),
+        "--reference",
+        paths["reference"],
+        "--labels",
+        paths["labels"],
+        "--context",
+        paths["context"],
+        "--no-cache",
+        "--bootstrap",
+        "0",
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    rows = {r["generator"]: r for r in _rows(done.stdout)}
+    assert set(rows) == set(REPRODUCED)  # the context's models are fitted, not printed
+    assert "upstream copy" in done.stderr.decode()
+    published = {r["generator"]: r for r in read_board(str(SHARED_DATA / BOARD_CSV))}
+    for model in REPRODUCED:
+        assert abs(rows[model]["win_rate"] - published[model]["win_rate"]) < 1e-4, model
+        lc = rows[model]["length_controlled_win_rate"]
+        assert abs(lc - published[model]["length_controlled_win_rate"]) < 0.5, (model, lc)
+        assert rows[model]["lc_difficulty"].startswith("estimated from"), rows[model][
+            "lc_difficulty"
+        ]

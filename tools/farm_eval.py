@@ -60,6 +60,14 @@ TOOL = "farm-eval"
     "(AlpacaEval's instruction_difficulty.csv); without it one model's LC has no difficulty term.",
 )
 @click.option(
+    "--context",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Other models' verdicts against the same reference (AlpacaEval annotations with the "
+    "instruction text; repeatable): the length control is fitted jointly with them (instruction "
+    "difficulties, the judge's shared length term), as over a whole board; their rows are not printed.",
+)
+@click.option(
     "--bootstrap",
     type=click.IntRange(min=0),
     default=1000,
@@ -92,6 +100,7 @@ def cli(
     leaderboard,
     sort_by,
     instruction_difficulty,
+    context,
     bootstrap,
     fmt,
     max_new_tokens,
@@ -157,7 +166,11 @@ def cli(
             max_cost=max_cost,
         )
     rows = evaluate.leaderboard(
-        preferences, difficulty=instruction_difficulty, bootstrap=bootstrap, seed=seed
+        preferences,
+        difficulty=instruction_difficulty,
+        bootstrap=bootstrap,
+        seed=seed,
+        context=context,
     )
     board = evaluate.read_board(leaderboard) if leaderboard else []
     rows = evaluate.place(board, rows, sort_by) if rows or board else []
