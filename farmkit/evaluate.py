@@ -55,6 +55,35 @@ def labels_pool(path: str) -> Any:
     )
 
 
+def judges(pool: str | None, labels: str | None, models: list[str], flip_rate: float | None) -> Any:
+    """The pool farm-eval asks: the --labels file's verdicts, else --pool (default DEFAULT_POOL),
+    with farm-annotate's --model and --flip-rate applied."""
+    from farmkit.annotate.pools import load_pool
+
+    chosen = labels_pool(labels) if labels else load_pool(pool or DEFAULT_POOL)
+    chosen = chosen.with_models(list(models))
+    if flip_rate is not None:
+        chosen.flip_rate = flip_rate
+    return chosen
+
+
+def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
+    """Rows as records (jsonl) or as farm-winrate's table, csv or markdown, to stdout or to a file
+    written whole or not at all."""
+    from farmkit.io import atomic_path, records_stdout, write_records
+    from farmkit.winrate import render
+
+    if fmt == "jsonl":
+        write_records(rows, output)
+        return
+    text = render(rows, fmt, TABLE_COLUMNS).encode()
+    if output == "-":
+        records_stdout().write(text)
+        return
+    with atomic_path(output) as tmp:
+        tmp.write_bytes(text)
+
+
 def annotate(
     outputs: list[str],
     reference: str,

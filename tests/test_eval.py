@@ -379,3 +379,31 @@ def test_farm_eval_fits_length_control_with_other_models_verdicts(tmp_path):
         assert rows[model]["lc_difficulty"].startswith("estimated from"), rows[model][
             "lc_difficulty"
         ]
+
+
+def test_a_board_goes_to_a_file_as_csv(tmp_path):
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [1.5] * 6))
+    board = tmp_path / "board.csv"
+    board.write_text(BOARD)
+    out = tmp_path / "merged.csv"
+    done = run_tool(
+        "farm-eval",
+        _jsonl(tmp_path / "m.jsonl", model),
+        "--reference",
+        _jsonl(tmp_path / "r.jsonl", reference),
+        "--labels",
+        labels,
+        "--no-cache",
+        "--leaderboard",
+        str(board),
+        "--format",
+        "csv",
+        "-o",
+        str(out),
+    )
+    assert done.returncode == 0 and done.stdout == b"", done.stderr.decode()
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("rank,generator,length_controlled_win_rate,")
+    assert len(lines) == 5 and any(",mine," in line and "farm-eval" in line for line in lines)

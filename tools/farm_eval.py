@@ -21,8 +21,7 @@ from farmkit.cli import (
     split_option,
     verdict_cache,
 )
-from farmkit.evaluate import DEFAULT_POOL, SORT_BY, TABLE_COLUMNS
-from farmkit.io import records_stdout, write_records
+from farmkit.evaluate import DEFAULT_POOL, SORT_BY
 
 TOOL = "farm-eval"
 
@@ -138,14 +137,7 @@ def cli(
         raise click.UsageError("give the reference's outputs: --reference FILE")
     if labels and pool:
         raise click.UsageError("--labels replaces the pool; leave --pool out")
-    chosen = evaluate.labels_pool(labels) if labels else None
-    if chosen is None:
-        from farmkit.annotate.pools import load_pool
-
-        chosen = load_pool(pool or DEFAULT_POOL)
-    chosen = chosen.with_models(list(models))
-    if flip_rate is not None:
-        chosen.flip_rate = flip_rate
+    chosen = evaluate.judges(pool, labels, models, flip_rate)
     cache = verdict_cache(cache_path, no_cache)
     with tempfile.TemporaryDirectory(prefix="farm-eval-") as folder:
         inputs = []
@@ -174,18 +166,7 @@ def cli(
     )
     board = evaluate.read_board(leaderboard) if leaderboard else []
     rows = evaluate.place(board, rows, sort_by) if rows or board else []
-    if fmt == "jsonl":
-        write_records(rows, output)
-        return
-    from farmkit.io import atomic_path
-    from farmkit.winrate import render
-
-    text = render(rows, fmt, TABLE_COLUMNS).encode()
-    if output == "-":
-        records_stdout().write(text)
-        return
-    with atomic_path(output) as tmp:
-        tmp.write_bytes(text)
+    evaluate.write_board(rows, fmt, output)
 
 
 main = entry_point(cli)
