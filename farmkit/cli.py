@@ -37,7 +37,7 @@ from typing import Any
 import click
 
 from farmkit import __version__
-from farmkit.io import ON_ERROR, FarmError, set_on_error, set_records_stdout
+from farmkit.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
 from farmkit.methods import config as method_config
 from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP
 from farmkit.models import TEMPLATES
@@ -47,10 +47,11 @@ log = logging.getLogger("farmkit")
 
 
 def input_argument(name: str = "input", nargs: int = 1) -> Callable:
-    """A file argument that defaults to `-` (stdin); .gz and JSON arrays are read transparently."""
+    """A file argument that defaults to `-` (stdin); .gz and JSON arrays are read transparently, and
+    a Hugging Face dataset (a name, a dataset folder, NAME:SPLIT) is read too (farmkit.io)."""
     if nargs == 1:
-        return click.argument(name, default="-", type=click.Path(allow_dash=True, dir_okay=False))
-    return click.argument(name, nargs=nargs, type=click.Path(allow_dash=True, dir_okay=False))
+        return click.argument(name, default="-", type=click.Path(allow_dash=True))
+    return click.argument(name, nargs=nargs, type=click.Path(allow_dash=True))
 
 
 output_option = click.option(
@@ -77,6 +78,29 @@ on_error_option = click.option(
     help="A bad input record (not JSON, not the format or schema expected): fail stops at the "
     "first, naming FILE:LINE; skip leaves each out, names the first few on stderr (FILE:LINE: "
     "reason) and counts them per file (a file with no good record still fails).",
+)
+
+
+def _split(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    set_split(value)
+    ctx.call_on_close(lambda: set_split(None))
+
+
+split_option = click.option(
+    "--split",
+    metavar="SPLIT",
+    expose_value=False,
+    callback=_split,
+    help="The split of each Hugging Face dataset input that names none (NAME:SPLIT names one). "
+    "Default: train, or the dataset's only split.",
+)
+
+reference_option = click.option(
+    "--reference",
+    type=click.Path(allow_dash=False),
+    help="The reference's outputs (a file or a Hugging Face dataset): each output record is paired "
+    "with the reference's output for the same instruction, the reference in position 1, for "
+    "evaluation.",
 )
 
 long_prompts_option = click.option(

@@ -289,31 +289,24 @@ def iter_json_chunks(
 
 
 def iter_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """`iter_json`, and also Parquet files (`.parquet`, with pyarrow) and folders written by HF
-    `datasets`' save_to_disk (with `datasets` installed); their rows are numbered from 1."""
+    """`iter_json`, and also Parquet files (`.parquet`, with pyarrow) and Hugging Face datasets (see
+    `dataset_rows`): a dataset name, a folder saved by `datasets`' save_to_disk or a folder of data
+    files, with `:SPLIT` after it or the split that --split set; their rows are numbered from 1."""
+    yield from open_rows(path)[1]
+
+
+def open_rows(path: str | os.PathLike) -> tuple[str, Iterator[tuple[int, Any]]]:
+    """(what errors call the input, its (number, row) pairs) for `iter_rows`: a dataset is loaded at
+    once (so that a name that is not one fails here) and called `DATASET:SPLIT`."""
+    if str(path) != "-" and not Path(path).is_file():
+        found = dataset_rows(str(path))
+        if found is not None:
+            return found
+    return display_name(path), _file_rows(path)
+
+
+def _file_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     name = display_name(path)
-    if str(path) != "-" and Path(path).is_dir():
-        if (
-            not (Path(path) / "dataset_info.json").exists()
-            and not (Path(path) / "state.json").exists()
-        ):
-            raise FarmError(
-                f"{name}: a folder, not a records file; expected JSONL, JSON, Parquet or a "
-                "folder saved by HF datasets"
-            )
-        try:
-            import datasets
-        except ImportError:
-            raise FarmError(
-                f"{name}: reading an HF datasets folder needs `pip install datasets`"
-            ) from None
-        dataset = datasets.load_from_disk(str(path))
-        if isinstance(dataset, datasets.DatasetDict):
-            raise FarmError(
-                f"{name}: holds several splits ({', '.join(dataset)}); give one split's folder"
-            )
-        yield from enumerate(dataset, start=1)
-        return
     if str(path).endswith(".parquet"):
         try:
             import pyarrow.parquet as parquet
@@ -332,22 +325,218 @@ def iter_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     yield from iter_json(path)
 
 
+# -- Hugging Face datasets: names, saved folders and folders of data files ----------------------
+
+_split: str | None = None  # the split --split chose for every dataset input without its own
+# file names, not dataset names: a missing one keeps the plain "cannot open" error
+FILE_SUFFIXES = (".json", ".jsonl", ".gz", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".yaml")
+DATA_FILE_SUFFIXES = (".parquet", ".json", ".jsonl", ".csv", ".arrow", ".json.gz", ".jsonl.gz")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\]%:]+$")
+
+
+def set_split(split: str | None) -> None:
+    """The split of every dataset input that names none (`--split`); None: train, or the only one."""
+    global _split
+    _split = split
+
+
+def _hub_name(spec: str) -> bool:
+    return bool(_HUB_NAME.match(spec)) and not spec.lower().endswith(FILE_SUFFIXES)
+
+
+def _saved_folder(folder: Path) -> bool:
+    return any(
+        (folder / marker).exists()
+        for marker in ("dataset_info.json", "state.json", "dataset_dict.json")
+    )
+
+
+def _data_files(folder: Path) -> bool:
+    return any(
+        entry.name.lower().endswith(DATA_FILE_SUFFIXES) and not entry.name.startswith(".")
+        for entry in folder.rglob("*")
+        if entry.is_file()
+    )
+
+
+def parse_dataset(spec: str) -> tuple[str, str | None] | None:
+    """(dataset, split) for a dataset input: an existing folder, `FOLDER:SPLIT`, or a hub name
+    (`owner/name`, `name`) with or without `:SPLIT`; None when `spec` is meant as a file."""
+    if Path(spec).is_dir():
+        return spec, None
+    head, colon, tail = spec.rpartition(":")
+    if colon and head and tail and _SPLIT_NAME.match(tail):
+        if Path(head).is_dir() or (not Path(head).exists() and _hub_name(head)):
+            return head, tail
+    if not Path(spec).exists() and _hub_name(spec):
+        return spec, None
+    return None
+
+
+def _import_datasets(name: str) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise FarmError(
+            f"{name}: reading a Hugging Face dataset needs `pip install datasets`"
+        ) from None
+    datasets.logging.set_verbosity_error()
+    if not log.isEnabledFor(logging.INFO) or not sys.stderr.isatty():
+        datasets.disable_progress_bars()
+    return datasets
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is out of reach: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set, or its
+    host does not answer within 3 seconds (then `datasets` would retry for half a minute)."""
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on"):
+            return True
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection(
+            (endpoint.hostname or "huggingface.co", endpoint.port or 443), timeout=3
+        ).close()
+    except OSError:
+        return True
+    return False
+
+
+def _go_offline(datasets: Any) -> None:
+    """Have `datasets` (and huggingface_hub under it) use the local cache only."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    with contextlib.suppress(Exception):
+        datasets.config.HF_HUB_OFFLINE = True
+        datasets.config.HF_DATASETS_OFFLINE = True
+    with contextlib.suppress(Exception):
+        import huggingface_hub.constants
+
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def _choose_split(names: list[str], name: str, split: str | None) -> str:
+    """The split to read of those a dataset has: the one asked for, else `train`, else the only one."""
+    if split is not None:
+        if split not in names:
+            raise FarmError(
+                f"{name}: no split {split!r}; it has {', '.join(names)} (choose with "
+                f"{name}:SPLIT or --split)"
+            )
+        return split
+    if len(names) == 1:
+        return names[0]
+    if "train" in names:
+        log.info("farmkit: %s: reading its train split (of %s)", name, ", ".join(names))
+        return "train"
+    raise FarmError(
+        f"{name}: holds several splits ({', '.join(names)}) and none is train; choose one with "
+        f"{name}:SPLIT or --split SPLIT"
+    )
+
+
+_OWN_READER = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".parquet")
+
+
+def _folder_files(name: str, split: str | None, datasets: Any) -> tuple[str, Iterator] | None:
+    """A folder of JSON/JSONL/Parquet data files read by farmkit itself, the split's files found
+    as `datasets` finds them (`data/train-*.parquet`, `test.jsonl`, ...): values exactly as written
+    (datasets' type inference would turn a column of mixed types into decoded JSON) and errors
+    naming FILE:LINE when the split is one file. None for other files (csv, arrow): `datasets`."""
+    try:
+        builder = datasets.load_dataset_builder(name)
+    except (ValueError, FileNotFoundError, ConnectionError) as exc:
+        raise FarmError(f"{name}: cannot read the dataset folder: {exc}") from None
+    files = {str(key): list(value) for key, value in (builder.config.data_files or {}).items()}
+    if not files:
+        return None
+    chosen = _choose_split(list(files), name, split)
+    paths = files[chosen]
+    if not all(str(path).lower().endswith(_OWN_READER) for path in paths):
+        return None
+    if len(paths) == 1:
+        return str(paths[0]), _file_rows(paths[0])
+
+    def rows() -> Iterator[tuple[int, Any]]:  # one count over the split's files, in order
+        number = 0
+        for path in paths:
+            for _, row in _file_rows(path):
+                number += 1
+                yield number, row
+
+    return f"{name}:{chosen}", rows()
+
+
+def dataset_rows(spec: str) -> tuple[str, Iterator[tuple[int, Any]]] | None:
+    """(`DATASET:SPLIT`, the rows numbered from 1) of the Hugging Face dataset `spec` names (see
+    `parse_dataset`); None when `spec` is a file name. A folder saved by
+    save_to_disk is loaded from disk, a folder of data files and a hub name with `load_dataset`
+    (offline, or with the hub out of reach, from the local cache only)."""
+    parsed = parse_dataset(spec)
+    if parsed is None:
+        return None
+    name, split = parsed
+    split = split if split is not None else _split
+    folder = Path(name)
+    if folder.is_dir() and not _saved_folder(folder) and not _data_files(folder):
+        raise FarmError(
+            f"{name}: a folder, not a records file; expected JSONL, JSON, Parquet, a folder saved by "
+            "HF datasets or a folder of data files (parquet, json, jsonl, csv)"
+        )
+    datasets = _import_datasets(name)
+    if folder.is_dir() and _saved_folder(folder):
+        try:
+            dataset = datasets.load_from_disk(name)
+        except (OSError, ValueError) as exc:
+            raise FarmError(f"{name}: cannot read the saved dataset: {exc}") from None
+    else:
+        if folder.is_dir():
+            found = _folder_files(name, split, datasets)
+            if found is not None:
+                return found
+        offline = not folder.is_dir() and hub_offline()
+        if offline:
+            _go_offline(datasets)
+        try:
+            dataset = datasets.load_dataset(name, split=split)
+        except (ConnectionError, FileNotFoundError) as exc:
+            if folder.is_dir():
+                raise FarmError(f"{name}: cannot read the dataset folder: {exc}") from None
+            if offline:
+                raise FarmError(
+                    f"{name}: cannot open: no such file or folder, and a dataset name that is "
+                    "not in the local cache (offline: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE set, or the "
+                    "hub out of reach); give a file, a dataset folder, or a name cached while online"
+                ) from None
+            raise FarmError(
+                f"{name}: cannot open: no such file or folder, and not a dataset on the Hugging "
+                f"Face hub ({exc})"
+            ) from None
+        except ValueError as exc:  # an unknown split, among others
+            raise FarmError(f"{name}: {exc}") from None
+    chosen = split or ""
+    if isinstance(dataset, datasets.DatasetDict):
+        chosen = _choose_split(list(dataset), name, split)
+        dataset = dataset[chosen]
+    return (f"{name}:{chosen}" if chosen else name), enumerate(dataset, start=1)
+
+
 def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict[str, Any]]:
     """Yield records from `path`, each checked against the schema of `kind` when one is given.
     Other projects' formats that fit `kind` (TRL, hh-rlhf, chat messages) are converted on the way
     (farmkit.formats), the format detected from the first record."""
-    yield from check_rows(iter_rows(path), display_name(path), kind)
+    name, rows = open_rows(path)
+    yield from check_rows(rows, name, kind)
 
 
 def read_numbered(
     path: str | os.PathLike, kind: str | None = None
 ) -> list[tuple[str, dict[str, Any]]]:
     """Every record of `path` (as `read_records` reads it) with where it is: (FILE:LINE, record)."""
-    name = display_name(path)
-    return [
-        (f"{name}:{number}", record)
-        for number, record in numbered_records(iter_rows(path), name, kind)
-    ]
+    name, rows = open_rows(path)
+    return [(f"{name}:{number}", record) for number, record in numbered_records(rows, name, kind)]
 
 
 def check_rows(

@@ -452,6 +452,27 @@ def test_file_labels_are_read_in_either_order(tmp_path):
     assert "no label" in records[3]["preference_reason"]
 
 
+def test_file_labels_keep_a_fractional_verdict(tmp_path):
+    """A published soft verdict (AlpacaEval 2's weighted judge: 1.73) is replayed as it is, in either
+    order, not rounded to a win: farm-winrate on the replay gives the published win rate."""
+    labels = tmp_path / "weighted.jsonl"
+    labels.write_bytes(
+        _jsonl(
+            [
+                {"instruction": "q1", "output_1": "a", "output_2": "b", "preference": 1.7328},
+                {"instruction": "q2", "output_1": "d", "output_2": "c", "preference": 1.25},
+            ]
+        )
+    )
+    pairs = [
+        {"instruction": "q1", "output_1": "a", "output_2": "b"},
+        {"instruction": "q2", "output_1": "c", "output_2": "d"},  # stored the other way round
+    ]
+    result = run_tool("farm-annotate", "--labels", str(labels), "--no-cache", input=_jsonl(pairs))
+    assert result.returncode == 0, result.stderr.decode()
+    assert [r["preference"] for r in _records(result.stdout)] == [1.7328, 1.75]
+
+
 def test_a_pool_that_needs_an_endpoint_fails_before_any_work_and_names_offline_pools(tmp_path):
     env = {"OPENAI_BASE_URL": "", "OPENAI_API_KEY": ""}
     result = run_tool(

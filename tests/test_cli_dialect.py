@@ -394,7 +394,7 @@ def test_best_of_n_takes_a_sweep_of_sample_counts():
 
 
 def test_a_reference_option_is_a_file_of_outputs_and_the_reference_generator_a_name():
-    """--reference means one thing: the FILE of reference outputs (farm-annotate). The reference's
+    """--reference means one thing: the FILE of reference outputs (farm-annotate, farm-eval). The reference's
     name in preference records is --reference-generator (farm-winrate)."""
     found = {}
     for tool, cmd in commands():
@@ -404,7 +404,10 @@ def test_a_reference_option_is_a_file_of_outputs_and_the_reference_generator_a_n
                     found.setdefault(flag, set()).add(tool)
                     want = click.Path if flag == "--reference" else click.types.StringParamType
                     assert isinstance(option.type, want), (tool, flag)
-    assert found == {"--reference": {"farm-annotate"}, "--reference-generator": {"farm-winrate"}}
+    assert found == {
+        "--reference": {"farm-annotate", "farm-eval"},
+        "--reference-generator": {"farm-winrate"},
+    }
     winrate = command("farm-winrate")
     (option,) = [opt for opt in options(winrate) if "--reference-generator" in opt.opts]
     assert "--reference" in option.aliases

@@ -22,6 +22,10 @@ SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scrip
 CONTRACT: dict[str, dict] = {
     "farm-split": {"args": ["--tag", "{input}"], "empty": "empty"},
     "farm-winrate": {"args": ["{input}"], "empty": "empty"},
+    "farm-eval": {
+        "args": ["--reference", "{input}", "--pool", "gold", "--no-cache", "{input}"],
+        "empty": "empty",
+    },
     "farm-correlate": {"args": ["{input}", "{input}"], "empty": "empty"},
     "farm-annotate": {"args": ["--pool", "gold", "--no-cache", "{input}"], "empty": "empty"},
     "farm-sample": {"args": ["embedded", "{input}"], "empty": "empty"},

@@ -15,8 +15,10 @@ from farmkit.cli import (
     judge_options,
     on_error_option,
     output_option,
+    reference_option,
     seed_option,
     shared_option,
+    split_option,
     verdict_cache,
 )
 from farmkit.io import RecordWriter, records_stdout
@@ -30,11 +32,7 @@ from farmkit.io import RecordWriter, records_stdout
     help="A pool name (see --list-pools) or a pool YAML file.  [default: sim_ann; with --reference: sim_eval, "
     "the noise-free evaluation pool]",
 )
-@click.option(
-    "--reference",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Pair each output record with this file's output for the same instruction (in position 1), for evaluation.",
-)
+@reference_option
 @click.option(
     "--generator",
     "generators",
@@ -97,6 +95,7 @@ from farmkit.io import RecordWriter, records_stdout
 )
 @click.option("--list-pools", is_flag=True, help="Print every shipped pool as JSON lines and exit.")
 @on_error_option
+@split_option
 @common_options
 def cli(
     inputs,

@@ -14,6 +14,7 @@ from farmkit.cli import (
     on_error_option,
     output_dir_option,
     resolve_config,
+    split_option,
 )
 from farmkit.io import FarmError, display_name, read_records
 from farmkit.methods.dpo import DPOConfig, dpo_pairs
@@ -27,6 +28,7 @@ log = logging.getLogger("farmkit")
 @output_dir_option
 @config_options(DPOConfig)
 @on_error_option
+@split_option
 @common_options
 def cli(sft: str, prefs: str, output: str, config_file: str | None, **values) -> None:
     """Fine-tune SFT on PREFS (preference records) with DPO; write the policy to -o DIR.

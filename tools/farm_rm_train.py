@@ -14,6 +14,7 @@ from farmkit.cli import (
     model_dir_option,
     on_error_option,
     resolve_config,
+    split_option,
 )
 from farmkit.io import FarmError, display_name, read_records
 from farmkit.methods.reward import RewardConfig
@@ -27,6 +28,7 @@ log = logging.getLogger("farmkit")
 @model_dir_option("output_dir")
 @config_options(RewardConfig)
 @on_error_option
+@split_option
 @common_options
 def cli(model, prefs, output_dir, config_file, **values):
     """Train a reward model (MODEL's backbone + a scalar head read at the end token) on PREFS by

@@ -18,6 +18,7 @@ from farmkit.cli import (
     provenance,
     seed_option,
     shared_option,
+    split_option,
     stamp,
 )
 from farmkit.io import FarmError, display_name, read_numbered
@@ -28,6 +29,7 @@ TOOL = "farm-sample"
 @click.command(name=TOOL)
 @click.argument("model")
 @input_argument("prompts")
+@split_option
 @shared_option(
     "num_samples",
     2,

@@ -14,8 +14,9 @@ from farmkit.cli import (
     model_dir_option,
     on_error_option,
     resolve_config,
+    split_option,
 )
-from farmkit.io import FarmError, RecordError, display_name, read_records
+from farmkit.io import FarmError, display_name, read_numbered, read_records
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
 
 
@@ -48,6 +49,7 @@ from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
 )
 @config_options(SFTConfig)
 @on_error_option
+@split_option
 @common_options
 def cli(
     model,
@@ -106,12 +108,10 @@ def cli(
     else:
         mode = "demonstrations"
         examples = []
-        for number, record in enumerate(read_records(demos, "instruction"), start=1):
+        for where, record in read_numbered(demos, "instruction"):  # where: FILE:LINE
             if not isinstance(record.get("output"), str) or not record["output"].strip():
-                raise RecordError(
-                    name,
-                    number,
-                    "the demonstration has no output; expected an `output` text to train on",
+                raise FarmError(
+                    f"{where}: the demonstration has no output; expected an `output` text to train on"
                 )
             example = {
                 "instruction": record["instruction"],

@@ -4,7 +4,8 @@ simulated annotators with people.
 Labels are matched on (instruction, input, output_1, output_2), in either order. A pair labelled
 several times (several annotators) gives one of the labels chosen by the item's seeded draw
 (`aggregate: sample`, like asking one person from the crowd) or their mean (`aggregate: mean`, a soft
-label). A pair without a label gets no verdict.
+label). A fractional label (a weighted judge's, as AlpacaEval 2's) is replayed as that fraction. A pair
+without a label gets no verdict.
 """
 
 from __future__ import annotations
@@ -87,12 +88,14 @@ class FileBackend(Backend):
             else:
                 target = targets[min(int(draw * len(targets)), len(targets) - 1)]
             choice = "tie" if target == 0.5 else ("B" if target > 0.5 else "A")
+            # a mean is a soft label, and so is one label that was fractional (a weighted judge's)
+            soft = judge.aggregate == "mean" or target not in (0.0, 0.5, 1.0)
             verdicts.append(
                 Verdict(
                     choice,
                     model=self.model_name(judge),
                     probability=round(1.0 - target, 6),
-                    soft=round(target, 6) if judge.aggregate == "mean" else None,
+                    soft=round(target, 6) if soft else None,
                 )
             )
         return verdicts

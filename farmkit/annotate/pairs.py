@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmkit.formats import generator_stand_in, log_stand_in
-from farmkit.io import FarmError, RecordError, bad_records, display_name, iter_json, read_records
+from farmkit.io import FarmError, RecordError, bad_records, open_rows, read_records
 from farmkit.validate import problems
 
 log = logging.getLogger("farmkit")
@@ -85,10 +85,10 @@ def read_items(
 def _read_file(
     path: str, reference: str | None, generator: str | None
 ) -> tuple[str, str | None, list[tuple[int, dict[str, Any]]]]:
-    name = display_name(path)
+    name, rows = open_rows(path)  # a file, or a Hugging Face dataset (a name or a folder)
     records: list[tuple[int, dict[str, Any]]] = []
     kind = None
-    for line, record in iter_json(path):
+    for line, record in rows:
         if kind is None:
             kind = (
                 "pair"

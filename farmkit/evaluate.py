@@ -1,0 +1,312 @@
+"""One-command evaluation (farm-eval), as a convenience over the tools it stands for:
+
+    farm-sample MODEL REFERENCE -n 1                          (only for a model folder)
+    | farm-annotate - --reference REFERENCE --pool POOL       (or --labels FILE)
+    | farm-winrate --instruction-difficulty FILE --bootstrap N
+
+and then the rows placed among a published leaderboard's (AlpacaEval's CSV), sorted by the raw or the
+length-controlled win rate. Every step calls the same functions those tools call.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from farmkit.io import FarmError, display_name, open_binary
+
+log = logging.getLogger("farmkit")
+
+DEFAULT_POOL = "weighted_gpt4_turbo"
+SORT_BY = {"lc": "length_controlled_win_rate", "win_rate": "win_rate"}
+# AlpacaEval's CSV column -> farmkit's leaderboard field
+ALPACA_EVAL_COLUMNS = {
+    "length_controlled_winrate": "length_controlled_win_rate",
+    "n_wins_base": "n_losses",
+}
+MODEL_FILES = ("config.json", "meta.json")  # what makes a folder a model, not a dataset
+
+
+def is_model(path: str) -> bool:
+    """Whether an OUTPUTS argument names a model to sample from (then farm-eval samples first):
+    `embedded`, a .gguf file, or a folder holding a model (config.json, or a farm tool's meta.json)."""
+    if path == "embedded" or path.endswith(".gguf"):
+        return True
+    folder = Path(path)
+    return folder.is_dir() and any((folder / name).is_file() for name in MODEL_FILES)
+
+
+def labels_pool(path: str) -> Any:
+    """A pool of one `file` judge over published verdicts (AlpacaEval annotations, preference records
+    with both texts): the pair's label, its mean when labelled several times, fractions kept."""
+    from farmkit.annotate.pools import pool_from_dict
+
+    return pool_from_dict(
+        {
+            "name": "labels",
+            "description": f"verdicts read from {path}",
+            "judges": [{"name": "file", "backend": "file", "path": path, "aggregate": "mean"}],
+        },
+        "--labels",
+    )
+
+
+def judges(pool: str | None, labels: str | None, models: list[str], flip_rate: float | None) -> Any:
+    """The pool farm-eval asks: the --labels file's verdicts, else --pool (default DEFAULT_POOL),
+    with farm-annotate's --model and --flip-rate applied."""
+    from farmkit.annotate.pools import load_pool
+
+    chosen = labels_pool(labels) if labels else load_pool(pool or DEFAULT_POOL)
+    chosen = chosen.with_models(list(models))
+    if flip_rate is not None:
+        chosen.flip_rate = flip_rate
+    return chosen
+
+
+def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
+    """Rows as records (jsonl) or as farm-winrate's table, csv or markdown, to stdout or to a file
+    written whole or not at all."""
+    from farmkit.io import atomic_path, records_stdout, write_records
+    from farmkit.winrate import render
+
+    if fmt == "jsonl":
+        write_records(rows, output)
+        return
+    text = render(rows, fmt, TABLE_COLUMNS).encode()
+    if output == "-":
+        records_stdout().write(text)
+        return
+    with atomic_path(output) as tmp:
+        tmp.write_bytes(text)
+
+
+def annotate(
+    outputs: list[str],
+    reference: str,
+    pool: Any,
+    *,
+    seed: int = 0,
+    both_orders: bool = False,
+    cache: str | None = "default",
+    prices: str | None = None,
+    max_cost: float | None = None,
+    skip_missing: bool = False,
+) -> list[dict[str, Any]]:
+    """farm-annotate OUTPUTS --reference REFERENCE: the preference records of every output against
+    the reference's output for its instruction."""
+    from farmkit.annotate.pairs import read_items
+    from farmkit.annotate.run import Run
+
+    items = read_items(outputs, reference, (), skip_missing)
+    if not items:
+        return []
+    with Run(
+        pool,
+        seed=seed,
+        both_orders=both_orders,
+        cache_path=cache,
+        prices_path=prices,
+        max_cost=max_cost,
+    ) as run:
+        records = list(run.records(items))
+    run.summary()
+    return records
+
+
+def leaderboard(
+    preferences: list[dict[str, Any]],
+    *,
+    difficulty: str | None = None,
+    bootstrap: int = 0,
+    seed: int = 0,
+    context: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
+    """farm-winrate: one row per model against the reference, with the length-controlled win rate
+    and, with `bootstrap` resamples, a percentile interval of the raw one. `context`: files of other
+    models' verdicts against the same reference (AlpacaEval annotations): the length control is
+    fitted jointly with them, as farm-winrate does over a whole board, and only the new rows return."""
+    from farmkit.length_control import read_instruction_difficulty
+    from farmkit.winrate import WinrateTable, item_key
+
+    given = None
+    if difficulty is not None:
+        given = (display_name(difficulty), read_instruction_difficulty(difficulty, item_key))
+    table = WinrateTable(bootstrap=bootstrap > 0, difficulty=given)
+    table.add_records(preferences, source="farm-eval")
+    evaluated = {record.get("generator_2") for record in preferences}
+    for path in context:
+        numbers, records = context_verdicts(path, evaluated)
+        if records:
+            table.add_records(records, source=display_name(path), numbers=numbers)
+    rows = [
+        row
+        for row in table.rows(seed=seed, resamples=max(bootstrap, 1))
+        if row["generator"] in evaluated
+    ]
+    for note in table.lc_notes:
+        log.info("farm-eval: instruction difficulty %s", note)
+    return rows
+
+
+def context_verdicts(path: str, evaluated: set[Any]) -> tuple[list[int], list[dict[str, Any]]]:
+    """The verdicts of `path` that fit beside farm-eval's own: other models' (a model being evaluated
+    is judged anew), rows that are what their AlpacaEval folder says (an upstream copy of another
+    system's folder is left out, counted on stderr), keyed by their instruction text as farm-eval's
+    are. A verdict without its instruction text cannot be matched and is an error naming its line."""
+    from farmkit.io import RecordError, iter_json
+
+    name = display_name(path)
+    numbers, records, copies = [], [], 0
+    for number, record in iter_json(path):
+        if not isinstance(record, dict) or not isinstance(record.get("instruction"), str):
+            raise RecordError(
+                name,
+                number,
+                "a context verdict needs its `instruction` text (AlpacaEval's annotations have it), "
+                "to be matched with the evaluated models' instructions",
+            )
+        if record.get("generator_2") in evaluated:
+            continue
+        if record.get("results_dir") not in (None, record.get("generator_2")):
+            copies += 1
+            continue
+        kept = {k: v for k, v in record.items() if k not in ("id", "instruction_index")}
+        numbers.append(number)
+        records.append(kept)
+    if copies:
+        log.warning(
+            "farm-eval: %s: left out %d verdict(s) whose results_dir names another system "
+            "(an upstream copy)",
+            name,
+            copies,
+        )
+    return numbers, records
+
+
+def _number(text: str) -> Any:
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return (
+        int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value
+    )
+
+
+def read_board(path: str) -> list[dict[str, Any]]:
+    """A published leaderboard: AlpacaEval's CSV (the model in the first, unnamed column) or farmkit's
+    JSONL rows; AlpacaEval's column names become farmkit's (length_controlled_winrate ->
+    length_controlled_win_rate, n_wins_base -> n_losses)."""
+    name = display_name(path)
+    if not str(path).endswith((".csv", ".csv.gz")):
+        from farmkit.io import read_records
+
+        return list(read_records(path))
+    with open_binary(path) as stream:
+        text = stream.read().decode("utf-8-sig")
+    table = list(csv.reader(io.StringIO(text)))
+    if not table or len(table[0]) < 2:
+        raise FarmError(f"{name}: an empty board; expected AlpacaEval's leaderboard CSV")
+    header = [ALPACA_EVAL_COLUMNS.get(c, c) for c in table[0]]
+    header[0] = "generator" if header[0] in ("", "name", "model", "generator") else header[0]
+    if "generator" not in header or "win_rate" not in header:
+        raise FarmError(
+            f"{name}:1: expected AlpacaEval's leaderboard columns (the model first, then win_rate, "
+            f"...); found {', '.join(table[0])}"
+        )
+    rows = []
+    for number, cells in enumerate(table[1:], start=2):
+        if not cells:
+            continue
+        if len(cells) != len(header):
+            raise FarmError(
+                f"{name}:{number}: {len(cells)} cells; expected {len(header)} as in the header"
+            )
+        row = {
+            key: (cell if key == "generator" else _number(cell))
+            for key, cell in zip(header, cells, strict=True)
+        }
+        rows.append(row)
+    return rows
+
+
+def place(
+    board: list[dict[str, Any]], new: list[dict[str, Any]], sort_by: str = "lc"
+) -> list[dict[str, Any]]:
+    """The board with the new rows among its rows, sorted by `sort_by` (lc or win_rate, best first;
+    rows without the figure last) and ranked from 1. A new row replaces the board's row of the same
+    model (said on stderr). Each row says where it comes from: `source` published or farm-eval."""
+    column = SORT_BY[sort_by]
+    names = {row["generator"] for row in new}
+    for row in board:
+        if row.get("generator") in names:
+            log.warning(
+                "farm-eval: %s is on the board already (win_rate %s, LC %s); the new row replaces it",
+                row["generator"],
+                _shown(row.get("win_rate")),
+                _shown(row.get("length_controlled_win_rate")),
+            )
+    merged = [{**row, "source": "published"} for row in board if row.get("generator") not in names]
+    merged += [{**row, "source": "farm-eval"} for row in new]
+
+    def key(row: dict[str, Any]) -> tuple[int, float]:
+        value = row.get(column)
+        if not isinstance(value, (int, float)) or math.isnan(value):
+            return (1, 0.0)
+        return (0, -float(value))
+
+    merged.sort(key=key)
+    ranked = []
+    for rank, row in enumerate(merged, start=1):  # a rank the row had (a board of ours) is replaced
+        ranked.append({"rank": rank, **{k: v for k, v in row.items() if k != "rank"}})
+    return ranked
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "n/a"
+
+
+TABLE_COLUMNS = (
+    "rank",
+    "generator",
+    "length_controlled_win_rate",
+    "lc_standard_error",
+    "win_rate",
+    "standard_error",
+    "ci_low",
+    "ci_high",
+    "n_wins",
+    "n_losses",
+    "n_draws",
+    "n_total",
+    "avg_length",
+    "reference",
+    "source",
+)
+
+
+def sample(
+    model: str, reference: str, output: str, *, seed: int, max_new_tokens: int | None
+) -> None:
+    """farm-sample MODEL REFERENCE -n 1 -o OUTPUT: the model's outputs for the reference's
+    instructions, by farm-sample's own command (run in this process)."""
+    import farmkit.io as farm_io
+    from farmkit.tools.farm_sample import cli as sample_cli
+
+    split = farm_io._split  # farm-sample's --split resets it when it ends: keep ours
+    args = [model, reference, "-n", "1", "-o", output, "--seed", str(seed)]
+    if split is not None:
+        args += ["--split", split]
+    if max_new_tokens is not None:
+        args += ["--max-new-tokens", str(max_new_tokens)]
+    if not log.isEnabledFor(logging.WARNING):
+        args.append("-q")
+    log.info("farm-eval: farm-sample %s", " ".join(args))
+    try:
+        sample_cli.main(args=args, standalone_mode=False)
+    finally:
+        farm_io.set_split(split)

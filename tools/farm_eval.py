@@ -1,0 +1,175 @@
+"""farm-eval: model outputs (or a model) + a reference -> leaderboard rows, placed on a published board.
+A convenience over farm-sample, farm-annotate and farm-winrate (farmkit/evaluate.py)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from farmkit.cli import (
+    common_options,
+    entry_point,
+    input_argument,
+    judge_options,
+    on_error_option,
+    output_option,
+    reference_option,
+    seed_option,
+    shared_option,
+    split_option,
+    verdict_cache,
+)
+from farmkit.evaluate import DEFAULT_POOL, SORT_BY
+
+TOOL = "farm-eval"
+
+
+@click.command(name=TOOL)
+@input_argument("outputs", nargs=-1)
+@reference_option  # required
+@click.option(
+    "--pool",
+    help=f"The judge: a pool name (farm-annotate --list-pools) or a pool YAML file.  [default: {DEFAULT_POOL}]",
+)
+@click.option(
+    "--labels",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Take verdicts from this file instead of a pool: AlpacaEval annotations or preference "
+    "records with both texts (matched on the instruction and the two outputs; fractions kept).",
+)
+@click.option(
+    "--leaderboard",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A published board (AlpacaEval's leaderboard CSV, or farmkit rows): print it with the new "
+    "rows placed among its rows (a model already on it is replaced).",
+)
+@click.option(
+    "--sort-by",
+    type=click.Choice(sorted(SORT_BY)),
+    default="lc",
+    show_default=True,
+    help="The board's order: the length-controlled win rate, or the raw one.",
+)
+@click.option(
+    "--instruction-difficulty",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Instruction difficulties for the length-controlled win rate, as in farm-winrate "
+    "(AlpacaEval's instruction_difficulty.csv); without it one model's LC has no difficulty term.",
+)
+@click.option(
+    "--context",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Other models' verdicts against the same reference (AlpacaEval annotations with the "
+    "instruction text; repeatable): the length control is fitted jointly with them (instruction "
+    "difficulties, the judge's shared length term), as over a whole board; their rows are not printed.",
+)
+@click.option(
+    "--bootstrap",
+    type=click.IntRange(min=0),
+    default=1000,
+    show_default=True,
+    help="Resamples of the percentile interval of the raw win rate (ci_low, ci_high); 0: none.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "table", "csv", "markdown"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: rows (records); table, csv, markdown: for people and spreadsheets.",
+)
+@shared_option("max_new_tokens")  # of a model that answers first
+@output_option
+@seed_option
+@judge_options(
+    max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
+    both_orders_help="A pair costs two requests.",
+)
+@on_error_option
+@split_option
+@common_options
+def cli(
+    outputs,
+    reference,
+    pool,
+    labels,
+    leaderboard,
+    sort_by,
+    instruction_difficulty,
+    context,
+    bootstrap,
+    fmt,
+    max_new_tokens,
+    output,
+    seed,
+    flip_rate,
+    both_orders,
+    models,
+    cache_path,
+    no_cache,
+    max_cost,
+    prices,
+):
+    """Evaluate models against a reference as AlpacaEval does, in one command: judge each output
+    against the reference's output for its instruction, rank the models by raw and length-controlled
+    win rate (with intervals), and place them on a published leaderboard.
+
+    OUTPUTS (default: stdin) are model outputs (AlpacaEval's JSON, farmkit JSONL, a Hugging Face
+    dataset), or a model (a model folder, embedded, a .gguf file) that first answers the reference's
+    instructions. It is the same as this pipe (the sampling step only for a model):
+
+    \b
+        farm-sample MODEL REF -n 1 \\
+        | farm-annotate - --reference REF --pool weighted_gpt4_turbo \\
+        | farm-winrate --bootstrap 1000 --format table
+
+    \b
+    farm-eval outputs.json --reference gpt4_turbo.json --leaderboard board.csv --format table
+    farm-eval sft/ --reference ref.jsonl --pool sim_eval_offline --format table
+    farm-eval model_outputs.json --reference ref.json --labels annotations.json --sort-by win_rate
+    """
+    from farmkit import evaluate
+
+    if not reference:
+        raise click.UsageError("give the reference's outputs: --reference FILE")
+    if labels and pool:
+        raise click.UsageError("--labels replaces the pool; leave --pool out")
+    chosen = evaluate.judges(pool, labels, models, flip_rate)
+    cache = verdict_cache(cache_path, no_cache)
+    with tempfile.TemporaryDirectory(prefix="farm-eval-") as folder:
+        inputs = []
+        for index, path in enumerate(outputs or ("-",)):
+            if evaluate.is_model(path):
+                sampled = str(Path(folder) / f"outputs-{index}.jsonl")
+                evaluate.sample(path, reference, sampled, seed=seed, max_new_tokens=max_new_tokens)
+                path = sampled
+            inputs.append(path)
+        preferences = evaluate.annotate(
+            inputs,
+            reference,
+            chosen,
+            seed=seed,
+            both_orders=both_orders,
+            cache=cache,
+            prices=prices,
+            max_cost=max_cost,
+        )
+    rows = evaluate.leaderboard(
+        preferences,
+        difficulty=instruction_difficulty,
+        bootstrap=bootstrap,
+        seed=seed,
+        context=context,
+    )
+    board = evaluate.read_board(leaderboard) if leaderboard else []
+    rows = evaluate.place(board, rows, sort_by) if rows or board else []
+    evaluate.write_board(rows, fmt, output)
+
+
+main = entry_point(cli)
+
+if __name__ == "__main__":
+    main()
