@@ -324,7 +324,7 @@ def test_farm_eval_reproduces_published_alpaca_eval_2_rows(tmp_path):
     for model in REPRODUCED:
         row, expected = board[model], by_name[model]
         assert row["source"] == "farm-eval" and row["n_total"] == expected["n_total"]
-        assert abs(row["win_rate"] - expected["win_rate"]) < 1e-4, (
+        assert abs(row["win_rate"] - expected["win_rate"]) < 1e-9, (
             model,
             row["win_rate"],
             expected["win_rate"],
@@ -373,7 +373,7 @@ def test_farm_eval_fits_length_control_with_other_models_verdicts(tmp_path):
     assert "upstream copy" in done.stderr.decode()
     published = {r["generator"]: r for r in read_board(str(SHARED_DATA / BOARD_CSV))}
     for model in REPRODUCED:
-        assert abs(rows[model]["win_rate"] - published[model]["win_rate"]) < 1e-4, model
+        assert abs(rows[model]["win_rate"] - published[model]["win_rate"]) < 1e-9, model
         lc = rows[model]["length_controlled_win_rate"]
         assert abs(lc - published[model]["length_controlled_win_rate"]) < 0.5, (model, lc)
         assert rows[model]["lc_difficulty"].startswith("estimated from"), rows[model][

@@ -737,7 +737,7 @@ class Annotator:
                 undone = [
                     1 - v.soft if a.swapped else v.soft for a, v in zip(asks, verdicts, strict=True)
                 ]
-                preference, reason = round(1 + sum(undone) / len(undone), 6), None
+                preference, reason = 1 + sum(undone) / len(undone), None
             else:
                 preferences = {_undo_order(ask) for ask in asks}
                 # asked in both orders: two verdicts that disagree are a tie

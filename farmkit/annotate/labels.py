@@ -94,8 +94,9 @@ class FileBackend(Backend):
                 Verdict(
                     choice,
                     model=self.model_name(judge),
-                    probability=round(1.0 - target, 6),
-                    soft=round(target, 6) if soft else None,
+                    # not rounded: a replayed weighted verdict gives the published win rate exactly
+                    probability=1.0 - target,
+                    soft=target if soft else None,
                 )
             )
         return verdicts
