@@ -195,6 +195,31 @@ def _without_tool_sections(text: str, page: str) -> str:
     return text
 
 
+LIST_ITEM = re.compile(r"^( {0,3})([-*+]|\d+\.) ")
+
+
+def _python_markdown_lists(text: str) -> str:
+    """GitHub's lists as Python-Markdown reads them: a blank line before a list that follows a
+    paragraph line, and items nested at two or three spaces moved to four."""
+    out: list[str] = []
+    in_list = fenced = False
+    for line in text.split("\n"):
+        if FENCE.match(line):
+            fenced = not fenced
+        item = None if fenced else LIST_ITEM.match(line)
+        if item:
+            previous = out[-1] if out else ""
+            if not in_list and previous.strip() and not previous.startswith("    "):
+                out.append("")
+            if in_list and 2 <= len(item.group(1)) <= 3:
+                line = "    " + line.lstrip(" ")
+            in_list = True
+        elif not line.strip():
+            in_list = False
+        out.append(line)
+    return "\n".join(out)
+
+
 def slug(title: str) -> str:
     """The id MkDocs gives a heading (Python-Markdown's toc slugify)."""
     title = re.sub(r"<[^>]*>|`", "", title)
@@ -288,6 +313,7 @@ def topic_page(
         text, origin = _read_source(source, readme)
         text = _rewrite_links(_strip_help_blocks(text), page, origin, anchors)
         text = _shift_headings(_without_tool_sections(text, page), 2 if index or titled else 1)
+        text = _python_markdown_lists(text)
         parts.append(text.strip("\n"))
     return _banner(sources) + "\n" + "\n\n".join(parts) + "\n"
 
@@ -301,6 +327,7 @@ def tool_page(
     page = f"tools/{script}.md"
     text = _strip_help_blocks(section(readme, f"### {script}:"))
     text = _rewrite_links(_shift_headings(text, 1), page, "README.md", anchors)
+    text = _python_markdown_lists(text)
     return _refresh_help(_banner([f"### {script}:"]) + "\n" + text + "\n", script)
 
 
@@ -338,7 +365,9 @@ def _nav(readme: str) -> str:
             lines += ["  - Tools:", "      - tools/index.md"]
             lines += [f"      - {s}: tools/{s}.md" for s in tool_order(readme)]
         elif isinstance(entry, tuple):
-            lines += [f"  - {entry[0]}:"] + [f"      - {titles[p]}: {p}" for p in entry[1]]
+            first, *rest = entry[1]  # the section's own page (Material's navigation.indexes)
+            lines += [f"  - {entry[0]}:", f"      - {first}"]
+            lines += [f"      - {titles[p]}: {p}" for p in rest]
         else:
             lines.append(f"  - {titles[entry]}: {entry}")
     return "\n".join(lines) + "\n"

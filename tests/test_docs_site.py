@@ -99,3 +99,18 @@ def test_a_hand_written_page_is_the_source_and_keeps_its_text(tmp_path):
     assert "Written here now." in refreshed
     assert "stale" not in refreshed and "Usage: farm-split" in refreshed
     assert "splits things" not in refreshed  # the README's section is no longer read
+
+
+def test_lists_render_as_lists_in_python_markdown():
+    """GitHub starts a list right after a paragraph line and nests at two spaces; Python-Markdown
+    (MkDocs) needs a blank line before the list and four spaces to nest, or the items run together
+    into the paragraph."""
+    from farmkit import docs
+
+    text = (
+        "### farm-split: x\n\nThe conventions:\n- one\n  continued\n  - nested\n- two\n\n"
+        "    code line\n    - not a list\n"
+    )
+    page = docs.tool_page("farm-split", text, anchors={})
+    assert "The conventions:\n\n- one\n  continued\n    - nested\n- two\n" in page
+    assert "    code line\n    - not a list\n" in page
