@@ -28,7 +28,7 @@ DOCS_CHECK ?=
 docs: install
 	$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q $(CONSTRAINTS) -e '.[docs]'
 	$(PY) -m farmkit.docs --site $(if $(DOCS_CHECK),--check)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict counts
 
 # unit and contract tests only (no model loaded, no recipe, none of the `heavy` multi-process and
 # real-data tests): the edit loop, meant to take under a minute on 2 cores (see README, Tests)

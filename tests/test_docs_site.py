@@ -114,3 +114,33 @@ def test_lists_render_as_lists_in_python_markdown():
     page = docs.tool_page("farm-split", text, anchors={})
     assert "The conventions:\n\n- one\n  continued\n    - nested\n- two\n" in page
     assert "    code line\n    - not a list\n" in page
+
+
+@pytest.mark.heavy
+def test_make_docs_build_fails_on_a_broken_anchor(tmp_path):
+    """The mkdocs command line of `make docs`, run on a copy of the site with one broken link,
+    must fail (mkdocs' --quiet hides the warnings that --strict counts, so it would pass)."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    recipe = (ROOT / "Makefile").read_text(encoding="utf-8").split("\ndocs:", 1)[1]
+    line = next(x for x in recipe.split("\n") if "mkdocs build" in x)
+    words = shlex.split(line.split("$(VENV)/bin/", 1)[1], comments=True)
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    page = tmp_path / "docs" / "exit-codes.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\nSee [x](#no-such-heading).\n")
+    mkdocs = Path(sys.executable).parent / words[0]
+    built = subprocess.run(
+        [str(mkdocs), *words[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert built.returncode != 0, built.stderr
+    assert "no-such-heading" in built.stderr
