@@ -6,7 +6,7 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 EXTRAS ?= ml,api,plot,dev
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-slow test-dist test-vllm test-deepspeed bench gpu-wheels gpu-check demo overopt lint clean
+.PHONY: install docs test test-fast test-slow test-dist test-vllm test-deepspeed bench gpu-wheels gpu-check demo overopt lint clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,15 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# the docs site (docs/, mkdocs.yml): pages regenerated from the README and each command's --help,
+# then built into site/ with --strict, so a broken link or anchor fails (docs/architecture.md says how).
+# DOCS_CHECK=1 (what .ci/run sets) fails on stale pages instead of rewriting them.
+DOCS_CHECK ?=
+docs: install
+	$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q $(CONSTRAINTS) -e '.[docs]'
+	$(PY) -m farmkit.docs --site $(if $(DOCS_CHECK),--check)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict counts
 
 # unit and contract tests only (no model loaded, no recipe, none of the `heavy` multi-process and
 # real-data tests): the edit loop, meant to take under a minute on 2 cores (see README, Tests)
