@@ -266,7 +266,9 @@ def apply(mutation: Mutation, tree: Path) -> str | None:
     return None
 
 
-def run_tests(tree: Path, tests: list[str], stop_first: bool) -> tuple[int, list[str], str]:
+def run_tests(
+    tree: Path, tests: list[str], stop_first: bool, markers: str = "slow or not slow"
+) -> tuple[int, list[str], str]:
     """(pytest's exit status, the failed test ids, the output's tail) of `tests` in `tree`, with the
     copy's farmkit first on the path (the installed console scripts import it too)."""
     env = {
@@ -278,7 +280,7 @@ def run_tests(tree: Path, tests: list[str], stop_first: bool) -> tuple[int, list
         ),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider"]
-    command += ["-m", "slow or not slow", *(["-x"] if stop_first else []), *tests]
+    command += ["-m", markers, *(["-x"] if stop_first else []), *tests]
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     output = done.stdout + done.stderr
     failed = re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)

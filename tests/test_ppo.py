@@ -580,10 +580,12 @@ def test_the_configured_kl_estimator_is_the_penalty(models, tmp_path, monkeypatc
     for other, values in formulas.items():
         if other != estimator:
             assert not torch.allclose(kl[on], values, atol=1e-4), other
-    # the rewards carry that estimate: -kl_coef * KL on every token, the score added at the last
+    # the rewards carry that estimate: -kl_coef * KL on every token (the configured kl_coef, not
+    # whatever the call was handed), the score added at the last
+    assert kl_coef == config.kl_coef == SMALL["kl_coef"] > 0
     penalty = rewards.clone()
     penalty[torch.arange(len(scores)), rl_common.last_token_index(mask)] -= scores
-    assert torch.allclose(penalty[on], -kl_coef * kl[on], atol=1e-6)
+    assert torch.allclose(penalty[on], -config.kl_coef * kl[on], atol=1e-6)
 
 
 @pytest.mark.parametrize("whiten", [True, False])
