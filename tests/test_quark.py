@@ -398,7 +398,11 @@ def test_two_processes_share_a_round_and_only_the_main_one_writes(models, tmp_pa
     )
     same_shape = [name for name in start if trained[name].shape == start[name].shape]
     assert any(not torch.equal(trained[name], start[name]) for name in same_shape)
-    assert 0.0 < keyword_probability(out / "quark") < 1.0
+    # and it is, up to how the two processes split the batches' token means, the policy one
+    # process trains from the same round (measured: 0.18242 and 0.18241; the SFT model's 0.18386)
+    assert keyword_probability(out / "quark") == pytest.approx(
+        keyword_probability(tmp_path / "one" / "quark"), abs=3e-4
+    )
 
 
 def test_a_deepspeed_launch_with_a_fixed_device_is_refused_not_ignored(monkeypatch, tmp_path):
