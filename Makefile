@@ -6,7 +6,7 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 EXTRAS ?= ml,api,plot,dev
 PYTEST_ARGS ?=
 
-.PHONY: install docs test test-fast test-slow test-dist test-vllm test-deepspeed bench gpu-wheels gpu-check demo overopt lint clean
+.PHONY: install docs test test-fast test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
 
 install: $(VENV)/.installed
 
@@ -75,6 +75,14 @@ test-deepspeed:
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# the mutation gate (bench/mutants.py; README, Tests): every named break of a method, applied alone to
+# a copy of the working tree, must fail a test named for it. mutants-fast: the cheap subset CI runs
+mutants: install
+	OMP_NUM_THREADS=1 $(PY) bench/mutants.py
+
+mutants-fast: install
+	OMP_NUM_THREADS=1 $(PY) bench/mutants.py --fast
 
 bench: install
 	$(PY) bench/run.py

@@ -157,19 +157,28 @@ def test_config_rejects_bad_combinations(kwargs, message):
         DPOConfig(**kwargs)
 
 
-def test_loss_variants_reach_trl(sft, tmp_path):
-    """A combined loss is handed to TRL's DPOTrainer as its list of loss types and weights."""
+@pytest.mark.parametrize(
+    ("loss_type", "weights", "expected"),
+    [
+        ("hinge", None, 1.0),  # relu(1 - beta * 0)
+        ("ipo", None, 25.0),  # (0 - 1 / (2 beta))^2
+        ("hinge,ipo", "1,0.5", 1.0 + 0.5 * 25.0),
+    ],
+)
+def test_loss_variants_reach_trl(sft, tmp_path, loss_type, weights, expected):
+    """The loss TRL computes is the one asked for, with its weights: at the first step the policy
+    is the reference, every log-ratio margin is 0, and each loss type has a known value there (TRL's
+    default, sigmoid, would give log 2 = 0.693)."""
     from farmkit.methods.dpo import train_dpo
 
     pairs = [
         {"instruction": q, "input": "", "chosen": KEYWORD, "rejected": "red"} for q in QUESTIONS[:4]
     ]
+    options = {"loss_weights": weights} if weights else {}
     config = DPOConfig(
-        loss_type="sigmoid,sft", loss_weights="1,0.5", max_steps=1, batch_size=4, learning_rate=1e-4
+        loss_type=loss_type, beta=0.1, max_steps=1, batch_size=4, learning_rate=1e-4, **options
     )
     last = train_dpo(str(sft), pairs, str(tmp_path / "out"), config)
-    assert "loss" in last
-    assert (
-        json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["loss_type"]
-        == "sigmoid,sft"
-    )
+    assert last["loss"] == pytest.approx(expected, rel=1e-4)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["config"]["loss_type"] == loss_type

@@ -90,6 +90,19 @@ def win_rate(mine: list[float], theirs: list[float]) -> float:
     return 100 * sum(wins) / len(wins)
 
 
+def answer_length(folder, call: dict) -> float:
+    """Mean length in tokens of a gold call's answers, the end token counted where an answer
+    finished (as gold_answer_length counts it), from the texts tokenized again."""
+    from farmkit.models import load_tokenizer
+
+    tokenizer = load_tokenizer(folder)
+    lengths = [
+        len(tokenizer(item[2], add_special_tokens=False)["input_ids"]) + bool(done)
+        for item, done in zip(call["items"], call["finished"], strict=True)
+    ]
+    return sum(lengths) / len(lengths)
+
+
 def metrics(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -168,7 +181,7 @@ def test_rloo_checkpoints_are_scored_by_the_gold_reward_model(world, tmp_path, m
         )
         blue = sum(surrogate.score(call["items"], finished=call["finished"])) / 16
         assert abs(blue - row["gold_reward"]) > 0.1, (blue, row["gold_reward"])
-        assert row["gold_answer_length"] >= 1
+        assert row["gold_answer_length"] == pytest.approx(answer_length(sft, call), abs=0.2)
     # RLOO taught "blue": the surrogate reward rose, the gold (red) one did not follow it
     assert rows[-1]["reward"] > rows[0]["reward"] + 0.1
     assert judged[-1]["gold_reward"] < rows[-1]["reward"]
@@ -366,7 +379,10 @@ def test_every_method_judges_its_checkpoints(world, tmp_path, monkeypatch, metho
     assert len(gold_calls) == 1 + len(expected)  # the reference, then each checkpoint
     for row, call in zip(judged, gold_calls[1:], strict=True):
         assert row["gold_reward"] == pytest.approx(sum(call["scores"]) / 8)
-        assert 0 <= row["gold_win_rate"] <= 100 and row["gold_answer_length"] > 0
+        assert row["gold_win_rate"] == pytest.approx(
+            win_rate(call["scores"], gold_calls[0]["scores"])
+        )
+        assert row["gold_answer_length"] == pytest.approx(answer_length(sft, call), abs=0.2)
         if method == "quark":  # sampled behind the control token; none in the answers
             assert not any("reward_quantile" in item[2] for item in call["items"])
     meta = json.loads((output / "meta.json").read_text())

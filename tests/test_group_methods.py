@@ -90,6 +90,81 @@ def test_dr_grpo_keeps_the_scale_and_drops_the_length_normalization():
     assert torch.equal(RLOOConfig().token_weights(mask), mask)
 
 
+def _method(config):
+    from farmkit.methods.group import GroupMethod
+
+    return GroupMethod(config)
+
+
+def _micro(logprobs, old_logprobs, ref_logprobs):
+    from farmkit.methods.onpolicy import MicroBatch
+
+    mask = torch.ones_like(old_logprobs)
+    return MicroBatch(
+        logprobs=logprobs,
+        values=None,
+        index=torch.arange(old_logprobs.shape[0]),
+        mask=mask,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        responses=old_logprobs.shape[0],
+        tokens=mask.sum(),
+    )
+
+
+def test_grpo_config_standardizes_and_dr_grpo_does_not():
+    """The method's own prepare step (not only the estimator) divides by each group's sample std for
+    GRPO and not for Dr.GRPO; the figures are worked out by hand (statistics.stdev)."""
+    import statistics
+    from types import SimpleNamespace
+
+    batch = SimpleNamespace(rollout=SimpleNamespace(response_mask=torch.ones(8, 3)), scores=SCORES)
+    zeros = torch.zeros(8, 3)
+    groups = [SCORES[:4].tolist(), SCORES[4:].tolist()]
+    centred = [x - statistics.mean(g) for g in groups for x in g]
+    scaled = [(x - statistics.mean(g)) / (statistics.stdev(g) + 1e-4) for g in groups for x in g]
+    for dr_grpo, expected in ((False, scaled), (True, centred)):
+        config = GRPOConfig(samples_per_prompt=4, kl_coef=0.0, dr_grpo=dr_grpo)
+        prepared = _method(config).prepare(batch, zeros, zeros, None, None)
+        assert torch.allclose(prepared.advantages, torch.tensor(expected), atol=1e-5), dr_grpo
+
+
+@pytest.mark.parametrize(
+    "config", [GRPOConfig(kl_coef=0.0), RLOOConfig(kl_coef=0.0)], ids=["grpo", "rloo"]
+)
+def test_group_loss_clips_the_ratio(config):
+    """Every token's ratio is e (far above 1 + clip) and every advantage positive: the pessimistic
+    surrogate is the clipped one, -(1 + clip) x the mean advantage, and carries no gradient."""
+    old = torch.full((4, 3), -2.0)
+    logprobs = (old + 1.0).requires_grad_()
+    advantages = torch.tensor([0.5, 1.0, 1.5, 2.0])
+    from farmkit.methods.onpolicy import Prepared
+
+    prepared = Prepared(advantages, torch.zeros(4, 3))
+    loss, _ = _method(config).loss(_micro(logprobs, old, old), prepared)
+    expected = -(1 + config.clip_range) * advantages.mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    assert torch.count_nonzero(logprobs.grad) == 0
+
+
+def test_group_loss_adds_the_kl_term():
+    """GRPO's kl_in=loss: with zero advantages the loss is kl_coef x the k3 estimate of the current
+    policy against the reference, averaged over each response's tokens and the responses."""
+    import math
+
+    from farmkit.methods.onpolicy import Prepared
+
+    old = torch.full((2, 3), -2.0)
+    ref = old - 0.5  # log pi - log pi_ref = 0.5 on every token
+    config = GRPOConfig(kl_coef=0.3, kl_in="loss", kl_estimator="k3")
+    prepared = Prepared(torch.zeros(2), torch.zeros(2, 3))
+    loss, figures = _method(config).loss(_micro(old.clone(), old, ref), prepared)
+    k3 = math.expm1(-0.5) + 0.5
+    assert loss.item() == pytest.approx(0.3 * k3, rel=1e-5)
+    assert figures["kl_loss"].item() == pytest.approx(k3, rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -261,7 +336,8 @@ def test_cli_writes_a_policy_folder_that_farm_sample_loads(models, tmp_path, too
     rows = read_metrics(output / "metrics.jsonl")
     assert [entry["step"] for entry in rows] == [1]
     # the one metrics schema of every trainer
-    assert rows[0]["method"] == tool.removeprefix("farm_") and rows[0]["loss"] is not None
+    assert rows[0]["method"] == tool.removeprefix("farm_")
+    assert rows[0]["loss"] == rows[0]["policy_loss"]  # no value model: the loss is the policy's
     assert problems(rows[0], "metrics") is None
     texts, rewards = sampled_rewards(output, rm, n=1)
     assert len(texts) == len(rewards) == 16

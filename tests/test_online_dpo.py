@@ -247,6 +247,26 @@ def test_max_cost_stops_the_run_cleanly(sft, prompts, tmp_path):
 def test_default_pool_is_offline_and_the_folder_samples(sft, prompts, tmp_path, monkeypatch):
     from farmkit.tools.farm_sample import cli as sample
 
+    from farmkit.annotate.run import Run
+    from farmkit.methods import dpo
+
+    # what DPO trains on, and every verdict the gold pool gives
+    trained, gold_verdicts = [], []
+    train_dpo, records_of = dpo.train_dpo, Run.records
+
+    def spy_train(policy, pairs, *args, **kwargs):
+        trained.extend(pairs)
+        return train_dpo(policy, pairs, *args, **kwargs)
+
+    def spy_records(self, items):
+        out = list(records_of(self, items))
+        gold_verdicts.extend(
+            r["preference"] for r in out if r.get("generator_1") == "gold-reference"
+        )
+        return iter(out)
+
+    monkeypatch.setattr(dpo, "train_dpo", spy_train)
+    monkeypatch.setattr(Run, "records", spy_records)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     output = tmp_path / "offline"
@@ -258,13 +278,24 @@ def test_default_pool_is_offline_and_the_folder_samples(sft, prompts, tmp_path, 
     assert (rounds(output) / "round_1" / "policy" / "meta.json").is_file()
     assert (rounds(output) / "metrics.jsonl").read_text() == (output / "metrics.jsonl").read_text()
     line = metrics(output)[0]
-    assert 0 <= line["gold_win_rate"] <= 100 and line["gold_answer_length"] > 0
+    # the gold win rate is the gold pool's verdicts on the 8 gold prompts, as farm-winrate counts them
+    decided = [v for v in gold_verdicts if v is not None]
+    assert len(gold_verdicts) == 8 and decided
+    assert line["gold_win_rate"] == pytest.approx(100 * sum(v - 1 for v in decided) / len(decided))
+    assert 1 <= line["gold_answer_length"] <= 4  # --max-new-tokens 4, an end token among them
     meta = json.loads((output / "meta.json").read_text())
     assert meta["gold"]["kind"] == "pool" and meta["gold"]["evaluations"] == 1
     assert meta["gold"]["annotation"]["pairs"] == 8
     check_budget(output, "online-dpo", 16)
     records = preferences(output, 1)
     assert {r["annotator"] for r in records} == {"sim_ann_offline"}
+    # DPO trains on each labelled pair with a winner, the preferred output as the chosen one
+    expected = [
+        (r["output_2"], r["output_1"]) if r["preference"] == 2 else (r["output_1"], r["output_2"])
+        for r in records
+        if r["preference"] in (1, 2)
+    ]
+    assert expected and [(p["chosen"], p["rejected"]) for p in trained] == expected
     assert all(problems(r, "preference") is None for r in records)
     assert line["annotator_requests"] == 0 and line["price"] == 0  # in-process judges: free
     assert line["judge_calls"] > 0  # the oracle judges were asked (the noised labels were not)

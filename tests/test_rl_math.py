@@ -105,6 +105,24 @@ def test_gae_discounts_when_asked():
     assert torch.allclose(returns, torch.tensor([[1.75, 2.0]]))
 
 
+def test_gae_estimator_whitens_the_advantages():
+    """PPO's registered estimator: GAE's advantages, whitened over the batch's response tokens (mean
+    0, variance 1 there, 0 on padding), and GAE's returns as they are."""
+    from farmkit.methods.estimators import advantage_estimator
+
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.3, 0.7, 99.0]])
+    values = torch.tensor([[0.5, 0.2, 0.1], [0.1, 0.4, 99.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    advantages, returns = advantage_estimator("gae")(rewards, values, mask)
+    raw = [0.5, 0.8, 0.9, 0.9, 0.3]  # test_gae_with_gamma_and_lambda_one..., by hand
+    mean = sum(raw) / 5
+    std = math.sqrt(sum((a - mean) ** 2 for a in raw) / 5)
+    expected = [(a - mean) / std for a in raw]
+    assert torch.allclose(advantages[mask.bool()], torch.tensor(expected), atol=1e-4)
+    assert advantages[1, 2] == 0
+    assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.7, 0.0]]), atol=1e-6)
+
+
 def test_kl_penalty_per_token_and_score_on_the_last_token():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -3.0, -7.0]])
     ref_logprobs = torch.tensor([[-1.5, -2.0, -1.0], [-2.0, -2.0, -1.0]])

@@ -111,6 +111,41 @@ def test_sft_lowers_the_response_loss_and_changes_the_weights(tiny_model_path, t
     )
 
 
+def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, monkeypatch):
+    """What TRL's trainer trains on: in every batch its collator hands the model, the label of each
+    prompt token (and of padding) is -100, and each response token's label is the token itself."""
+    from trl.trainer import sft_trainer
+
+    from farmkit.models import PromptFormat, load_tokenizer
+
+    original, batches = sft_trainer.DataCollatorForLanguageModeling.torch_call, []
+
+    def torch_call(self, examples):
+        batch = original(self, examples)
+        batches.append({key: batch[key].clone() for key in ("input_ids", "labels")})
+        return batch
+
+    monkeypatch.setattr(sft_trainer.DataCollatorForLanguageModeling, "torch_call", torch_call)
+    train_sft(str(tiny_model_path), DEMOS, tmp_path / "sft", quick(max_steps=2))
+    assert batches
+    tokenizer = load_tokenizer(tiny_model_path)
+    fmt = PromptFormat.for_model(tiny_model_path)
+    expected = {}  # the tokens of each demonstration -> its response's positions
+    for demo in DEMOS:
+        prompt_ids, completion_ids = sft.training_ids(tokenizer, fmt, demo)
+        expected[tuple(prompt_ids + completion_ids)] = len(prompt_ids)
+    seen = 0
+    for batch in batches:
+        for ids, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist(), strict=True):
+            key = next(k for k in expected if ids[: len(k)] == list(k))
+            start = expected[key]
+            assert labels[:start] == [-100] * start
+            assert labels[start : len(key)] == list(key[start:])
+            assert set(labels[len(key) :]) <= {-100}
+            seen += 1
+    assert seen >= 4
+
+
 @pytest.mark.slow
 def test_embedded_sft_lowers_the_loss_changes_weights_and_samples(embedded_path, tmp_path):
     from farmkit.generation import DecodingConfig, generate
