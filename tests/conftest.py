@@ -135,3 +135,17 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(reset_partial_state=True)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(autouse=True)
+def farmkit_logger_restored():
+    """A command run in-process (CliRunner) sets up the `farmkit` logger for a terminal: its own
+    stderr handler, propagation off. Left so, a later test's caplog, which listens at the root,
+    hears nothing from farmkit, and whether it passes depends on the order the tests ran in."""
+    import logging
+
+    log = logging.getLogger("farmkit")
+    saved = (log.handlers[:], log.level, log.propagate, log.disabled)
+    yield
+    log.handlers[:] = saved[0]
+    log.level, log.propagate, log.disabled = saved[1], saved[2], saved[3]
