@@ -81,35 +81,25 @@ PREAMBLE = "preamble"  # the README's text before its first `## ` heading
 # (page, title in the nav, sources): a source is a README heading's start ("## Exit codes"),
 # PREAMBLE, or "file:PATH" (a whole markdown file of the repository, e.g. bench/README.md).
 # Tool pages (tools/farm-*.md) are added for every console script in pyproject.toml.
-TOPICS: list[tuple[str, str, list[str]]] = [
-    ("index.md", "Home", [PREAMBLE, "## Set-up: the two commands"]),
-    ("demo.md", "The demo", ["## The demo"]),
-    ("tools/index.md", "Tools", ["## The tools"]),
-    ("records.md", "Record kinds", ["## Record kinds"]),
-    ("models.md", "Models", ["## Models"]),
-    (
-        "judges.md",
-        "Judges and pools",
-        [
-            "#### Pools and backends",
-            "### Gold judges and budgets",
-            "### Validating judges against humans",
-        ],
-    ),
-    ("overopt.md", "Reward over-optimization", ["## Reward over-optimization"]),
-    (
-        "equal-budget.md",
-        "Methods at an equal label budget",
-        ["## Methods at an equal label budget"],
-    ),
-    ("evaluation.md", "Evaluation", ["## Evaluation"]),
-    ("scaling.md", "Scaling out", ["## Scaling out"]),
-    ("benchmarks.md", "Benchmarks", ["## Benchmarks", "file:bench/README.md"]),
-    ("tests.md", "Tests", ["## Tests"]),
-    ("exit-codes.md", "Exit codes", ["## Exit codes"]),
-]
-# hand-written pages (no README source) and where they sit in the nav
-HAND = {"methods.md": "Methods", "architecture.md": "Architecture"}
+TOPICS: list[tuple[str, str, list[str]]] = []  # every page is hand-written now (issue 24)
+# hand-written pages (their own source) and their titles in the nav
+HAND = {
+    "index.md": "Home",
+    "demo.md": "The demo",
+    "tools/index.md": "Tools",
+    "records.md": "Record kinds",
+    "models.md": "Models",
+    "judges.md": "Judges and pools",
+    "methods.md": "Methods",
+    "overopt.md": "Reward over-optimization",
+    "equal-budget.md": "Methods at an equal label budget",
+    "evaluation.md": "Evaluation",
+    "scaling.md": "Scaling out",
+    "benchmarks.md": "Benchmarks",
+    "tests.md": "Tests",
+    "exit-codes.md": "Exit codes",
+    "architecture.md": "Architecture",
+}
 NAV = [
     "index.md",
     "demo.md",
@@ -350,20 +340,24 @@ def _anchor_map(readme: str) -> dict[str, tuple[str, str]]:
     return owners
 
 
-def tool_order(readme: str) -> list[str]:
-    """The farm-* commands in the README's order, then any others."""
+def tool_order(text: str | None = None) -> list[str]:
+    """The farm-* commands in the order of mkdocs.yml's nav (or of TEXT: its `tools/farm-x.md`
+    links or `### farm-x:` headings), then any others (a new tool) in alphabetical order."""
+    if text is None:
+        text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     known = scripts()
-    found = [t for _, _, title in _headings(readme) for t in [title.split(":")[0]] if t in known]
-    return list(dict.fromkeys(found + sorted(known)))
+    linked = re.findall(r"tools/(farm-[\w-]+)\.md", text)
+    found = linked + [t for _, _, title in _headings(text) for t in [title.split(":")[0]]]
+    return list(dict.fromkeys([t for t in found if t in known] + sorted(known)))
 
 
-def _nav(readme: str) -> str:
+def _nav() -> str:
     titles = {page: title for page, title, _ in TOPICS} | HAND
     lines = ["nav:"]
     for entry in NAV:
         if entry == "Tools":
             lines += ["  - Tools:", "      - tools/index.md"]
-            lines += [f"      - {s}: tools/{s}.md" for s in tool_order(readme)]
+            lines += [f"      - {s}: tools/{s}.md" for s in tool_order()]
         elif isinstance(entry, tuple):
             first, *rest = entry[1]  # the section's own page (Material's navigation.indexes)
             lines += [f"  - {entry[0]}:", f"      - {first}"]
@@ -373,34 +367,43 @@ def _nav(readme: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def missing_tool_pages() -> list[str]:
+    """What to write for each console script that has no page yet (a new tool, say)."""
+    return [
+        f"docs/tools/{script}.md is missing: write it (a `# {script}: what it does` heading, a "
+        "paragraph and an example; the generator appends the Options block), and add a row "
+        f"`| [`{script}`]({script}.md) | reads | writes |` to docs/tools/index.md and to README.md's "
+        f"table of tools, linking docs/tools/{script}.md"
+        for script in scripts()
+        if not (DOCS / "tools" / f"{script}.md").exists()
+    ]
+
+
 def site(readme: str | None = None) -> dict[Path, str]:
-    """Every generated file of the site (path -> wanted text), from the README and docs/ as they
-    are now."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8") if readme is None else readme
+    """Every generated file of the site (path -> wanted text), from docs/ as it is now: every page
+    is hand-written; the generator refreshes the tool pages' --help blocks, the diagrams and the nav.
+    (README is accepted for the topic pages still listed in TOPICS, none today.)"""
+    readme = "" if readme is None else readme
 
     def current(path: Path) -> str | None:
         return path.read_text(encoding="utf-8") if path.exists() else None
 
-    anchors = _anchor_map(readme)
+    anchors = _anchor_map(readme) if TOPICS else {}
     wanted: dict[Path, str] = {}
     for page, title, sources in TOPICS:
         path = DOCS / page
         wanted[path] = topic_page(page, sources, readme, anchors, current(path), title)
     for script in scripts():
         path = DOCS / "tools" / f"{script}.md"
-        wanted[path] = tool_page(script, readme, anchors, current(path))
-    tools_index = DOCS / "tools" / "index.md"
-    if not _is_hand_written(current(tools_index)):
-        wanted[tools_index] = re.sub(
-            r"^\| `(farm-[\w-]+)` \|", r"| [`\1`](\1.md) |", wanted[tools_index], flags=re.M
-        )
+        if path.exists():  # a missing page is reported by missing_tool_pages()
+            wanted[path] = tool_page(script, readme, anchors, current(path))
     from farmkit.docs_diagrams import diagrams
 
     wanted.update({DOCS / name: svg for name, svg in diagrams().items()})
     config = ROOT / "mkdocs.yml"
     text = config.read_text(encoding="utf-8")
     start, end = text.index(NAV_START), text.index(NAV_END)
-    wanted[config] = text[: start + len(NAV_START)] + "\n" + _nav(readme) + text[end:]
+    wanted[config] = text[: start + len(NAV_START)] + "\n" + _nav() + text[end:]
     return wanted
 
 
@@ -423,30 +426,21 @@ def write_site() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m farmkit.docs [--site] [--check]`: the README no longer carries --help blocks, so
+    both forms refresh (or, with --check, check) the docs pages, the diagrams and the nav."""
     args = sys.argv[1:] if argv is None else argv
     check = "--check" in args
-    if "--site" in args:
-        changed = site_differences() if check else write_site()
-        if changed and check:
-            print(
-                f"docs/ is stale ({', '.join(changed)}); run `python -m farmkit.docs --site`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    path = ROOT / "README.md"
-    current = path.read_text(encoding="utf-8")
-    wanted = render(current)
-    if current == wanted:
-        return 0
-    if check:
+    missing = missing_tool_pages()
+    for line in missing:
+        print(line, file=sys.stderr)
+    changed = site_differences() if check else write_site()
+    if changed and check:
         print(
-            "README.md's option lists differ from the commands' --help; run `python -m farmkit.docs`",
+            f"docs/ is stale ({', '.join(changed)}); run `python -m farmkit.docs --site`",
             file=sys.stderr,
         )
         return 1
-    path.write_text(wanted, encoding="utf-8")
-    return 0
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

@@ -144,3 +144,61 @@ def test_make_docs_build_fails_on_a_broken_anchor(tmp_path):
     )
     assert built.returncode != 0, built.stderr
     assert "no-such-heading" in built.stderr
+
+
+def test_readme_is_short_and_its_links_resolve():
+    """Issue 24: the README is a front page (at most ~250 lines) whose relative links all reach a
+    file on disk; the long text lives in docs/."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250, f"README.md has {len(readme.splitlines())} lines"
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert any(link.startswith("docs/tools/") for link in links)
+    for link in links:
+        target = link.split("#", 1)[0]
+        if target and not re.match(r"[a-z]+:", target):
+            assert (ROOT / target).exists(), f"README.md links {link}, which is not on disk"
+
+
+def test_readme_keeps_the_set_up_commands_exit_codes_and_record_kinds():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "    make demo    # installs into .venv, then runs the whole laboratory" in readme
+    assert "    make test    # installs into .venv, then runs the test suite (what CI" in readme
+    codes = readme.split("## Exit codes", 1)[1]
+    for code in ("0", "1", "2", "130", "143"):
+        assert f"\n| {code} |" in codes, f"README.md's exit codes lack {code}"
+    kinds = readme.split("## Record kinds", 1)[1]
+    for kind in ("instruction", "output", "pair", "preference", "reward", "leaderboard", "metrics"):
+        assert f"\n| {kind} |" in kinds, f"README.md's record kinds lack {kind}"
+
+
+def test_a_tool_without_a_page_is_reported_with_what_to_add(monkeypatch, capsys):
+    from farmkit import docs
+
+    known = docs.scripts()
+    monkeypatch.setattr(
+        docs, "scripts", lambda: {**known, "farm-judge-train": "farmkit.tools.farm_split:main"}
+    )
+    missing = docs.missing_tool_pages()
+    assert len(missing) == 1 and "docs/tools/farm-judge-train.md is missing: write it" in missing[0]
+    assert "README.md's table of tools" in missing[0] and "docs/tools/index.md" in missing[0]
+    monkeypatch.setattr(docs, "site_differences", lambda: [])
+    assert docs.main(["--check"]) == 1
+    assert "farm-judge-train.md is missing" in capsys.readouterr().err
+
+
+def test_check_fails_on_a_stale_options_block(monkeypatch, tmp_path):
+    """`python -m farmkit.docs --check` (no --site) checks the tool pages' --help blocks now that
+    the README has none."""
+    from farmkit import docs
+
+    page = ROOT / "docs" / "tools" / "farm-split.md"
+    stale = page.read_text(encoding="utf-8").replace("Usage: farm-split", "Usage: farm-splat", 1)
+    copy = tmp_path / "docs" / "tools"
+    copy.mkdir(parents=True)
+    (copy / "farm-split.md").write_text(stale, encoding="utf-8")
+    monkeypatch.setattr(docs, "scripts", lambda: {"farm-split": "farmkit.tools.farm_split:main"})
+    monkeypatch.setattr(docs, "DOCS", tmp_path / "docs")
+    assert str(copy / "farm-split.md") in [str(p) for p in docs.site() if "farm-split" in str(p)]
+    assert docs.site()[copy / "farm-split.md"] != stale
