@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# the docs site (docs/, mkdocs.yml): pages regenerated from the README and each command's --help,
+# the docs site (docs/, mkdocs.yml): hand-written pages, each tool's Options block refreshed from its --help,
 # then built into site/ with --strict, so a broken link or anchor fails (docs/architecture.md says how).
 # DOCS_CHECK=1 (what .ci/run sets) fails on stale pages instead of rewriting them.
 DOCS_CHECK ?=

@@ -134,10 +134,9 @@ def audit_settings() -> dict:
         figures["dr-grpo kl coef"] = {"--dr-grpo (no preset)": config.kl_coef}
     else:
         figures["dr-grpo kl coef"] = {"--preset dr-grpo": config.kl_coef}
-    # what the README and --help say
-    readme = (ROOT / "README.md").read_text()
-    ppo_table = readme[readme.index("### farm-ppo") : readme.index("### farm-quark")]
-    quark_table = readme[readme.index("### farm-quark") : readme.index("### farm-rloo")]
+    # what the tool pages (once the README's sections) and --help say
+    ppo_table = (ROOT / "docs" / "tools" / "farm-ppo.md").read_text()
+    quark_table = (ROOT / "docs" / "tools" / "farm-quark.md").read_text()
     lr_row = re.search(r"\| `--learning-rate` \| 1e-5 \| ([^|]+)\|", ppo_table)
     figures["README PPO learning rate (AlpacaFarm column)"] = lr_row.group(1).strip()
     figures["README Quark table has a learning-rate row"] = (

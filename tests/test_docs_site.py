@@ -1,6 +1,7 @@
-"""The docs site (docs/, mkdocs.yml) is generated from the README's sections and each command's
---help by `python -m farmkit.docs --site`; these tests fail when the pages are stale or a tool lacks
-one, and check the generator's rules on small READMEs of their own."""
+"""The docs site (docs/, mkdocs.yml): hand-written pages whose Options blocks, diagrams and nav
+`python -m farmkit.docs --site` refreshes from each command's --help; these tests fail when those are
+stale or a tool lacks a page, check the short README (issue 24), and check the generator's rules
+(still able to build a page from a README section) on small READMEs of their own."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ VALUE_HEADS = ("reward", "zero")
 PPO_PRESETS = {
     "alpacafarm": Preset(
         "AlpacaFarm's examples/scripts/rlhf_ppo.sh and the defaults of the code it runs "
-        "(README: farm-ppo's table)",
+        "(docs/tools/farm-ppo.md, its table)",
         {
             "rollout_batch_size": 512,
             "minibatch_size": 256,  # step_batch_size
@@ -112,7 +112,7 @@ class PPOConfig(OnPolicyConfig):
     value_loss_coef: float = help_field(0.1, "Weight of the value loss in the total loss.")
     offload_frozen: bool = help_field(
         False,
-        "Keep the frozen reference and reward models in CPU memory and copy each layer's weights to the GPU only while it runs (accelerate's cpu_offload): they then take about one layer of GPU memory each, at the price of copying their weights in every forward pass (see README, Scaling out).",
+        "Keep the frozen reference and reward models in CPU memory and copy each layer's weights to the GPU only while it runs (accelerate's cpu_offload): they then take about one layer of GPU memory each, at the price of copying their weights in every forward pass (see docs/scaling.md).",
     )
 
     def __post_init__(self) -> None:

@@ -49,7 +49,7 @@ LR_SCHEDULES = ("linear", "constant")
 QUARK_PRESETS = {
     "alpacafarm": Preset(
         "AlpacaFarm's examples/scripts/rlhf_quark.sh and the defaults of the code it runs "
-        "(README: farm-quark's table)",
+        "(docs/tools/farm-quark.md, its table)",
         {
             "prompts_per_round": 512,  # rollout_batch_size, one sample each
             "samples_per_prompt": 1,
