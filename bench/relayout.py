@@ -116,10 +116,34 @@ def _rewrite_from_farmkit(match: re.Match[str]) -> str:
     return "\n".join(lines)
 
 
+def _package_import(names: str, package: str) -> bool:
+    """`names` (what follows `from PACKAGE import`) are all modules of the new package PACKAGE: the
+    statement already names the package (`from farmkit.evaluate import winrate`), not the old module."""
+    found = re.match(r"\(?([\w\s,]+?)\)?[ \t]*(?:#|$)", names, re.MULTILINE)
+    if not found:
+        return False
+    items = [item.split(" as ")[0].strip() for item in found[1].split(",") if item.strip()]
+    return bool(items) and all(item in _submodules(package) for item in items)
+
+
+def _dotted_sub(old: str, new: str, text: str) -> str:
+    pattern = _dotted_pattern(old, new)
+    if not new.startswith(old + "."):
+        return pattern.sub(new, text)
+
+    def replace(match: re.Match[str]) -> str:
+        rest = text[match.end() :]
+        if rest.startswith(" import ") and _package_import(rest[len(" import ") :], old):
+            return match[0]
+        return new
+
+    return pattern.sub(replace, text)
+
+
 def rewrite(text: str) -> str:
     text = FROM_FARMKIT.sub(_rewrite_from_farmkit, text)
     for old, new in MOVES.items():
-        text = _dotted_pattern(old, new).sub(new, text)
+        text = _dotted_sub(old, new, text)
         text = _path_pattern(old).sub(_path(new), text)
     return text
 
