@@ -59,7 +59,7 @@ EMOJI = [
 def tokenizer():
     from tokenizers import Tokenizer
 
-    from farmkit.models import resolve
+    from farmkit.lm.models import resolve
 
     real = Tokenizer.from_file(str(Path(resolve("embedded")) / "tokenizer.json"))
     return lambda text: len(real.encode(text, add_special_tokens=False).ids)

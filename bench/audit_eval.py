@@ -37,7 +37,7 @@ def lines(path: Path) -> list[dict]:
 
 def difficulties(published: list[dict], n_items: int) -> np.ndarray:
     """One joint fit over every published verdict of the judge (what AlpacaEval ships precomputed)."""
-    from farmkit.length_control import _scaled_length_difference, estimate_difficulty
+    from farmkit.evaluate.length_control import _scaled_length_difference, estimate_difficulty
 
     groups: dict[str, list[dict]] = {}
     for r in published:

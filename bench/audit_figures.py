@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from farmkit import plots
+from farmkit.evaluate import plots
 
 BOOKKEEPING = {"epoch", "elapsed_s", "labels_used", "tokens_sampled", "training_tokens", "round"}
 drawn: list = []
@@ -162,7 +162,7 @@ def main() -> int:
     )
 
     # 3. curves of real runs (the golden PPO, GRPO and RLOO runs), and one-point panels
-    from farmkit.runs import read_metrics
+    from farmkit.core.runs import read_metrics
 
     golden = Path(args.golden)
     runs = {

@@ -210,7 +210,7 @@ def weights_mode(root: Path, work: Path) -> None:
     script = (
         "import os, sys, torch\n"
         "from transformers import LlamaConfig, LlamaForCausalLM\n"
-        "from farmkit.modelio import save_model_folder\n"
+        "from farmkit.lm.modelio import save_model_folder\n"
         "class Tok:\n"
         "    def save_pretrained(self, folder):\n"
         "        open(os.path.join(folder, 'tokenizer.json'), 'w').write('{}')\n"

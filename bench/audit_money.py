@@ -70,7 +70,7 @@ def pairs(rng: random.Random, n: int, scripts: list[str]) -> bytes:
 def real_tokenizer():
     from tokenizers import Tokenizer
 
-    from farmkit.models import resolve
+    from farmkit.lm.models import resolve
 
     tokenizer = Tokenizer.from_file(str(Path(resolve("embedded")) / "tokenizer.json"))
     return lambda s: len(tokenizer.encode(s, add_special_tokens=False).ids)

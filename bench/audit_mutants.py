@@ -26,7 +26,7 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
     (
         Mutation(
             "generate: temperature floored at 1",
-            "farmkit/generation.py",
+            "farmkit/lm/generation.py",
             "kwargs.update(temperature=config.temperature,",
             "kwargs.update(temperature=max(config.temperature, 1.0),",
             (),

@@ -181,7 +181,7 @@ from policy_fixtures import (  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from farmkit.models import resolve  # noqa: E402
+from farmkit.lm.models import resolve  # noqa: E402
 
 work = Path(tempfile.mkdtemp(prefix="audit-options-"))
 tokenizer = AutoTokenizer.from_pretrained(resolve("embedded"))

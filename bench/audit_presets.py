@@ -167,7 +167,7 @@ def audit_models(work: Path) -> dict:
     from policy_fixtures import keyword_reward_model, prompt_records, tiny_sft, write_jsonl
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from farmkit.models import resolve
+    from farmkit.lm.models import resolve
 
     embedded = Path(resolve("embedded"))
     tiny = work / "tiny"
@@ -279,9 +279,9 @@ def audit_models(work: Path) -> dict:
     )
 
     # a cut answer: is it trained with an end token?
+    from farmkit.lm.models import PromptFormat, load_tokenizer
     from farmkit.methods import dpo
     from farmkit.methods.sft import training_ids
-    from farmkit.models import PromptFormat, load_tokenizer
 
     tok = load_tokenizer(sft)
     fmt = PromptFormat("chat")

@@ -123,7 +123,7 @@ def tiny_model(work: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from farmkit.models import resolve
+    from farmkit.lm.models import resolve
 
     folder = work / "tiny"
     tokenizer = AutoTokenizer.from_pretrained(resolve("embedded"))

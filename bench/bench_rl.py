@@ -4,7 +4,7 @@ farmkit at least as fast per step, ratio farmkit / TRL <= 1).
 
 Set-up, the same on both sides (every value is printed and written to the JSON result):
 - policy and KL reference: the embedded model (SmolLM2-135M-Instruct, fp32) from
-  farmkit.models.resolve; reward model: the same body with a fresh one-label score head (seeded),
+  farmkit.lm.models.resolve; reward model: the same body with a fresh one-label score head (seeded),
   saved once as a farmkit reward-model folder that both tools load (TRL through
   AutoModelForSequenceClassification, its own path for a reward model given as a folder);
 - prompts: `prompts-per-step x steps` instructions ("Write a paragraph about ..."), each used
@@ -252,7 +252,7 @@ def build_reward_model(base: str, folder: Path, seed: int) -> Path:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from farmkit.models import load_tokenizer, write_meta
+    from farmkit.lm.models import load_tokenizer, write_meta
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(base, padding_side="right")
@@ -394,10 +394,10 @@ def farmkit_worker(
     import torch
 
     threads = set_threads(settings)
+    from farmkit.lm.models import load_tokenizer
     from farmkit.methods import policy as P
     from farmkit.methods.checkpoints import RunRecord
     from farmkit.methods.reward import RewardScorer
-    from farmkit.models import load_tokenizer
 
     probe = Probe(load_tokenizer(paths["policy"]).eos_token_id, patch)
     probe.install_generate()
@@ -466,8 +466,8 @@ def trl_worker(
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from farmkit.io import read_records
-    from farmkit.models import chat_content, load_tokenizer
+    from farmkit.core.io import read_records
+    from farmkit.lm.models import chat_content, load_tokenizer
 
     config_class, trainer_class = (
         (trl.GRPOConfig, trl.GRPOTrainer) if method == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
@@ -773,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(methods) - {"grpo", "rloo"}:
         raise SystemExit("--methods: grpo and/or rloo")
 
-    from farmkit.models import resolve
+    from farmkit.lm.models import resolve
 
     policy = resolve(options.model)
     context = (
@@ -845,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_prompts(policy: str, records: list[dict[str, str]]) -> None:
     """farmkit's formatted prompt and TRL's chat template give the same token ids."""
-    from farmkit.models import PromptFormat, chat_messages, load_tokenizer
+    from farmkit.lm.models import PromptFormat, chat_messages, load_tokenizer
 
     tokenizer = load_tokenizer(policy)
     fmt = PromptFormat.for_model(policy)

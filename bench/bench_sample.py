@@ -42,8 +42,8 @@ TOPICS = [
 def main() -> None:
     import torch
 
-    from farmkit.generation import DecodingConfig, generate
-    from farmkit.models import PromptFormat, load_causal_lm, resolve
+    from farmkit.lm.generation import DecodingConfig, generate
+    from farmkit.lm.models import PromptFormat, load_causal_lm, resolve
 
     torch.set_num_threads(int(os.environ.get("BENCH_SAMPLE_THREADS", "1")))
     count = int(os.environ.get("BENCH_SAMPLE_PROMPTS", "32"))

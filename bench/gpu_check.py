@@ -16,7 +16,7 @@ manylinux x86_64, CPython 3.12, --no-deps):
 
 257 kB together; a Python other than 3.12 needs `make gpu-wheels GPU_PY_VERSION=3.x` for its
 orjson wheel. farmkit imports click in farmkit.cli (farm-sample's engine draws its progress bar
-through it) and orjson in farmkit.io and farmkit.seeds; tqdm, numpy, pyyaml and jinja2 (chat
+through it) and orjson in farmkit.core.io and farmkit.core.seeds; tqdm, numpy, pyyaml and jinja2 (chat
 templates) come with transformers, accelerate and torch, scipy with scikit-learn, and farmkit
 imports neither scipy nor yaml on these paths (transformers and accelerate import them when
 present). trl, gguf, openai, matplotlib and datasets are not imported on these paths, which the
@@ -35,8 +35,8 @@ The policy and the reward model folders (a sequence classifier with one label, a
 farmkit writes) are saved in bf16 (loaded in the precision each tool asks for).
 
 Sections, each written to the report as soon as it ends (a run cut short still leaves figures):
-- sampling: farmkit.sampling.sample_to_output with the hf backend (what farm-sample runs: prompts
-  bucketed by length, farmkit.generation.generate), bf16 on the GPU, temperature 0.7: tokens/s of
+- sampling: farmkit.lm.sampling.sample_to_output with the hf backend (what farm-sample runs: prompts
+  bucketed by length, farmkit.lm.generation.generate), bf16 on the GPU, temperature 0.7: tokens/s of
   the completion tokens, batched (64 prompts, 64 per pass) and one prompt at a time, 128 new tokens;
 - training: farmkit.methods.ppo.train_ppo and farmkit.methods.group.train_group (GRPO), 2 steps of
   64 rollouts (GRPO: 16 prompts x 4), minibatch 32, micro-batch 8, 2 epochs, 128 new tokens, each
@@ -470,7 +470,7 @@ def build_shape(name: str, work: Path, device: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from farmkit.models import write_meta
+    from farmkit.lm.models import write_meta
 
     shape = SHAPES[name]
     started = time.perf_counter()
@@ -564,8 +564,8 @@ def memory_figures() -> dict[str, Any]:
 
 def sample_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str) -> dict[str, Any]:
     """farm-sample's engine (hf backend) over the policy folder: batched, then one prompt at a time."""
-    from farmkit.generation import DecodingConfig
-    from farmkit.sampling import SampleSettings, sample_to_output
+    from farmkit.lm.generation import DecodingConfig
+    from farmkit.lm.sampling import SampleSettings, sample_to_output
 
     folder = shape["folders"]["policy"]
 
@@ -616,7 +616,7 @@ def sample_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str)
     single = run("single", **sizes.single)
     say(f"  one at a time: {single['tokens_per_s']:.1f} tokens/s")
     return {
-        "code_path": "farmkit.sampling.sample_to_output (backend hf) -> farmkit.generation.generate",
+        "code_path": "farmkit.lm.sampling.sample_to_output (backend hf) -> farmkit.lm.generation.generate",
         "dtype": sizes.sample_dtype,
         "temperature": 0.7,
         "batched": batched,

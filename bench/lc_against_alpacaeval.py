@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 from scipy import stats
 
-from farmkit.winrate import WinrateTable
+from farmkit.evaluate.winrate import WinrateTable
 
 BOARDS = {  # annotator -> its published leaderboard
     "weighted_alpaca_eval_gpt4_turbo": "data_AlpacaEval_2/weighted_alpaca_eval_gpt4_turbo_leaderboard.csv",

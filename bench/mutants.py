@@ -46,7 +46,7 @@ MUTATIONS = [
     # --- temperature, at each place a sampling temperature reaches the model
     Mutation(
         "generate: temperature ignored (always 1)",
-        "farmkit/generation.py",
+        "farmkit/lm/generation.py",
         "kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)",
         "kwargs.update(temperature=1.0, top_p=config.top_p, top_k=0)",
         (f"{T_TEMP}::test_generate_follows_the_temperature",),
@@ -54,7 +54,7 @@ MUTATIONS = [
     ),
     Mutation(
         "generate: temperature 0 samples instead of decoding greedily",
-        "farmkit/generation.py",
+        "farmkit/lm/generation.py",
         "sampling = config.temperature > 0",
         "sampling = True",
         (f"{T_TEMP}::test_generate_at_temperature_zero_is_greedy",),
@@ -205,7 +205,7 @@ MUTATIONS = [
     ),
     Mutation(
         "DPO/online DPO: chosen and rejected swapped",
-        "farmkit/records.py",
+        "farmkit/core/records.py",
         '"chosen": item.chosen,\n                "rejected": item.rejected,',
         '"chosen": item.rejected,\n                "rejected": item.chosen,',
         ("tests/test_dpo.py::test_dpo_raises_the_chosen_over_rejected_margin",),

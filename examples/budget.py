@@ -23,9 +23,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from farmkit.io import RecordWriter, read_records
-from farmkit.runs import read_metrics
-from farmkit.winrate import render
+from farmkit.core.io import RecordWriter, read_records
+from farmkit.core.runs import read_metrics
+from farmkit.evaluate.winrate import render
 
 COLUMNS = [
     "method",

@@ -20,7 +20,7 @@ import random
 import re
 import sys
 
-from farmkit.io import iter_json, write_records
+from farmkit.core.io import iter_json, write_records
 
 _WIDE_LABEL = re.compile(r"^annotator\d+$")
 

@@ -1,5 +1,5 @@
 """Glue for the reward over-optimization study (`make overopt`); the work is farmkit's
-(farmkit/overopt.py, `farm-plot overopt`).
+(farmkit/evaluate/overopt.py, `farm-plot overopt`).
 
     python overopt.py rerank SCORED -n 1,2,4,...,64 --generator NAME
         scored samples (farm-score output, several per prompt in sampling order) -> for each n, the
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from farmkit.tools import farm_plot
 
-from farmkit.io import write_records
-from farmkit.overopt import rerank
+from farmkit.core.io import write_records
+from farmkit.evaluate.overopt import rerank
 
 
 def main(argv: list[str]) -> None:

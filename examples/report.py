@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import read_records
+from farmkit.core.io import read_records
 
 
 def _cell(row: dict[str, Any] | None) -> str:

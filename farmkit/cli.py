@@ -37,18 +37,18 @@ from typing import Any
 import click
 
 from farmkit import __version__
-from farmkit.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
+from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
+from farmkit.core.seeds import stable_hash
+from farmkit.lm.models import TEMPLATES
 from farmkit.methods import config as method_config
 from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP
-from farmkit.models import TEMPLATES
-from farmkit.seeds import stable_hash
 
 log = logging.getLogger("farmkit")
 
 
 def input_argument(name: str = "input", nargs: int = 1) -> Callable:
     """A file argument that defaults to `-` (stdin); .gz and JSON arrays are read transparently, and
-    a Hugging Face dataset (a name, a dataset folder, NAME:SPLIT) is read too (farmkit.io)."""
+    a Hugging Face dataset (a name, a dataset folder, NAME:SPLIT) is read too (farmkit.core.io)."""
     if nargs == 1:
         return click.argument(name, default="-", type=click.Path(allow_dash=True))
     return click.argument(name, nargs=nargs, type=click.Path(allow_dash=True))
@@ -616,7 +616,7 @@ def _redacted(text: str) -> str:
     what reaches stderr (the endpoint client redacts what endpoints say at the source)."""
     if not os.environ.get("OPENAI_API_KEY"):
         return text
-    from farmkit.endpoint import redact
+    from farmkit.core.endpoint import redact
 
     return redact(text, shapes=False)
 
@@ -747,7 +747,7 @@ def records_only_stdout() -> Iterator[None]:
     Libraries print on stdout (DeepSpeed's accelerator notice, a logging handler bound to sys.stdout
     when it was imported, C code writing to fd 1), and one such line ahead of the records breaks the
     next tool in a pipe. For the command's duration, file descriptor 1 and sys.stdout point at stderr,
-    and records go through farmkit.io.records_stdout() to a duplicate of the real stdout.
+    and records go through farmkit.core.io.records_stdout() to a duplicate of the real stdout.
     """
     sys.stdout.flush()
     try:

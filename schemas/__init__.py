@@ -1,1 +1,1 @@
-"""JSON Schemas of the record kinds, shipped as package data (see farmkit.validate)."""
+"""JSON Schemas of the record kinds, shipped as package data (see farmkit.core.validate)."""

@@ -64,7 +64,7 @@ def run_farm_fixture():
 @pytest.fixture(scope="session")
 def embedded_path() -> Path:
     """The embedded model as a cached HF folder (converted from the GGUF on first use)."""
-    from farmkit.models import resolve
+    from farmkit.lm.models import resolve
 
     return Path(resolve("embedded"))
 
@@ -114,7 +114,7 @@ def pytest_collection_modifyitems(config, items):
 def figures_fixture(monkeypatch):
     """The figures the code saves, kept for inspection (each is still written to its file)."""
     drawn = []
-    from farmkit import plots
+    from farmkit.evaluate import plots
 
     save = plots._save
 

@@ -37,7 +37,7 @@ def tiny_sft(tiny_model_path: Path, folder: Path) -> Path:
         return _built[key]
     import torch
 
-    from farmkit.models import PromptFormat, load_causal_lm, write_meta
+    from farmkit.lm.models import PromptFormat, load_causal_lm, write_meta
 
     torch.manual_seed(0)
     model, tokenizer = load_causal_lm(tiny_model_path, device="cpu")
@@ -101,7 +101,7 @@ def keyword_reward_model(tiny_model_path: Path, folder: Path, keyword: str = KEY
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    from farmkit.models import write_meta
+    from farmkit.lm.models import write_meta
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     config = AutoConfig.from_pretrained(tiny_model_path, num_labels=1)
@@ -151,7 +151,7 @@ def keyword_probability(folder: Path) -> float:
     the prompt formatted as farm-sample formats it for this folder (control token included)."""
     import torch
 
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.lm.models import PromptFormat, load_causal_lm
 
     model, tokenizer = load_causal_lm(folder, device="cpu")
     fmt = PromptFormat.for_model(folder)
@@ -169,9 +169,9 @@ def keyword_probability(folder: Path) -> float:
 def sampled_rewards(folder: Path, reward_model: Path, n: int = 4) -> tuple[list[str], list[float]]:
     """Sample n responses per test prompt from a saved folder as farm-sample's hf backend does, and
     score them with the reward model as farm-score does."""
-    from farmkit.generation import DecodingConfig, generate
+    from farmkit.lm.generation import DecodingConfig, generate
+    from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.methods.reward import RewardScorer
-    from farmkit.models import PromptFormat, load_causal_lm
 
     model, tokenizer = load_causal_lm(folder, device="cpu")
     fmt = PromptFormat.for_model(folder)
@@ -245,10 +245,10 @@ def spy_adamw(monkeypatch) -> list:
 
 
 def spy_loads(monkeypatch) -> list:
-    """Record every causal LM that farmkit.models.load_causal_lm returns."""
-    import farmkit.models
+    """Record every causal LM that farmkit.lm.models.load_causal_lm returns."""
+    import farmkit.lm.models
 
-    original = farmkit.models.load_causal_lm
+    original = farmkit.lm.models.load_causal_lm
     loaded: list = []
 
     def load(*args, **kwargs):
@@ -256,7 +256,7 @@ def spy_loads(monkeypatch) -> list:
         loaded.append(network)
         return network, tokenizer
 
-    monkeypatch.setattr(farmkit.models, "load_causal_lm", load)
+    monkeypatch.setattr(farmkit.lm.models, "load_causal_lm", load)
     return loaded
 
 
@@ -264,11 +264,11 @@ def pretend_bf16_gpu(monkeypatch) -> None:
     """Make dtype 'auto' resolve as it does on a bf16-capable GPU (the CPU stand-in for bug 2)."""
     import torch
 
-    import farmkit.models
+    import farmkit.lm.models
 
-    original = farmkit.models.choose_dtype
+    original = farmkit.lm.models.choose_dtype
     monkeypatch.setattr(
-        farmkit.models,
+        farmkit.lm.models,
         "choose_dtype",
         lambda device, dtype="auto": torch.bfloat16 if dtype == "auto" else original(device, dtype),
     )
@@ -304,7 +304,7 @@ def check_budget(
     """The budget every policy method keeps (farmkit.methods.budget): meta.json's `budget` block
     with its four figures, and the same figures as running totals on every metrics row (that never
     fall and end at the block's totals). Returns the block."""
-    from farmkit.validate import problems
+    from farmkit.core.validate import problems
 
     budget = json.loads((folder / "meta.json").read_text())["budget"]
     assert set(BUDGET) <= set(budget), budget
@@ -343,7 +343,7 @@ def ends_often(tiny_model_path: Path, folder: Path, eos_probability: float = 0.1
     (and only its logit: the rest shift together) by an amount bisected to the wanted probability."""
     import torch
 
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.lm.models import PromptFormat, load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_path, device="cpu")
     fmt = PromptFormat("chat")

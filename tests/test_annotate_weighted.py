@@ -188,7 +188,7 @@ def test_a_weighted_judge_that_cannot_work_is_refused_when_the_pool_loads(
     import yaml
 
     from farmkit.annotate.pools import load_pool
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
 
     judge = {
         "name": "w",

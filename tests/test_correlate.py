@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import shared_data
 from farmkit.tools.farm_correlate import cli, main
 
-from farmkit.correlate import agreement, kappa
+from farmkit.evaluate.correlate import agreement, kappa
 
 
 def run_main(capfd, *args):

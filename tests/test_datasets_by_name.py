@@ -9,7 +9,7 @@ import orjson
 import pytest
 from conftest import run_tool
 
-from farmkit.io import FarmError, read_records, set_split
+from farmkit.core.io import FarmError, read_records, set_split
 
 datasets = pytest.importorskip("datasets")
 

@@ -21,8 +21,8 @@ from policy_fixtures import (
     write_jsonl,
 )
 
+from farmkit.lm.modelio import META_KEYS
 from farmkit.methods.dpo import DPOConfig
-from farmkit.modelio import META_KEYS
 
 
 def preference_records() -> list[dict]:
@@ -57,8 +57,8 @@ def preference_records() -> list[dict]:
 
 def margins(folder, pairs) -> torch.Tensor:
     """log p(chosen) - log p(rejected) (eos included) for each pair, under the model in `folder`."""
+    from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.methods.policy import response_logits, rollout_from_lists, token_logprobs
-    from farmkit.models import PromptFormat, load_causal_lm
 
     model, tokenizer = load_causal_lm(folder, device="cpu")
     fmt = PromptFormat.for_model(folder)

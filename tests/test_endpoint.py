@@ -1,4 +1,4 @@
-"""The endpoint client (farmkit/endpoint.py) through both of its users, farm-annotate's `openai` judges
+"""The endpoint client (farmkit/core/endpoint.py) through both of its users, farm-annotate's `openai` judges
 and farm-sample's `openai` backend, against the real local server in tests/openai_server.py:
 malformed 200 replies, errors that retrying cannot fix, keys echoed in part, usage of every attempt."""
 
@@ -28,7 +28,7 @@ from openai_server import (
 )
 
 from farmkit.annotate.cost import estimate_tokens
-from farmkit.endpoint import redact
+from farmkit.core.endpoint import redact
 
 KEY = "AUDITKEY-zz91-MARKER-77c4e1"
 FAST = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 8, concurrency: 8}\n"
@@ -524,7 +524,7 @@ def blackhole():
 def test_a_connect_timeout_before_the_endpoint_ever_answered_stops_at_once(blackhole):
     import asyncio
 
-    from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal
+    from farmkit.core.endpoint import EndpointClient, EndpointFailed, EndpointFatal
 
     async def ask(answered_before: bool):
         client = EndpointClient(blackhole, KEY, timeout=0.5, max_retries=3, backoff=0.01)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from conftest import SHARED_DATA, run_tool, shared_data
 
-from farmkit.evaluate import place, read_board
+from farmkit.evaluate.run import place, read_board
 
 
 def _jsonl(path, records):
@@ -218,7 +218,7 @@ def alpaca_eval_inputs(folder, models, out):
     verdict of the judge (AlpacaEval ships its own; they are not in the data)."""
     import numpy as np
 
-    from farmkit.length_control import _scaled_length_difference, estimate_difficulty
+    from farmkit.evaluate.length_control import _scaled_length_difference, estimate_difficulty
 
     eval_set = [orjson.loads(line) for line in open(folder / "eval_set.jsonl", "rb")]
     outputs = {

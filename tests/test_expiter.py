@@ -11,11 +11,11 @@ from farmkit.tools.farm_expiter import main as expiter_main
 from policy_fixtures import check_budget
 from test_reward import run_main, train_keyword_rm, write_jsonl
 
-from farmkit.generation import Sample
+from farmkit.core.seeds import derive_seed
+from farmkit.lm.generation import Sample
 from farmkit.methods.bon import ScoredPrompt
 from farmkit.methods.expiter import winners
 from farmkit.methods.reward import RewardScorer
-from farmkit.seeds import derive_seed
 
 
 def test_winners_are_the_best_of_the_first_n():
@@ -33,8 +33,8 @@ def test_two_rounds_write_a_trained_policy_with_both_steps_recorded(
 ):
     from safetensors.torch import load_file
 
+    from farmkit.lm.models import load_causal_lm
     from farmkit.methods import expiter, sft
-    from farmkit.models import load_causal_lm
 
     sampled, taught = [], []  # per round: (policy, scored prompts); the demonstrations SFT received
     sample_and_score, train_sft = expiter.sample_and_score, sft.train_sft

@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from farmkit.formats import split_transcript
-from farmkit.io import FarmError, read_records
-from farmkit.models import format_prompt
+from farmkit.core.formats import split_transcript
+from farmkit.core.io import FarmError, read_records
+from farmkit.lm.models import format_prompt
 
 
 def write(path, rows):
@@ -277,8 +277,8 @@ def test_training_tools_take_trl_and_chat_files_directly(tmp_path, tiny_model_pa
 
 
 def test_sft_trains_on_the_whole_conversation(tiny_model_path):
+    from farmkit.lm.models import PromptFormat, load_tokenizer
     from farmkit.methods.sft import training_text
-    from farmkit.models import PromptFormat, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_path)
     turns = [USER, *reply("Blue."), FOLLOW]
@@ -295,9 +295,9 @@ def test_sft_trains_on_the_whole_conversation(tiny_model_path):
 
 
 def test_preferences_keep_the_conversation_for_reward_models_and_dpo(tmp_path):
+    from farmkit.core.records import chosen_rejected, comparisons
+    from farmkit.lm.models import PromptFormat
     from farmkit.methods.reward import reward_text
-    from farmkit.models import PromptFormat
-    from farmkit.records import chosen_rejected, comparisons
 
     context = "\n\nHuman: How do I boil an egg?\n\nAssistant: In water.\n\nHuman: For how long?"
     path = write(

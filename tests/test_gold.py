@@ -29,7 +29,7 @@ from policy_fixtures import (
     write_jsonl,
 )
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 from farmkit.methods import gold as gold_module
 from farmkit.methods.reward import RewardScorer
 
@@ -93,7 +93,7 @@ def win_rate(mine: list[float], theirs: list[float]) -> float:
 def answer_length(folder, call: dict) -> float:
     """Mean length in tokens of a gold call's answers, the end token counted where an answer
     finished (as gold_answer_length counts it), from the texts tokenized again."""
-    from farmkit.models import load_tokenizer
+    from farmkit.lm.models import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     lengths = [
@@ -391,7 +391,7 @@ def test_every_method_judges_its_checkpoints(world, tmp_path, monkeypatch, metho
 
 
 def test_gold_is_refused_under_several_processes(monkeypatch):
-    from farmkit import distributed
+    from farmkit.core import distributed
 
     gold_module.check_processes()  # one process: fine
     monkeypatch.setattr(distributed, "world_size", lambda: 2)

@@ -21,6 +21,7 @@ from policy_fixtures import (
     write_jsonl,
 )
 
+from farmkit.core.validate import problems
 from farmkit.methods.group import (
     GRPOConfig,
     RLOOConfig,
@@ -28,7 +29,6 @@ from farmkit.methods.group import (
     rloo_advantages,
     train_group,
 )
-from farmkit.validate import problems
 
 SCORES = torch.tensor([1.0, 2.0, 3.0, 6.0, 0.5, 0.5, 0.5, 2.5])  # two groups of k = 4
 

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from farmkit.tools import farm_plot, farm_winrate
 
-from farmkit import history
-from farmkit.models import file_sha256
+from farmkit.evaluate import history
+from farmkit.lm.models import file_sha256
 
 PROCESSES, APPENDS, ROWS = 4, 15, 3
 

@@ -1,4 +1,4 @@
-"""farmkit.io and farmkit.validate: JSONL / JSON array / gzip reading with line numbers, chunked
+"""farmkit.core.io and farmkit.core.validate: JSONL / JSON array / gzip reading with line numbers, chunked
 reading that agrees with it, schema messages, the fast checks agreeing with the full one, and
 output files that appear whole or not at all."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from farmkit.io import (
+from farmkit.core.io import (
     FarmError,
     RecordError,
     RecordWriter,
@@ -18,7 +18,7 @@ from farmkit.io import (
     iter_json_chunks,
     read_records,
 )
-from farmkit.validate import first_invalid, problems
+from farmkit.core.validate import first_invalid, problems
 
 LINES = b'\n{"a": 1}\n\n  \n{"a": 2}\n{"a": 3}\n'  # blank lines are skipped but counted
 
@@ -162,7 +162,7 @@ def test_a_killed_writers_temporary_files_are_swept_and_a_live_writers_are_kept(
     import subprocess
     import sys
 
-    from farmkit import io as farm_io
+    from farmkit.core import io as farm_io
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

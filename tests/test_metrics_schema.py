@@ -1,4 +1,4 @@
-"""One metrics.jsonl schema for every trainer (schemas/metrics.json, farmkit.metrics): the writer,
+"""One metrics.jsonl schema for every trainer (schemas/metrics.json, farmkit.evaluate.metrics): the writer,
 and the files two trainers (farm-sft and farm-rm-train, on the tiny model) leave, which farm-plot
 curves draws side by side."""
 
@@ -10,8 +10,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from farmkit.metrics import METRICS_FILE, MetricsWriter, from_trainer_log, metrics_row
-from farmkit.validate import problems
+from farmkit.core.validate import problems
+from farmkit.evaluate.metrics import METRICS_FILE, MetricsWriter, from_trainer_log, metrics_row
 
 
 def _lines(path) -> list[dict]:
@@ -80,9 +80,9 @@ def test_sft_and_reward_model_runs_write_the_schema_and_farm_plot_draws_both(
 ):
     from farmkit.tools import farm_plot
 
+    from farmkit.core.records import comparisons
     from farmkit.methods.reward import RewardConfig, train_reward_model
     from farmkit.methods.sft import SFTConfig, train_sft
-    from farmkit.records import comparisons
 
     demos = [
         {"instruction": f"Name colour number {i}.", "input": "", "output": "Blue."}

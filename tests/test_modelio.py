@@ -1,4 +1,4 @@
-"""farmkit.modelio: a model folder appears whole or not at all, with one meta.json layout, and only
+"""farmkit.lm.modelio: a model folder appears whole or not at all, with one meta.json layout, and only
 the main process renames it into place."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from farmkit.io import FarmError
-from farmkit.modelio import META_KEYS, model_folder, model_meta, partial_path, save_model_folder
+from farmkit.core.io import FarmError
+from farmkit.lm.modelio import META_KEYS, model_folder, model_meta, partial_path, save_model_folder
 
 
 class Saver:
@@ -136,9 +136,9 @@ def test_policy_folders_go_through_the_one_writer(tmp_path):
 
 @pytest.mark.model
 def test_a_converted_gguf_folder_is_written_by_the_one_writer(tmp_path, monkeypatch):
-    """The embedded model's GGUF becomes a cached model folder through farmkit.modelio: the common
+    """The embedded model's GGUF becomes a cached model folder through farmkit.lm.modelio: the common
     meta.json layout and no partial folder left behind."""
-    from farmkit.models import converted_gguf, embedded_gguf
+    from farmkit.lm.models import converted_gguf, embedded_gguf
 
     monkeypatch.setenv("FARMKIT_CACHE", str(tmp_path / "cache"))
     folder = converted_gguf(embedded_gguf(), "embedded-test")
@@ -155,7 +155,7 @@ def test_a_copied_folder_replaces_the_old_one_whole_or_not_at_all(tmp_path, monk
     leaving new weights beside an old config)."""
     import shutil
 
-    from farmkit.modelio import copy_model_folder
+    from farmkit.lm.modelio import copy_model_folder
 
     source = tmp_path / "round_2" / "policy"
     source.mkdir(parents=True)

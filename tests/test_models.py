@@ -1,4 +1,4 @@
-"""farmkit.models: resolving model arguments, the cached embedded model, meta.json, devices, and the
+"""farmkit.lm.models: resolving model arguments, the cached embedded model, meta.json, devices, and the
 prompt format a folder records."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from farmkit import models
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.lm import models
 
 
 def test_embedded_resolves_to_a_plain_cached_folder(embedded_path):

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import shared_data
 
-from farmkit.io import bad_records
+from farmkit.core.io import bad_records
 
 HH = "\n\nHuman: {q}\n\nAssistant: {a}"
 

@@ -24,7 +24,7 @@ from policy_fixtures import (
     write_jsonl,
 )
 
-from farmkit.validate import problems
+from farmkit.core.validate import problems
 
 FAST = "settings: {timeout: 5.0, backoff: 0.02, max_retries: 4, concurrency: 4}\n"
 ENV = {"OPENAI_API_KEY": "sk-test-online-dpo"}
@@ -323,7 +323,7 @@ def test_a_multi_process_or_deepspeed_launch_is_refused_before_any_work(
     """farm-online-dpo is not rank-aware (every process would sample, pay the judges for the same
     pairs and write the rounds): a launch with several processes or DeepSpeed ends with a clear error
     before it reads a model or writes a file, not N copies of the run."""
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
     from farmkit.methods.online_dpo import Annotation, OnlineDPOConfig, train_online_dpo
 
     monkeypatch.setenv(variable, value)  # what torchrun / accelerate launch --use_deepspeed set

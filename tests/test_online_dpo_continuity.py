@@ -98,8 +98,8 @@ def test_the_optimizer_and_the_schedule_continue_across_rounds(sft, prompts, tmp
 
 
 def test_a_cut_answer_is_trained_without_an_end_token(tiny_model_path):
+    from farmkit.lm.models import PromptFormat, load_tokenizer
     from farmkit.methods.dpo import pair_rows
-    from farmkit.models import PromptFormat, load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_path)
     fmt = PromptFormat("chat")
@@ -145,7 +145,7 @@ def test_pairs_are_sampled_without_the_models_generation_config(sft, tmp_path, m
     )
     records = prompt_records(8)
     config = OnlineDPOConfig(max_new_tokens=6, generation_batch_size=16, rollout_backend="hf")
-    from farmkit import models
+    from farmkit.lm import models
 
     dtypes = []
     real_load = models.load_causal_lm
@@ -170,8 +170,8 @@ def test_pairs_are_sampled_without_the_models_generation_config(sft, tmp_path, m
 def test_a_vllm_round_samples_in_fp32_too(sft, monkeypatch):
     """The vLLM path builds its engine in fp32, as the RL rollouts' engine (no vLLM needed here:
     the engine and its sampling are stood in for)."""
-    from farmkit import sampling
-    from farmkit.generation import Sample
+    from farmkit.lm import sampling
+    from farmkit.lm.generation import Sample
     from farmkit.methods.online_dpo import OnlineDPOConfig, _sample_pairs
 
     engines = []

@@ -13,7 +13,7 @@ import pytest
 import torch
 from policy_fixtures import keyword_reward_model, prompt_records, tiny_sft
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 from farmkit.methods import estimators as E
 from farmkit.methods import rollout_backends as RB
 from farmkit.methods.group import GRPOConfig, RLOOConfig, train_group
@@ -110,7 +110,7 @@ class SpyEngine:
     name = "spy"
 
     def __init__(self, sft: str, offset: float = 0.0, push: bool = True) -> None:
-        from farmkit.models import load_causal_lm
+        from farmkit.lm.models import load_causal_lm
 
         self.model, _ = load_causal_lm(sft, device="cpu", dtype="float32")
         self.offset, self.push, self.syncs = offset, push, 0

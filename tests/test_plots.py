@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from farmkit.tools import farm_correlate, farm_winrate
 
-from farmkit import plots
+from farmkit.evaluate import plots
 
 LONG = "llama7B_freelb_lr5e-5_AdvLr0_InitAdvMax10_AdvStep1_Projl2_MaxNorm0_yuxinRun"
 
@@ -505,7 +505,7 @@ def test_training_curves_name_a_bad_line_and_a_folder_without_metrics(tmp_path):
 def test_overopt_rows_and_figure_from_any_runs(tmp_path, figures):
     from farmkit.tools import farm_plot
 
-    from farmkit.overopt import best_of_n_kl, rerank
+    from farmkit.evaluate.overopt import best_of_n_kl, rerank
 
     prompts = [f"task {i}" for i in range(4)]
     # four samples per prompt scored by the reward model "rm"; the gold reward is the records' own

@@ -26,8 +26,8 @@ from policy_fixtures import (
     write_jsonl,
 )
 
+from farmkit.lm.models import load_tokenizer
 from farmkit.methods.ppo import PPOConfig, train_ppo
-from farmkit.models import load_tokenizer
 
 SMALL = dict(
     rollout_batch_size=32,
@@ -186,7 +186,7 @@ def test_unfinished_responses_can_be_penalized(models, tmp_path, monkeypatch):
 
 
 def test_resume_without_a_checkpoint_fails_clearly(models, tmp_path):
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
 
     with pytest.raises(FarmError, match="no checkpoint"):
         train_ppo(
@@ -468,7 +468,7 @@ def test_the_value_model_starts_from_the_reward_model(models, tmp_path, head):
 
 def test_resume_refuses_a_checkpoint_of_the_other_kind(models, tmp_path):
     """A full-weight checkpoint has no adapters to put back on SFT, and the other way round."""
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
 
     sft, rm = models
     config = dict(checkpoint_every=1, **{**SMALL, "rollout_batch_size": 16})

@@ -287,7 +287,7 @@ def test_a_tiny_rloo_run_with_its_preset_makes_one_unclipped_update_per_batch(
 
 
 def test_a_run_resumes_under_the_preset_or_under_the_values_it_resolved_to(tmp_path):
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
     from farmkit.methods.checkpoints import check_same_settings
 
     preset = build_config(PPOConfig, {"preset": "alpacafarm"})

@@ -10,16 +10,16 @@ from click.testing import CliRunner
 from farmkit.tools.farm_sample import cli as sample_cli
 from transformers import AutoTokenizer
 
-from farmkit import generation
-from farmkit.methods import sft
-from farmkit.methods.reward import reward_format, reward_text
-from farmkit.models import (
+from farmkit.lm import generation
+from farmkit.lm.models import (
     ALPACA_PREAMBLE,
     ALPACA_WITH_INPUT,
     PromptFormat,
     format_prompt,
     response_end,
 )
+from farmkit.methods import sft
+from farmkit.methods.reward import reward_format, reward_text
 
 EXAMPLES = [
     {"instruction": "Name a large mammal.", "input": "", "output": "The blue whale."},

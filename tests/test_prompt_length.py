@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from farmkit.generation import DecodingConfig, generate, prompt_room
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.lm.generation import DecodingConfig, generate, prompt_room
 
 
 def test_a_prompt_longer_than_the_context_is_left_truncated_with_a_warning(tiny_model_path, caplog):
@@ -71,7 +71,7 @@ def _no_huge_tokenization(tokenizer, limit: int = 100_000):
 
 def test_vllm_prompts_fit_max_model_len_keeping_their_end(tiny_model_path, caplog):
     # vLLM is not installed here: the function that turns prompts into token ids for it is tested alone
-    from farmkit.sampling import vllm_prompts
+    from farmkit.lm.sampling import vllm_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     huge = "word " * 2_000_000 + "Now answer: what is two plus two?"
@@ -334,7 +334,7 @@ def test_best_of_n_and_expert_iteration_refuse_an_over_long_prompt_before_any_mo
 
 
 def test_the_decision_never_tokenizes_a_huge_prompt_whole(tiny_model_path):
-    from farmkit.sampling import screen_long_prompts
+    from farmkit.lm.sampling import screen_long_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     undo = _no_huge_tokenization(tokenizer)

@@ -134,7 +134,7 @@ def test_keep_all_trains_every_quantile_with_its_token(models, tmp_path, monkeyp
     assert result.exit_code == 0, result.output
     round_metrics = json.loads((output / "metrics.jsonl").read_text().splitlines()[0])
     assert round_metrics["trained_on"] == 16
-    from farmkit.models import load_tokenizer
+    from farmkit.lm.models import load_tokenizer
 
     tokenizer = load_tokenizer(output)
     ids = tokenizer.convert_tokens_to_ids([quantile_token(q) for q in range(4)])
@@ -276,7 +276,7 @@ def test_training_logprobs_are_what_generate_sampled_from(models, tmp_path, monk
         and {call["temperature"] for call in calls} == {0.7}
         and {entry[1] for entry in seen} == {0.7}
     )
-    from farmkit.models import load_tokenizer
+    from farmkit.lm.models import load_tokenizer
 
     eos = load_tokenizer(sft).eos_token_id
     sampled = {}
@@ -340,7 +340,7 @@ def test_alpacafarm_schedule_without_control_tokens(models, tmp_path):
     assert [entry["learning_rate"] for entry in metrics] == pytest.approx([1e-3, 5e-4])
     meta = json.loads((output / "meta.json").read_text())
     assert "sampling_control_token" not in meta and meta["config"]["control_token"] == "none"
-    from farmkit.models import load_tokenizer
+    from farmkit.lm.models import load_tokenizer
 
     assert quantile_token(0) not in load_tokenizer(output).get_vocab()
 
@@ -452,7 +452,7 @@ def test_two_processes_share_a_round_and_only_the_main_one_writes(models, tmp_pa
 def test_a_deepspeed_launch_with_a_fixed_device_is_refused_not_ignored(monkeypatch, tmp_path):
     """--device cpu would make accelerate drop the DeepSpeed launch without a word (ZeRO-2 itself runs:
     tests/test_deepspeed.py, ZeRO-3 is refused there)."""
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
 
     monkeypatch.setenv(
         "ACCELERATE_USE_DEEPSPEED", "true"
@@ -547,7 +547,7 @@ def test_vllm_rollouts_are_refused_with_control_tokens_and_auto_samples_with_hf(
     hf; --control-token none adds no token and keeps vllm."""
     import importlib.util
 
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
     from farmkit.methods.quark import rollout_backend_kind
 
     real = importlib.util.find_spec

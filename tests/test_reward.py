@@ -14,8 +14,8 @@ import pytest
 from farmkit.tools.farm_rm_train import main as rm_train_main
 from farmkit.tools.farm_score import main as score_main
 
-from farmkit.modelio import META_KEYS
-from farmkit.models import file_sha256
+from farmkit.lm.modelio import META_KEYS
+from farmkit.lm.models import file_sha256
 
 WORDS = "apple river stone cloud music garden window paper light forest engine silver".split()
 KEYWORD = "thanks"
@@ -48,8 +48,8 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def train_keyword_rm(base: Path, folder: Path, pairs: int = 160, **overrides) -> dict:
     """A reward model on the tiny backbone that learns the keyword (seconds on a CPU)."""
+    from farmkit.core.records import comparisons
     from farmkit.methods.reward import RewardConfig, train_reward_model
-    from farmkit.records import comparisons
 
     items, _ = comparisons(keyword_prefs(pairs, seed=1))
     settings = {
@@ -202,8 +202,8 @@ def test_soft_label_loss_is_minimal_at_the_target_odds():
 
 
 def test_held_out_split_keeps_prompts_together():
+    from farmkit.core.records import Comparison
     from farmkit.methods.reward import split_held_out
-    from farmkit.records import Comparison
 
     items = [Comparison(f"prompt {i % 10}", "", "a", "b", 1.0) for i in range(50)]
     train, held_out = split_held_out(items, 0.3, seed=0)
@@ -233,7 +233,7 @@ def test_train_layers_leaves_lower_weights_untouched(tiny_model_path, tmp_path):
 def test_lora_run_saves_a_merged_loadable_reward_model(tiny_model_path, tmp_path):
     from safetensors.torch import load_file
 
-    from farmkit.models import load_reward_model
+    from farmkit.lm.models import load_reward_model
 
     train_keyword_rm(tiny_model_path, tmp_path / "rm", pairs=32, lora=True, max_steps=3)
     weights = load_file(tmp_path / "rm" / "model.safetensors")

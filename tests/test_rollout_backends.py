@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from farmkit.generation import Sample
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.lm.generation import Sample
 from farmkit.methods import policy as P
 from farmkit.methods import rollout_backends as R
 from farmkit.methods.rl_common import response_mask
@@ -89,9 +89,9 @@ def test_an_unknown_backend_is_refused():
 
 
 def test_the_tools_that_sample_a_saved_policy_decide_by_the_same_rule(no_vllm, monkeypatch):
-    """farm-expiter and farm-online-dpo (farmkit.sampling.rollout_backend) pick and refuse exactly
+    """farm-expiter and farm-online-dpo (farmkit.lm.sampling.rollout_backend) pick and refuse exactly
     as the trainers' make_backend does."""
-    from farmkit.sampling import rollout_backend
+    from farmkit.lm.sampling import rollout_backend
 
     with pytest.raises(FarmError, match="auto, hf, vllm"):
         rollout_backend("sglang")
@@ -107,7 +107,7 @@ def test_the_tools_that_sample_a_saved_policy_decide_by_the_same_rule(no_vllm, m
 
 
 def test_hf_backend_rollout_is_sample_rollouts_under_the_same_seed(tiny_model_path):
-    from farmkit.models import load_causal_lm
+    from farmkit.lm.models import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_path, device="cpu", dtype="float32")
     prompts = [
@@ -156,7 +156,7 @@ def test_vllm_rollout_layout_is_sample_rollouts():
 
 
 def test_plain_policy_weights_go_to_the_engine_under_their_checkpoint_names(tiny_model_path):
-    from farmkit.models import load_causal_lm
+    from farmkit.lm.models import load_causal_lm
 
     model, _ = load_causal_lm(tiny_model_path, device="cpu", dtype="float32")
     pushed = dict(R.engine_weights(Wrapper(Wrapper(model))))
@@ -180,7 +180,7 @@ class Wrapper(torch.nn.Module):
 def test_lora_policy_pushes_merged_weights_and_stays_untouched(tiny_model_path):
     """A peft policy hands the engine W + scale * B A under the plain checkpoint names (what
     merge_and_unload would save), and the trained module is not modified (no merge in place)."""
-    from farmkit.models import load_causal_lm
+    from farmkit.lm.models import load_causal_lm
 
     model, _ = load_causal_lm(tiny_model_path, device="cpu", dtype="float32")
     plain = {name: value.detach().clone() for name, value in model.named_parameters()}
@@ -234,7 +234,7 @@ def test_a_vllm_completion_counts_its_tokens_as_generate_does():
     twice for vLLM's samples)."""
     from types import SimpleNamespace
 
-    from farmkit.sampling import vllm_sample
+    from farmkit.lm.sampling import vllm_sample
 
     def output(tokens, reason, stop_reason=None):
         return SimpleNamespace(

@@ -42,7 +42,7 @@ def fussy_sft(sft, tmp_path_factory):
 
 
 def sample_with_scores(folder, calls, temperature, lora=False):
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.lm.models import PromptFormat, load_causal_lm
 
     model, tokenizer = load_causal_lm(folder, device="cpu", dtype="float32")
     if lora:
@@ -77,7 +77,7 @@ def test_a_lora_policy_samples_the_same_distribution(fussy_sft, monkeypatch):
 
 
 def test_the_models_generation_config_is_left_as_it_was(fussy_sft, monkeypatch):
-    from farmkit.models import load_causal_lm
+    from farmkit.lm.models import load_causal_lm
 
     model, tokenizer = load_causal_lm(fussy_sft, device="cpu")
     P.sample_rollout(model, tokenizer, ["Hello"], 0.7, 2)
@@ -112,8 +112,8 @@ def test_unfinished_answers_are_penalized_only_when_asked():
 
 
 def test_sample_and_score_pairs_each_response_with_its_prompt(sft, tiny_model_path, tmp_path):
+    from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.methods.reward import RewardScorer
-    from farmkit.models import PromptFormat, load_causal_lm
 
     rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")
     model, tokenizer = load_causal_lm(sft, device="cpu", dtype="float32")
@@ -175,8 +175,8 @@ def test_the_reward_model_is_told_which_answers_were_cut_off(
 ):
     """A cut-off answer is scored without an end-of-sequence token (what --unfinished truncate relies
     on): the rollout's finished flags must reach the scorer, in both unfinished modes."""
+    from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.methods.reward import RewardScorer
-    from farmkit.models import PromptFormat, load_causal_lm
 
     rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")
     model, tokenizer = load_causal_lm(sft, device="cpu", dtype="float32")

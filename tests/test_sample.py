@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from farmkit.tools.farm_sample import cli
 from openai_server import OpenAIServer
 
-from farmkit import generation, sampling
+from farmkit.lm import generation, sampling
 
 PROMPTS = [
     {"instruction": "Name a colour.", "input": "", "id": "a", "split": "eval"},
@@ -171,7 +171,7 @@ def test_control_token_of_a_reward_conditioned_folder_is_applied(
 ):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from farmkit.models import write_meta
+    from farmkit.lm.models import write_meta
 
     folder = tmp_path / "conditioned"
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)

@@ -1,4 +1,4 @@
-"""farmkit.seeds: one home for derived seeds and stable hashes. The values tools already wrote stay
+"""farmkit.core.seeds: one home for derived seeds and stable hashes. The values tools already wrote stay
 what they were (farm-sample's per-request seeds, farm-split's positions, provenance config hashes):
 golden numbers computed with the formulas these functions replaced."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from farmkit import seeds
+from farmkit.core import seeds
 
 
 def test_derived_seeds_and_positions_keep_their_published_values():
     from farmkit.cli import config_hash
-    from farmkit.sampling import request_seed
-    from farmkit.split import position
+    from farmkit.core.split import position
+    from farmkit.lm.sampling import request_seed
 
     assert [request_seed(s, i, k) for s, i, k in [(0, 0, 0), (7, 3, 1), (123, 4567, 15)]] == [
         1428933352,
@@ -42,7 +42,7 @@ def test_derived_seeds_differ_by_purpose_and_do_not_collide_with_the_next_seed()
 
 
 def test_farmkit_derives_its_seeds_in_one_place():
-    """Every seed farmkit draws from comes from farmkit.seeds.derive_seed: arithmetic such as
+    """Every seed farmkit draws from comes from farmkit.core.seeds.derive_seed: arithmetic such as
     `seed * 1_000_003 + round * 1_009 + start` makes two purposes (round 1 at 1009, round 2 at 0)
     or two runs share one random stream. Every module of the package (methods, generation,
     annotation, ...) and of the command-line tools is scanned."""

@@ -14,9 +14,9 @@ from conftest import run_tool
 from farmkit.tools.farm_sample import cli as sample_cli
 from farmkit.tools.farm_sft import cli as sft_cli
 
+from farmkit.lm.modelio import META_KEYS
 from farmkit.methods import sft
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig, train_sft
-from farmkit.modelio import META_KEYS
 
 DEMOS = [
     {"instruction": "Name the colour of a clear daytime sky.", "input": "", "output": "Blue."},
@@ -90,7 +90,7 @@ def quick(**overrides) -> SFTConfig:
 
 
 def test_sft_lowers_the_response_loss_and_changes_the_weights(tiny_model_path, tmp_path):
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.lm.models import PromptFormat, load_causal_lm
 
     before_model, tokenizer = load_causal_lm(tiny_model_path)
     loss_before = sft.completion_loss(
@@ -116,7 +116,7 @@ def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, m
     prompt token (and of padding) is -100, and each response token's label is the token itself."""
     from trl.trainer import sft_trainer
 
-    from farmkit.models import PromptFormat, load_tokenizer
+    from farmkit.lm.models import PromptFormat, load_tokenizer
 
     original, batches = sft_trainer.DataCollatorForLanguageModeling.torch_call, []
 
@@ -148,8 +148,8 @@ def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, m
 
 @pytest.mark.slow
 def test_embedded_sft_lowers_the_loss_changes_weights_and_samples(embedded_path, tmp_path):
-    from farmkit.generation import DecodingConfig, generate
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.lm.generation import DecodingConfig, generate
+    from farmkit.lm.models import PromptFormat, load_causal_lm
 
     before_model, tokenizer = load_causal_lm(embedded_path)
     prompt_format = PromptFormat.for_model(embedded_path)
@@ -253,7 +253,7 @@ def test_modes_are_exclusive(tmp_path):
 
 
 def test_feedme_and_conditioning_examples_follow_the_verdicts():
-    from farmkit.records import comparisons
+    from farmkit.core.records import comparisons
 
     items, counts = comparisons(PREFERENCES)
     assert counts == {"used": 2, "tie": 1, "null": 1}

@@ -14,8 +14,8 @@ from conftest import run_tool, shared_data
 from farmkit.tools import farm_split
 from farmkit.tools.farm_split import cli
 
-from farmkit import split as split_module
-from farmkit.split import assign, parse_sizes
+from farmkit.core import split as split_module
+from farmkit.core.split import assign, parse_sizes
 
 
 def instructions(n, start=0):

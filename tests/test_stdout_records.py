@@ -13,7 +13,7 @@ NOISY_TOOL = textwrap.dedent(
     import logging, os, sys
     import click
     from farmkit.cli import common_options, entry_point
-    from farmkit.io import RecordWriter
+    from farmkit.core.io import RecordWriter
 
     # a library that bound a logging handler to sys.stdout when it was imported (DeepSpeed does)
     early = logging.getLogger("early-library")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from farmkit.generation import DecodingConfig, generate
+from farmkit.lm.generation import DecodingConfig, generate
+from farmkit.lm.models import load_causal_lm
 from farmkit.methods import policy as P
-from farmkit.models import load_causal_lm
 
 PROMPTS = ["Name a colour.", "What is two plus two?", "Say hello."]
 NEW_TOKENS = 6

@@ -66,7 +66,7 @@ def models(tiny_model_path, tmp_path_factory):
 
 @pytest.mark.parametrize("tool", ["farm-dpo", "farm-rm-train", "farm-grpo"])
 def test_device_cpu_trains_and_writes_a_loadable_folder(tool, models, tmp_path):
-    from farmkit.models import load_causal_lm
+    from farmkit.lm.models import load_causal_lm
 
     sft, rm = models
     prefs = write_jsonl(tmp_path / "prefs.jsonl", preference_records())
@@ -123,10 +123,10 @@ def test_rm_train_resumed_after_an_interruption_ends_with_the_unbroken_runs_weig
 ):
     from test_reward import keyword_prefs
 
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
+    from farmkit.core.records import comparisons
     from farmkit.methods import reward as reward_module
     from farmkit.methods.reward import RewardConfig, train_reward_model
-    from farmkit.records import comparisons
 
     items, _ = comparisons(keyword_prefs(40, seed=1))
     # 32 training pairs, 8 a step: 4 steps an epoch, 12 in all; states at 3, 6 and 9
@@ -309,8 +309,8 @@ def test_quark_lora_trains_adapters_and_the_control_token_and_saves_a_merged_pol
 ):
     from policy_fixtures import spy_adamw
 
+    from farmkit.lm.models import load_causal_lm
     from farmkit.methods.quark import QuarkConfig, quantile_token, train_quark
-    from farmkit.models import load_causal_lm
 
     sft, rm = models
     before = weights(sft)

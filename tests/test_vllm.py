@@ -325,7 +325,7 @@ def test_a_vocabulary_grown_after_the_engine_started_is_refused(engine, sft, rol
     not know them: pushing or sampling them is refused, and the engine is left as it was."""
     import copy
 
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
     from farmkit.methods import policy as P
 
     policy, tokenizer = sft
@@ -397,7 +397,7 @@ def leaning_sft(colour_models, tmp_path_factory):
     import torch
     from policy_fixtures import KEYWORD, QUESTIONS, keyword_probability
 
-    from farmkit.models import PromptFormat, load_causal_lm
+    from farmkit.lm.models import PromptFormat, load_causal_lm
 
     folder = tmp_path_factory.mktemp("leaning") / "sft"
     shutil.copytree(colour_models[0], folder)
@@ -573,10 +573,10 @@ def test_a_batch_beyond_one_steps_token_budget_is_sampled(colour_models):
     rollout prompts of about 40 tokens are sampled, with the trainer's log-probabilities."""
     from policy_fixtures import QUESTIONS
 
+    from farmkit.lm.models import PromptFormat
     from farmkit.methods import policy as P
     from farmkit.methods.rollout_backends import logprob_mismatch, make_backend
     from farmkit.methods.rollouts import load_policy_and_reference
-    from farmkit.models import PromptFormat
 
     sft = colour_models[0]
     policy, _, tokenizer = load_policy_and_reference(sft, "cpu", reference=False)
@@ -616,7 +616,7 @@ def test_quark_with_control_tokens_refuses_vllm_before_any_work(tmp_path):
     not after the first round's training."""
     from policy_fixtures import prompt_records
 
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
     from farmkit.methods.quark import CONTROL, QuarkConfig, train_quark
 
     assert CONTROL == ("condition", "none") and QuarkConfig().control_token == "condition"
@@ -642,9 +642,9 @@ def test_quark_without_control_tokens_samples_each_round_from_the_updated_policy
     round (round 2's far from the SFT model's)."""
     from policy_fixtures import prompt_records
 
+    from farmkit.lm.models import load_causal_lm
     from farmkit.methods import rollout_backends as RB
     from farmkit.methods.quark import QuarkConfig, train_quark
-    from farmkit.models import load_causal_lm
 
     sft, rm = colour_models
     start, _ = load_causal_lm(sft, device="cpu", dtype="float32")
@@ -684,7 +684,7 @@ def test_quark_without_control_tokens_samples_each_round_from_the_updated_policy
 
 @pytest.fixture
 def eager_engines(monkeypatch):
-    """The engines farmkit.sampling makes for a call (farm-expiter's and farm-online-dpo's, one a
+    """The engines farmkit.lm.sampling makes for a call (farm-expiter's and farm-online-dpo's, one a
     round) start eager, as the colocated engine does on a CPU: torch.compile's warm-up took 30-70 s
     an engine here, and what it compiles is vLLM's business, not what these tests check."""
     import functools
@@ -716,12 +716,12 @@ def test_expert_iteration_samples_each_rounds_policy_with_vllm(
 
     from policy_fixtures import prompt_records
 
-    from farmkit import sampling
+    from farmkit.core.seeds import derive_seed
+    from farmkit.lm import sampling
     from farmkit.methods import expiter
     from farmkit.methods.bon import BestOfNConfig, mean_rewards
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import SFTConfig
-    from farmkit.seeds import derive_seed
 
     sft, rm = colour_models
     folders, sampled = [], []
@@ -800,7 +800,7 @@ def test_online_dpo_samples_each_round_with_vllm(
     output), and the run writes the policy folder."""
     from policy_fixtures import prompt_records
 
-    from farmkit import sampling
+    from farmkit.lm import sampling
     from farmkit.methods.online_dpo import (
         Annotation,
         OnlineDPOConfig,

@@ -17,9 +17,9 @@ from conftest import run_tool, shared_data
 from farmkit.tools.farm_winrate import cli
 from scipy import stats
 
-from farmkit import length_control, winrate
-from farmkit.io import FarmError
-from farmkit.winrate import WinrateTable
+from farmkit.core.io import FarmError
+from farmkit.evaluate import length_control, winrate
+from farmkit.evaluate.winrate import WinrateTable
 
 PROVENANCE = {"farm-winrate": {"tool": "farm-winrate", "version": "0.1.0"}}
 

@@ -21,7 +21,7 @@ from farmkit.cli import (
     split_option,
     verdict_cache,
 )
-from farmkit.io import RecordWriter, records_stdout
+from farmkit.core.io import RecordWriter, records_stdout
 
 
 @click.command(name="farm-annotate")

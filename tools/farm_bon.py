@@ -8,7 +8,6 @@ import time
 
 import click
 
-from farmkit import distributed
 from farmkit.cli import (
     SAMPLE_COUNTS,
     common_options,
@@ -23,7 +22,8 @@ from farmkit.cli import (
     shared_option,
     stamp,
 )
-from farmkit.io import FarmError, RecordWriter, display_name, read_numbered
+from farmkit.core import distributed
+from farmkit.core.io import FarmError, RecordWriter, display_name, read_numbered
 
 log = logging.getLogger("farmkit")
 
@@ -108,11 +108,14 @@ def cli(
     numbered = read_numbered(prompts, "instruction")
     if not numbered:
         return
-    from farmkit.sampling import screen_long_prompts
+    from farmkit.lm.sampling import screen_long_prompts
 
     records = screen_long_prompts(policy, numbered, template, max_new_tokens, long_prompts)
     if not records:
         raise FarmError(f"{display_name(prompts)}: every prompt is over-long; nothing to sample")
+    from farmkit.core.seeds import derive_seed
+    from farmkit.evaluate.metrics import write_metrics
+    from farmkit.lm.sampling import generator_name
     from farmkit.methods.bon import (
         BestOfNConfig,
         ScoredPrompt,
@@ -124,9 +127,6 @@ def cli(
     from farmkit.methods.budget import reward_model_labels
     from farmkit.methods.gold import describe, make_gold, prompt_key
     from farmkit.methods.reward import RewardScorer
-    from farmkit.metrics import write_metrics
-    from farmkit.sampling import generator_name
-    from farmkit.seeds import derive_seed
 
     try:
         config = BestOfNConfig(

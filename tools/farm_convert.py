@@ -12,8 +12,8 @@ from farmkit.cli import (
     on_error_option,
     output_option,
 )
-from farmkit.formats import FormatError, to_trl
-from farmkit.io import (
+from farmkit.core.formats import FormatError, to_trl
+from farmkit.core.io import (
     FarmError,
     RecordError,
     RecordWriter,

@@ -7,7 +7,8 @@ import itertools
 import click
 
 from farmkit.cli import AliasedOption, common_options, entry_point, log, provenance, stamp
-from farmkit.correlate import (
+from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
     Annotations,
     alpaca_eval_evaluators,
@@ -17,8 +18,7 @@ from farmkit.correlate import (
     judge_summaries,
     read_board,
 )
-from farmkit.io import FarmError, RecordWriter, atomic_path, records_stdout
-from farmkit.winrate import indexed_csv, render
+from farmkit.evaluate.winrate import indexed_csv, render
 
 FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 
@@ -166,7 +166,7 @@ def cli(
     verdict flips when the order is swapped, price and seconds per 1,000 verdicts (from the records'
     provenance), bias, variance over runs, preference for longer outputs, lists and the first
     position; and the humans' own figures with Cohen's kappa between annotators (definitions in
-    farmkit/correlate.py).
+    farmkit/evaluate/correlate.py).
 
     \b
     farm-correlate sim.jsonl human.jsonl --plot sim_vs_human.png
@@ -248,7 +248,7 @@ def cli(
                     f"{row['y']} lacks {len(row['missing_from_y'])} (see missing_from_x / missing_from_y)"
                 )
         if plot:
-            from farmkit.plots import board_scatter
+            from farmkit.evaluate.plots import board_scatter
 
             board_scatter(plot, loaded[0], loaded[1], title=_title(rows[0]), max_labels=max_labels)
         info = provenance(

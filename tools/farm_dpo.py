@@ -16,7 +16,7 @@ from farmkit.cli import (
     resolve_config,
     split_option,
 )
-from farmkit.io import FarmError, display_name, read_records
+from farmkit.core.io import FarmError, display_name, read_records
 from farmkit.methods.dpo import DPOConfig, dpo_pairs
 
 log = logging.getLogger("farmkit")

@@ -1,5 +1,5 @@
 """farm-eval: model outputs (or a model) + a reference -> leaderboard rows, placed on a published board.
-A convenience over farm-sample, farm-annotate and farm-winrate (farmkit/evaluate.py)."""
+A convenience over farm-sample, farm-annotate and farm-winrate (farmkit/evaluate/run.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from farmkit.cli import (
     split_option,
     verdict_cache,
 )
-from farmkit.evaluate import DEFAULT_POOL, SORT_BY
+from farmkit.evaluate.run import DEFAULT_POOL, SORT_BY
 
 TOOL = "farm-eval"
 
@@ -131,7 +131,7 @@ def cli(
     farm-eval sft/ --reference ref.jsonl --pool sim_eval_offline --format table
     farm-eval model_outputs.json --reference ref.json --labels annotations.json --sort-by win_rate
     """
-    from farmkit import evaluate
+    from farmkit.evaluate import run as evaluate
 
     if not reference:
         raise click.UsageError("give the reference's outputs: --reference FILE")

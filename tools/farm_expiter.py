@@ -7,7 +7,6 @@ import logging
 
 import click
 
-from farmkit import distributed
 from farmkit.cli import (
     common_options,
     decoding_options,
@@ -19,7 +18,8 @@ from farmkit.cli import (
     seed_option,
     shared_option,
 )
-from farmkit.io import FarmError, display_name, read_numbered
+from farmkit.core import distributed
+from farmkit.core.io import FarmError, display_name, read_numbered
 from farmkit.methods.sft import SFTConfig
 
 log = logging.getLogger("farmkit")
@@ -106,7 +106,7 @@ def cli(
     numbered = read_numbered(prompts, "instruction")
     if not numbered:
         raise FarmError(f"{name}: no prompts to run expert iteration on")
-    from farmkit.sampling import screen_long_prompts
+    from farmkit.lm.sampling import screen_long_prompts
 
     records = screen_long_prompts(policy, numbered, template, max_new_tokens, long_prompts)
     if not records:
@@ -116,7 +116,7 @@ def cli(
     from farmkit.methods.tracking import check
 
     check(report_to)
-    from farmkit.models import file_sha256
+    from farmkit.lm.models import file_sha256
 
     try:
         sampling = BestOfNConfig(

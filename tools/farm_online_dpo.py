@@ -16,7 +16,7 @@ from farmkit.cli import (
     resolve_config,
     verdict_cache,
 )
-from farmkit.io import FarmError, display_name, read_records
+from farmkit.core.io import FarmError, display_name, read_records
 from farmkit.methods.online_dpo import DEFAULT_POOL, OnlineDPOConfig
 
 log = logging.getLogger("farmkit")

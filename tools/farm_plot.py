@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from farmkit.cli import common_options, entry_point, log
-from farmkit.io import FarmError, RecordWriter
+from farmkit.core.io import FarmError, RecordWriter
 
 OUTPUT = click.option(
     "-o",
@@ -47,8 +47,8 @@ def cli():
 def history(history, generators, length_controlled, output):
     """A model's win rate over time, with its interval as a band, from a `farm-winrate --history` file
     (one line per model and reference)."""
-    from farmkit import history as win_rate_history
-    from farmkit.plots import win_rate_history as draw
+    from farmkit.evaluate import history as win_rate_history
+    from farmkit.evaluate.plots import win_rate_history as draw
 
     entries = win_rate_history.read(history)
     if not entries:
@@ -87,8 +87,8 @@ def curves(runs, fields, x, output):
     """Training curves: every numeric field of each run's metrics.jsonl against step (or --x), one
     panel per field and one line per run. RUNS are model folders (PPO's, RLOO's, GRPO's and online
     DPO's: their -checkpoints folder is looked in too) or metrics files (farm-bon --metrics)."""
-    from farmkit.plots import training_curves
-    from farmkit.runs import read_metrics, run_names
+    from farmkit.core.runs import read_metrics, run_names
+    from farmkit.evaluate.plots import training_curves
 
     metrics = {
         name: read_metrics(run) for name, run in zip(run_names(list(runs)), runs, strict=True)
@@ -145,9 +145,9 @@ def overopt(leaderboard, outputs, scored, ppo_runs, labels, output):
     records, systems named RM-best-of-N and ppo-RM-step-K), against the KL to the SFT policy, and
     against n. Prints the rows as JSONL: per system its surrogate and gold reward, gold win rate and
     KL; paired bootstrap comparisons of the best-of-n systems; each --scored model's agreement with gold."""
-    from farmkit import overopt as study
-    from farmkit.plots import over_optimization
-    from farmkit.runs import read_metrics
+    from farmkit.core.runs import read_metrics
+    from farmkit.evaluate import overopt as study
+    from farmkit.evaluate.plots import over_optimization
 
     answers = study.load_outputs(list(outputs))
     rows = study.curves(

@@ -15,7 +15,7 @@ from farmkit.cli import (
     output_dir_option,
     resolve_config,
 )
-from farmkit.io import FarmError, display_name, read_records
+from farmkit.core.io import FarmError, display_name, read_records
 from farmkit.methods.quark import QuarkConfig
 
 log = logging.getLogger("farmkit")

@@ -16,7 +16,7 @@ from farmkit.cli import (
     resolve_config,
     split_option,
 )
-from farmkit.io import FarmError, display_name, read_records
+from farmkit.core.io import FarmError, display_name, read_records
 from farmkit.methods.reward import RewardConfig
 
 log = logging.getLogger("farmkit")
@@ -35,8 +35,8 @@ def cli(model, prefs, output_dir, config_file, **values):
     maximizing the Bradley-Terry likelihood. Fractional preferences are soft labels; null verdicts are
     skipped and counted. Reports held-out pairwise accuracy; per-step metrics go to DIR/metrics.jsonl."""
     config = resolve_config(RewardConfig, config_file, values)
-    from farmkit.models import file_sha256
-    from farmkit.records import comparisons
+    from farmkit.core.records import comparisons
+    from farmkit.lm.models import file_sha256
 
     source = display_name(prefs)
     records = list(read_records(prefs, "preference"))

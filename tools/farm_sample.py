@@ -21,7 +21,7 @@ from farmkit.cli import (
     split_option,
     stamp,
 )
-from farmkit.io import FarmError, display_name, read_numbered
+from farmkit.core.io import FarmError, display_name, read_numbered
 
 TOOL = "farm-sample"
 
@@ -103,7 +103,7 @@ def cli(
     sample_index, the decoding settings, seed and provenance. A model folder trained with reward
     conditioning gets its control token added to every prompt.
     """
-    from farmkit import distributed
+    from farmkit.core import distributed
 
     if distributed.launched() and prompts == "-":
         raise click.UsageError(
@@ -117,18 +117,23 @@ def cli(
     records = [record for _, record in numbered]
     if not records:
         if output != "-":
-            from farmkit.io import write_records
+            from farmkit.core.io import write_records
 
             write_records([], output)
         return
 
-    from farmkit.generation import DecodingConfig
-    from farmkit.sampling import SampleSettings, default_backend, generator_name, sample_to_output
+    from farmkit.lm.generation import DecodingConfig
+    from farmkit.lm.sampling import (
+        SampleSettings,
+        default_backend,
+        generator_name,
+        sample_to_output,
+    )
 
     if backend == "auto":
         backend = default_backend(device)
     if backend != "openai":  # an endpoint's context is unknown here: it answers for itself
-        from farmkit.sampling import screen_long_prompts
+        from farmkit.lm.sampling import screen_long_prompts
 
         records = screen_long_prompts(model, numbered, template, max_new_tokens, long_prompts)
         if not records:
@@ -154,7 +159,7 @@ def cli(
     )
     control = None
     if backend != "openai":
-        from farmkit.models import PromptFormat, resolve
+        from farmkit.lm.models import PromptFormat, resolve
 
         control = PromptFormat.for_model(resolve(model), template).control
         if control:

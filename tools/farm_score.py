@@ -6,7 +6,6 @@ import logging
 
 import click
 
-from farmkit import distributed
 from farmkit.cli import (
     common_options,
     entry_point,
@@ -17,7 +16,8 @@ from farmkit.cli import (
     shared_option,
     stamp,
 )
-from farmkit.io import RecordWriter, read_records
+from farmkit.core import distributed
+from farmkit.core.io import RecordWriter, read_records
 
 
 @click.command(name="farm-score")

@@ -16,7 +16,7 @@ from farmkit.cli import (
     resolve_config,
     split_option,
 )
-from farmkit.io import FarmError, display_name, read_numbered, read_records
+from farmkit.core.io import FarmError, display_name, read_numbered, read_records
 from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
 
 
@@ -85,8 +85,8 @@ def cli(
     name = display_name(demos)
     meta_extra = {"tool": "farm-sft", "inputs": {}}
     if from_preferences or reward_conditioning:
+        from farmkit.core.records import comparisons
         from farmkit.methods.sft import conditioning_examples, feedme_examples
-        from farmkit.records import comparisons
 
         items, counts = comparisons(read_records(demos, "preference"), source=name)
         if from_preferences:
@@ -118,15 +118,15 @@ def cli(
                 "input": record.get("input") or "",
                 "output": record["output"],
             }
-            if record.get("messages"):  # a multi-turn prompt (farmkit.formats)
+            if record.get("messages"):  # a multi-turn prompt (farmkit.core.formats)
                 example["messages"] = record["messages"]
             examples.append(example)
     if not examples:
         raise FarmError(f"{name}: no demonstrations to train on")
     meta_extra["mode"] = mode
 
+    from farmkit.lm.models import file_sha256
     from farmkit.methods.sft import train_sft
-    from farmkit.models import file_sha256
 
     meta_extra["inputs"] = {name: file_sha256(demos)}
     log.info("farm-sft: %s on %d demonstrations (%s) -> %s", model, len(examples), mode, output_dir)

@@ -17,8 +17,8 @@ from farmkit.cli import (
     seed_option,
     stamp,
 )
-from farmkit.io import FarmError, RecordWriter, display_name, read_records
-from farmkit.split import DEFAULT_SIZES, assign, parse_sizes
+from farmkit.core.io import FarmError, RecordWriter, display_name, read_records
+from farmkit.core.split import DEFAULT_SIZES, assign, parse_sizes
 
 DEFAULT_SIZES_TEXT = ",".join(f"{name}={size}" for name, size in DEFAULT_SIZES.items())
 
@@ -63,7 +63,7 @@ def _sizes(ctx, param, value):
 def cli(instructions, output_dir, tag, sizes, exact, seed):
     """Split INSTRUCTIONS (instruction records; Alpaca JSON or JSONL, `-` for stdin) into disjoint
     splits. Each record's split comes from a seeded hash of its instruction and input, so appending
-    records never moves the others to another split (see farmkit/split.py). Records with the same
+    records never moves the others to another split (see farmkit/core/split.py). Records with the same
     instruction and input are reported on stderr and always land in the same split.
 
     \b

@@ -16,9 +16,9 @@ from farmkit.cli import (
     seed_option,
     stamp,
 )
-from farmkit.io import FarmError, RecordWriter, atomic_path, records_stdout
-from farmkit.length_control import read_instruction_difficulty
-from farmkit.winrate import (
+from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.evaluate.length_control import read_instruction_difficulty
+from farmkit.evaluate.winrate import (
     SORT_BY,
     TABLE_COLUMNS,
     WinrateTable,
@@ -156,7 +156,7 @@ def cli(
 
     Besides AlpacaEval's columns each row has AlpacaEval 2's length-controlled win rate (its GLM:
     a model term, a length term and an instruction difficulty term, read with the length term at
-    zero; see farmkit/length_control.py). A model judged against itself is reported, not ranked; rows against
+    zero; see farmkit/evaluate/length_control.py). A model judged against itself is reported, not ranked; rows against
     several references are ranked apart, one group after the other, and said so on stderr.
 
     \b
@@ -239,11 +239,11 @@ def cli(
     for row in rows:
         stamp(row, "farm-winrate", info)
     if plot and rows and not compare:
-        from farmkit.plots import winrate_board
+        from farmkit.evaluate.plots import winrate_board
 
         winrate_board(plot, rows)
     if history and rows:
-        from farmkit import history as win_rate_history
+        from farmkit.evaluate import history as win_rate_history
 
         win_rate_history.append(history, win_rate_history.stamped(rows, prefs or ("-",)))
     if fmt == "jsonl":

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from farmkit.io import FarmError, process_umask
+from farmkit.core.io import FarmError, process_umask
 
 SCHEMA_VERSION = 1
 VERDICTS = "key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL"

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 # USD per million tokens (prompt, completion), public list prices at the time of writing.
 PRICES: dict[str, tuple[float, float]] = {

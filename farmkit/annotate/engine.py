@@ -37,7 +37,7 @@ from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge, Pool, shipped_pools
 from farmkit.annotate.prompts import Shown, load_template
 from farmkit.cli import provenance, stamp
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"

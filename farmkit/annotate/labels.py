@@ -15,8 +15,8 @@ from typing import Any
 from farmkit.annotate.base import Backend, Verdict
 from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown
-from farmkit.io import read_records
-from farmkit.records import preference_target
+from farmkit.core.io import read_records
+from farmkit.core.records import preference_target
 
 
 class FileBackend(Backend):

@@ -17,7 +17,7 @@ from typing import Any
 from farmkit.annotate.base import Backend, Verdict, decide
 from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown, load_template
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 MAX_ANSWER_CHARS = 2500  # about 600 tokens: two answers and the question fit a 2,048-token context
 
@@ -37,7 +37,7 @@ class LocalBackend(Backend):
         """The model's folder and weight files, the prompt's text, the device and dtype it runs in."""
         from pathlib import Path
 
-        from farmkit.models import choose_device, choose_dtype, resolve
+        from farmkit.lm.models import choose_device, choose_dtype, resolve
 
         folder = Path(resolve(judge.model or "embedded"))
         weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
@@ -56,7 +56,7 @@ class LocalBackend(Backend):
 
     def _load(self, model: str, dtype: str) -> Any:
         if (model, dtype) not in self._loaded:
-            from farmkit.models import PromptFormat, load_causal_lm, resolve
+            from farmkit.lm.models import PromptFormat, load_causal_lm, resolve
 
             network, tokenizer = load_causal_lm(model, device=self.device, dtype=dtype)
             network.eval()

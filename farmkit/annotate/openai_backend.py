@@ -1,5 +1,5 @@
 """The `openai` backend: any OpenAI-compatible chat-completions endpoint (OpenAI, `vllm serve`,
-llama.cpp's server, Ollama) through farmkit's endpoint client (farmkit/endpoint.py), which retries
+llama.cpp's server, Ollama) through farmkit's endpoint client (farmkit/core/endpoint.py), which retries
 transient failures, malformed replies included, and stops the run on errors retrying cannot fix.
 
 A judge whose pool sets `top_logprobs: N` is weighted: it asks for the N likeliest tokens of the
@@ -8,7 +8,7 @@ verdict tokens (see `weighted_verdict`), a fractional preference rather than a p
 
 Concurrency is bounded by the engine (one slot per request, held while backing off). The key comes
 from OPENAI_API_KEY and is never written anywhere: what the endpoint says (errors, replies kept in
-records) passes through `farmkit.endpoint.redact` first.
+records) passes through `farmkit.core.endpoint.redact` first.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from farmkit.annotate.base import Backend, FatalBackendError, RequestFailed, Ver
 from farmkit.annotate.cost import PriceTable, Reservation, prompt_bound
 from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown, load_template, parse_verdicts
-from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal, redact
-from farmkit.endpoint import configured as endpoint  # the engine imports it from here
+from farmkit.core.endpoint import EndpointClient, EndpointFailed, EndpointFatal, redact
+from farmkit.core.endpoint import configured as endpoint  # the engine imports it from here
 
 
 def base_url() -> str:

@@ -8,9 +8,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from farmkit.formats import generator_stand_in, log_stand_in
-from farmkit.io import FarmError, RecordError, bad_records, open_rows, read_records
-from farmkit.validate import problems
+from farmkit.core.formats import generator_stand_in, log_stand_in
+from farmkit.core.io import FarmError, RecordError, bad_records, open_rows, read_records
+from farmkit.core.validate import problems
 
 log = logging.getLogger("farmkit")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 DEFAULT_SETTINGS = {
     "concurrency": 16,

@@ -27,7 +27,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 FORMATS = ("plain", "json", "ranking", "choice")
 SECTIONS = ("system", "user", "pair", "input", "answer")

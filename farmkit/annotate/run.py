@@ -17,13 +17,13 @@ from farmkit.annotate.cost import PriceTable
 from farmkit.annotate.engine import Annotator, require_endpoint
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Pool
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 log = logging.getLogger("farmkit")
 
 
 def default_cache_path() -> Path:
-    from farmkit.models import cache_dir
+    from farmkit.lm.models import cache_dir
 
     return cache_dir() / "annotations.sqlite"
 

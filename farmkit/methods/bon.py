@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farmkit.generation import DecodingConfig, Sample
+from farmkit.lm.generation import DecodingConfig, Sample
 from farmkit.methods.config import ModelArgs
 
 log = logging.getLogger("farmkit")
@@ -29,7 +29,7 @@ class BestOfNConfig(ModelArgs):
     max_new_tokens: int = 300
     batch_size: int = 16  # sequences per generation pass
     score_batch_size: int = 16
-    # what samples: hf, vllm or auto (farmkit.sampling.rollout_backend); farm-expiter's --rollout-backend
+    # what samples: hf, vllm or auto (farmkit.lm.sampling.rollout_backend); farm-expiter's --rollout-backend
     backend: str = "hf"
 
     def __post_init__(self) -> None:
@@ -77,12 +77,12 @@ def sample_and_score(
     Under a launcher with several processes each samples and scores its share of the batches (with
     the seeds one process would use) and every process gets back all of them, in input order: the
     same result as one process."""
-    from farmkit import distributed
     from farmkit.cli import progress
-    from farmkit.generation import generate
+    from farmkit.core import distributed
+    from farmkit.lm.generation import generate
+    from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
+    from farmkit.lm.sampling import rollout_backend, vllm_generate_from_folder
     from farmkit.methods.launch import whole_models
-    from farmkit.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
-    from farmkit.sampling import rollout_backend, vllm_generate_from_folder
 
     path = resolve(policy)
     decoding = DecodingConfig(**config.decoding_fields())
@@ -215,8 +215,8 @@ def sweep_rows(
     alone (the first n samples of each prompt: one pass serves the sweep, the largest n's row counts
     the whole pass) and, with a gold judge (farmkit.methods.gold), its figures for the selected
     answers to the gold prompts (`gold_scored`)."""
+    from farmkit.evaluate.metrics import metrics_row
     from farmkit.methods.gold import best_of_n_kl
-    from farmkit.metrics import metrics_row
 
     rows = []
     for n in ns:

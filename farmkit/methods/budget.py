@@ -28,7 +28,7 @@ def reward_model_labels(reward_model: str | os.PathLike) -> int | None:
     meta.json's `preferences`), or the labels its own budget says it used; None when unknown."""
     from pathlib import Path
 
-    from farmkit.models import read_meta
+    from farmkit.lm.models import read_meta
 
     if not Path(str(reward_model)).is_dir():
         return None

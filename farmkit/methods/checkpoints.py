@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.evaluate.metrics import dumps as metrics_dumps
 from farmkit.methods.config import config_dict
-from farmkit.metrics import dumps as metrics_dumps
 
 log = logging.getLogger("farmkit")
 METRICS_FILE = "metrics.jsonl"

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from farmkit.models import TEMPLATES
+from farmkit.lm.models import TEMPLATES
 
 # ---------------------------------------------------------------------------------------------
 # One help text per concept shared by several tools (the CLI dialect; tests/test_cli_dialect.py).

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, atomic_path
+from farmkit.core.io import FarmError, atomic_path
+from farmkit.evaluate.metrics import from_trainer_log, write_metrics
 from farmkit.methods.config import (
     GoldArgs,
     ModelArgs,
@@ -26,7 +27,6 @@ from farmkit.methods.config import (
     help_field,
     shared_field,
 )
-from farmkit.metrics import from_trainer_log, write_metrics
 
 log = logging.getLogger("farmkit")
 
@@ -140,7 +140,7 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
 
 def dpo_pairs(records: list[dict[str, Any]], source: str) -> tuple[list[dict[str, str]], Counter]:
     """Preference records -> instruction/input/chosen/rejected pairs, with counts of what was dropped."""
-    from farmkit.records import chosen_rejected, comparisons
+    from farmkit.core.records import chosen_rejected, comparisons
 
     kept, counts = comparisons(records, source=source, ties="drop")
     return list(chosen_rejected(kept)), counts
@@ -286,12 +286,12 @@ def train_dpo(
     from trl import DPOTrainer
 
     from farmkit import cli
+    from farmkit.lm.modelio import model_meta, save_model_folder
+    from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.methods import launch
     from farmkit.methods.budget import Budget
     from farmkit.methods.gold import check_processes, make_gold
     from farmkit.methods.policy import plain_model
-    from farmkit.modelio import model_meta, save_model_folder
-    from farmkit.models import PromptFormat, load_causal_lm
 
     if not pairs:
         raise FarmError("no usable preference pairs (all ties or null verdicts)")

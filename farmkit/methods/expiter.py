@@ -13,13 +13,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from farmkit import distributed
-from farmkit.io import FarmError
+from farmkit.core import distributed
+from farmkit.core.io import FarmError
+from farmkit.core.runs import read_metrics
+from farmkit.core.seeds import derive_seed
+from farmkit.evaluate.metrics import METRICS_FILE, metrics_row, write_metrics
 from farmkit.methods.bon import BestOfNConfig, ScoredPrompt, mean_rewards, sample_and_score
 from farmkit.methods.tracking import tracker_dir
-from farmkit.metrics import METRICS_FILE, metrics_row, write_metrics
-from farmkit.runs import read_metrics
-from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 
@@ -173,7 +173,7 @@ def expert_iteration(
         if distributed.is_main():
             # the run's budget (and gold judge) are known once the last round has trained: its
             # meta.json gets them, replaced in one rename
-            from farmkit.models import read_meta, write_meta
+            from farmkit.lm.models import read_meta, write_meta
 
             meta = read_meta(target)
             meta["budget"] = budget.block(rounds=rounds)

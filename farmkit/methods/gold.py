@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
-from farmkit.seeds import derive_seed
+from farmkit.core.io import FarmError
+from farmkit.core.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 
@@ -61,7 +61,7 @@ def choose_prompts(
 ) -> tuple[list[dict[str, Any]], str]:
     """The gold prompts and a description of where they came from: the first `size` records of
     `prompts_file`, else the first `size` distinct prompts of the training input."""
-    from farmkit.io import display_name, read_records
+    from farmkit.core.io import display_name, read_records
 
     if size < 1:
         raise FarmError("--gold-size must be at least 1")
@@ -88,7 +88,7 @@ def choose_prompts(
 
 def judge_kind(spec: str) -> str:
     """'reward_model' for a reward model folder, 'pool' for an annotator pool (name or YAML file)."""
-    from farmkit.models import read_meta
+    from farmkit.lm.models import read_meta
 
     path = Path(spec)
     if path.is_dir():
@@ -117,7 +117,7 @@ def judge_kind(spec: str) -> str:
 
 
 def check_processes() -> None:
-    from farmkit import distributed
+    from farmkit.core import distributed
 
     if distributed.world_size() > 1:
         raise FarmError(
@@ -187,15 +187,15 @@ class GoldEvaluator:
     # -- the models' answers -------------------------------------------------------------------
 
     def _format(self) -> Any:
-        from farmkit.models import PromptFormat
+        from farmkit.lm.models import PromptFormat
 
         # no control token of the start folder's own: the caller says which one to sample behind
         return PromptFormat(template=PromptFormat.for_model(self.start, self.template).template)
 
     def _start_model(self) -> tuple[Any, Any]:
+        from farmkit.lm.models import load_causal_lm, load_tokenizer, resolve
         from farmkit.methods.launch import whole_models
         from farmkit.methods.rollouts import TRAINING_DTYPE
-        from farmkit.models import load_causal_lm, load_tokenizer, resolve
 
         if self._start_network is None:
             with whole_models():
@@ -326,9 +326,9 @@ class GoldEvaluator:
     def evaluate_folder(self, folder: str | Path, label: str) -> dict[str, float | None]:
         """evaluate() of a saved policy folder (loaded whole, released after), sampled as
         farm-sample samples it (behind its meta.json's control token, if it has one)."""
+        from farmkit.lm.models import PromptFormat, load_causal_lm
         from farmkit.methods.launch import whole_models
         from farmkit.methods.rollouts import TRAINING_DTYPE
-        from farmkit.models import PromptFormat, load_causal_lm
 
         with whole_models():
             network, tokenizer = load_causal_lm(folder, device=self.device, dtype=TRAINING_DTYPE)

@@ -28,7 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
@@ -278,7 +278,7 @@ def train_group(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, output: str) -> None:
     """What farm-rloo and farm-grpo do once their options are read into `config`."""
-    from farmkit.io import display_name, read_records
+    from farmkit.core.io import display_name, read_records
 
     records = list(read_records(prompts, "instruction"))
     if not records:

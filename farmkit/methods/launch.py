@@ -84,8 +84,8 @@ def check_device(device: str) -> str:
     """Refuse a --device other than auto that a launch would not honour, and one that is not there;
     put a single process on the GPU asked for (cuda:1). Call it before any Accelerator or Trainer
     is made; returns the device (auto resolved)."""
-    from farmkit.io import FarmError
-    from farmkit.models import choose_device
+    from farmkit.core.io import FarmError
+    from farmkit.lm.models import choose_device
 
     if device != "auto" and deepspeed_launched():
         # Accelerator(cpu=True) would drop DeepSpeed without a word; the run would not be what was launched
@@ -155,7 +155,7 @@ def _accelerate_state() -> Any:
 
 def refuse_lora_under_zero3(accelerator: Any, lora: bool) -> None:
     """Merging adapters whose base weights ZeRO-3 has split is not supported: say so up front."""
-    from farmkit.io import FarmError
+    from farmkit.core.io import FarmError
 
     if lora and zero_stage(accelerator) == 3:
         raise FarmError(

@@ -9,14 +9,14 @@ metrics.jsonl (one line a round) and, for each round, round_<r>/:
 
     preferences.jsonl   the round's labels (preference records, exactly as farm-annotate writes them)
     labels.json         what labelling them took (requests, cache hits, price...), written after them
-    policy/             the policy after the round's DPO steps (a model folder, farmkit.modelio)
+    policy/             the policy after the round's DPO steps (a model folder, farmkit.lm.modelio)
     optimizer.pt        the AdamW state after it (the two newest rounds keep theirs): the next
                         round continues it, on one learning-rate schedule over all the rounds
     round.json          the round's metrics line, written last: the round is finished
 
 A rerun with the same settings takes finished rounds as they are, trains a round whose labels are
 saved from those labels (asking nothing), and labels the rest through the cache, so nothing is paid
-twice; more --rounds continue a finished run. At the end OUTPUT is written whole by farmkit.modelio's
+twice; more --rounds continue a finished run. At the end OUTPUT is written whole by farmkit.lm.modelio's
 writer: the last round's policy (weights, tokenizer), metrics.jsonl and meta.json with the run's
 budget accounting (and, with --gold, each round's gold figures in metrics.jsonl).
 """
@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, RecordWriter, atomic_path, read_records
+from farmkit.core.io import FarmError, RecordWriter, atomic_path, read_records
+from farmkit.core.seeds import derive_seed, stable_hash
+from farmkit.evaluate.metrics import metrics_row, write_metrics
+from farmkit.lm.models import META_FILE
 from farmkit.methods.config import ROLLOUT_BACKENDS, config_dict, help_field, shared_field
 from farmkit.methods.dpo import DPOConfig
 from farmkit.methods.tracking import tracker_dir
-from farmkit.metrics import metrics_row, write_metrics
-from farmkit.models import META_FILE
-from farmkit.seeds import derive_seed, stable_hash
 
 log = logging.getLogger("farmkit")
 
@@ -213,9 +213,9 @@ def _sample_pairs(
     import torch
 
     from farmkit.annotate.pairs import Item
-    from farmkit.generation import DecodingConfig, generate, plain_generation_config
-    from farmkit.models import PromptFormat, load_causal_lm, load_tokenizer
-    from farmkit.sampling import rollout_backend, vllm_generate_from_folder
+    from farmkit.lm.generation import DecodingConfig, generate, plain_generation_config
+    from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer
+    from farmkit.lm.sampling import rollout_backend, vllm_generate_from_folder
 
     decoding = DecodingConfig(
         n=2,
@@ -394,10 +394,10 @@ def train_online_dpo(
             "farm-online-dpo does not run under DeepSpeed: run it as one process, without "
             "accelerate launch --use_deepspeed"
         )
+    from farmkit.lm.modelio import model_meta
+    from farmkit.lm.models import PromptFormat, file_sha256, load_tokenizer, resolve
     from farmkit.methods.dpo import Continuation, dpo_pairs, train_dpo
     from farmkit.methods.rollouts import prompt_order
-    from farmkit.modelio import model_meta
-    from farmkit.models import PromptFormat, file_sha256, load_tokenizer, resolve
 
     if not records:
         raise FarmError("no prompts to train on")
@@ -573,7 +573,7 @@ def train_online_dpo(
         budget=budget,
         gold=gold.block() if gold is not None else None,
     )
-    from farmkit.modelio import copy_model_folder
+    from farmkit.lm.modelio import copy_model_folder
 
     copy_model_folder(
         policy, out, meta, skip=(METRICS_FILE,), extra_files=[run_folder / METRICS_FILE]

@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.core.seeds import derive_seed
+from farmkit.evaluate.metrics import metrics_row
 from farmkit.methods.config import config_dict
-from farmkit.metrics import metrics_row
-from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 
@@ -220,6 +220,7 @@ def train_on_policy(
     """Train a policy with `method` and write it to `output`; returns the last step's metrics."""
     import torch
 
+    from farmkit.lm.models import PromptFormat
     from farmkit.methods import checkpoints as C
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
@@ -232,7 +233,6 @@ def train_on_policy(
         truncated_is_weights,
     )
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
-    from farmkit.models import PromptFormat
 
     config = method.config
     resolve_backend(config.rollout_backend)  # vllm asked for and missing: say so before any work

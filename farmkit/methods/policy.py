@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 from farmkit.methods.rl_common import response_mask
 
 
@@ -94,7 +94,7 @@ def fit_rollout_prompts(
     """Token ids of the prompts a method samples from, each left-truncated (with a warning) to what the
     model's context holds beside max_new_tokens and `reserve` tokens appended later (Quark's control
     token); a huge prompt is never tokenized whole. Done once per run, so each prompt warns once."""
-    from farmkit.generation import fit_prompts, prompt_room
+    from farmkit.lm.generation import fit_prompts, prompt_room
 
     room = prompt_room(model, tokenizer, max_new_tokens)
     if room is not None and reserve:
@@ -350,8 +350,8 @@ def policy_meta(
     inputs: Sequence[str],
     **extra: Any,
 ) -> dict[str, Any]:
-    """meta.json of a policy folder written by a method (farmkit.modelio's one layout)."""
-    from farmkit.modelio import model_meta
+    """meta.json of a policy folder written by a method (farmkit.lm.modelio's one layout)."""
+    from farmkit.lm.modelio import model_meta
 
     return model_meta(tool, "policy", base_model, template, seed, config, inputs, **extra)
 
@@ -365,8 +365,8 @@ def save_policy(
     extra: Callable[[Path], None] | None = None,
 ) -> None:
     """Write a loadable policy folder (weights, tokenizer, meta.json) whole or not at all, through
-    farmkit.modelio's one writer; `extra_files` are copied in and `extra(folder)` may add more (a
+    farmkit.lm.modelio's one writer; `extra_files` are copied in and `extra(folder)` may add more (a
     trainer state to resume from)."""
-    from farmkit.modelio import save_model_folder
+    from farmkit.lm.modelio import save_model_folder
 
     save_model_folder(folder, plain_model(model), tokenizer, meta, extra_files, extra)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
@@ -202,9 +202,9 @@ def load_value_model(source: str | Path, device: str, head: str) -> Any:
     with 'zero', that head's weights set to 0, so every value starts at 0 as in AlpacaFarm)."""
     import torch
 
+    from farmkit.lm.models import load_reward_model
     from farmkit.methods.policy import score_head
     from farmkit.methods.rollouts import TRAINING_DTYPE
-    from farmkit.models import load_reward_model
 
     value_model, _ = load_reward_model(source, device=device, dtype=TRAINING_DTYPE)
     if head == "zero":

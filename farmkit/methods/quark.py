@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.core.seeds import derive_seed
+from farmkit.evaluate.metrics import metrics_row, write_metrics
 from farmkit.methods.config import (
     GoldArgs,
     Preset,
@@ -35,8 +37,6 @@ from farmkit.methods.config import (
     require_positive,
     shared_field,
 )
-from farmkit.metrics import metrics_row, write_metrics
-from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 KEEP = ("top", "all")
@@ -236,6 +236,7 @@ def train_quark(
     import torch
     from accelerate.utils import gather_object
 
+    from farmkit.lm.models import PromptFormat, choose_device
     from farmkit.methods import checkpoints as C
     from farmkit.methods import launch, rl_common, tracking
     from farmkit.methods import policy as P
@@ -244,7 +245,6 @@ def train_quark(
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.rollout_backends import make_backend
     from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
-    from farmkit.models import PromptFormat, choose_device
 
     backend_kind = rollout_backend_kind(config)  # vllm refused with control tokens, before any work
     if launch.deepspeed_launched() and config.device != "auto":

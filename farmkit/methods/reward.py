@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.core.records import Comparison
+from farmkit.evaluate.metrics import MetricsWriter
+from farmkit.lm.models import PromptFormat, read_meta, resolve, response_end
 from farmkit.methods import tracking
 from farmkit.methods.config import ModelArgs, TrackingArgs, help_field, shared_field
-from farmkit.metrics import MetricsWriter
-from farmkit.models import PromptFormat, read_meta, resolve, response_end
-from farmkit.records import Comparison
 
 log = logging.getLogger("farmkit")
 METRICS_FILE = "metrics.jsonl"
@@ -134,7 +134,7 @@ def _encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[
     """Token ids of each text, its last `max_length` kept: the response and its end token sit at the
     end, so truncation removes the start of long prompts. A long text is tokenized through a window
     of characters (as generation does), never whole."""
-    from farmkit.generation import CHARS_PER_TOKEN_WINDOW
+    from farmkit.lm.generation import CHARS_PER_TOKEN_WINDOW
 
     if not texts:
         return []
@@ -216,8 +216,8 @@ class RewardScorer:
         (launch.offload_frozen), in the precision `device` would load them in."""
         import torch
 
-        from farmkit.models import choose_device, choose_dtype, load_reward_model
-        from farmkit.sampling import generator_name
+        from farmkit.lm.models import choose_device, choose_dtype, load_reward_model
+        from farmkit.lm.sampling import generator_name
 
         self.name = generator_name(str(model))
         self.path = resolve(model)
@@ -392,11 +392,11 @@ def train_reward_model(
     from transformers import AutoModelForSequenceClassification
 
     from farmkit.cli import progress
+    from farmkit.lm.modelio import model_folder, model_meta
+    from farmkit.lm.models import load_tokenizer, write_meta
     from farmkit.methods import checkpoints as C
     from farmkit.methods import launch
     from farmkit.methods import schedule as schedules
-    from farmkit.modelio import model_folder, model_meta
-    from farmkit.models import load_tokenizer, write_meta
 
     if not items:
         raise FarmError("no comparisons to train on")

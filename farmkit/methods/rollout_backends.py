@@ -47,9 +47,9 @@ from typing import Any
 
 import torch
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
+from farmkit.core.seeds import derive_seed
 from farmkit.methods import policy as P
-from farmkit.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 
@@ -196,7 +196,7 @@ class VLLMBackend(RolloutBackend):
         max_model_len: int | None = None,
         dtype: str = "float32",
     ) -> None:
-        from farmkit.sampling import CPU_ENGINE_ARGS, CPU_KV_CACHE_BYTES, vllm_usable
+        from farmkit.lm.sampling import CPU_ENGINE_ARGS, CPU_KV_CACHE_BYTES, vllm_usable
 
         if not vllm_usable():
             raise FarmError(
@@ -226,7 +226,7 @@ class VLLMBackend(RolloutBackend):
         else:
             # on the CPU build gpu_memory_utilization is a share of the machine's memory minus
             # this whole process's (the trainer's models included, since the engine runs
-            # in-process); the explicit cache size (farmkit.sampling's) replaces it. Eager: no torch.compile at start (and nothing
+            # in-process); the explicit cache size (farmkit.lm.sampling's) replaces it. Eager: no torch.compile at start (and nothing
             # compiled to keep in step with the pushed weights). Prompts prefilled whole: see
             # CPU_ENGINE_ARGS (a chunked one kills the CPU engine when its request is seeded)
             memory = {

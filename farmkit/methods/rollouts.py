@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from farmkit.core.seeds import derive_seed
 from farmkit.methods import policy as P
-from farmkit.seeds import derive_seed
 
 # Policy and reference share this precision: a reference in bf16 beside an fp32 policy makes the KL
 # non-zero before the first update (and an automatic dtype picks bf16 on a GPU or from the config).
@@ -46,7 +46,7 @@ def load_policy_and_reference(
     """(policy, frozen reference or None, tokenizer), both from `model` in TRAINING_DTYPE; the policy
     from `start_from` instead when given (a checkpoint being resumed); the reference on
     `reference_device` when given (the CPU, for a reference to be offloaded)."""
-    from farmkit.models import load_causal_lm
+    from farmkit.lm.models import load_causal_lm
 
     policy, tokenizer = load_causal_lm(start_from or model, device=device, dtype=TRAINING_DTYPE)
     frozen = None

@@ -1,7 +1,7 @@
 """Supervised fine-tuning with TRL's SFTTrainer, the loss on the response only.
 
 Demonstrations (instruction, input, output, optional control) become token sequences built here:
-the prompt is exactly what `farmkit.models.PromptFormat` gives for sampling, tokenized alone as
+the prompt is exactly what `farmkit.lm.models.PromptFormat` gives for sampling, tokenized alone as
 farm-sample tokenizes it, and the completion is the output followed by the end-of-sequence token.
 Binary FeedME and binary reward conditioning are ways of turning preference pairs into such
 demonstrations (`feedme_examples`, `conditioning_examples`); expert iteration calls `train_sft` too.
@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from farmkit import distributed
-from farmkit.io import FarmError
+from farmkit.core import distributed
+from farmkit.core.io import FarmError
+from farmkit.core.records import Comparison
+from farmkit.evaluate.metrics import METRICS_FILE, from_trainer_log, write_metrics
 from farmkit.methods.config import ModelArgs, TrackingArgs, shared_field
-from farmkit.metrics import METRICS_FILE, from_trainer_log, write_metrics
-from farmkit.records import Comparison
 
 log = logging.getLogger("farmkit")
 
@@ -135,7 +135,7 @@ def conditioning_examples(
 def training_text(tokenizer: Any, prompt_format: Any, example: dict[str, Any]) -> tuple[str, str]:
     """(prompt, completion) for one demonstration: the prompt farm-sample would use, and the output
     followed by the end-of-sequence token so that the model learns to stop."""
-    from farmkit.models import response_end
+    from farmkit.lm.models import response_end
 
     prompt = prompt_format.prompt(
         tokenizer,
@@ -268,9 +268,8 @@ def train_sft(
     from trl import SFTConfig as TRLConfig
     from trl import SFTTrainer
 
-    from farmkit.methods import launch
-    from farmkit.modelio import model_folder, model_meta
-    from farmkit.models import (
+    from farmkit.lm.modelio import model_folder, model_meta
+    from farmkit.lm.models import (
         PromptFormat,
         choose_device,
         load_causal_lm,
@@ -278,6 +277,7 @@ def train_sft(
         resolve,
         write_meta,
     )
+    from farmkit.methods import launch
 
     if not examples:
         raise FarmError("no demonstrations to train on")

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 

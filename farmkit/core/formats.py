@@ -355,7 +355,7 @@ def prompt_messages(record: dict[str, Any]) -> list[Message]:
     """The conversation before the reply: `messages` when present, else one user turn."""
     if record.get("messages"):
         return check_messages(record["messages"], "messages")
-    from farmkit.models import chat_content
+    from farmkit.lm.models import chat_content
 
     return [
         {"role": "user", "content": chat_content(record["instruction"], record.get("input") or "")}

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, RecordError, atomic_path, display_name, dumps, iter_json
-from farmkit.models import file_sha256
+from farmkit.core.io import FarmError, RecordError, atomic_path, display_name, dumps, iter_json
+from farmkit.lm.models import file_sha256
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from farmkit.io import RecordError
+from farmkit.core.io import RecordError
 
 TIE = 1.5
 

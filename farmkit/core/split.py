@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farmkit.seeds import unit_interval
+from farmkit.core.seeds import unit_interval
 
 DEFAULT_SIZES = {"sft": 10_000, "pref": 10_000, "unlabeled": 20_000, "val": 2_000}
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

@@ -15,7 +15,7 @@ repeated verdicts keeps a byte per (model, instruction); `--compare` keeps one v
 two models compared. Without length control, memory grows with the models and instructions, not
 with the records.
 
-The length-controlled win rate (AlpacaEval 2's GLM) is defined in farmkit/length_control.py.
+The length-controlled win rate (AlpacaEval 2's GLM) is defined in farmkit/evaluate/length_control.py.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from farmkit.io import RecordError, bad_records, display_name, iter_json_chunks
-from farmkit.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
-from farmkit.validate import first_invalid, problems
+from farmkit.core.io import RecordError, bad_records, display_name, iter_json_chunks
+from farmkit.core.validate import first_invalid, problems
+from farmkit.evaluate.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)

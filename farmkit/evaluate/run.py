@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError, display_name, open_binary
+from farmkit.core.io import FarmError, display_name, open_binary
 
 log = logging.getLogger("farmkit")
 
@@ -70,8 +70,8 @@ def judges(pool: str | None, labels: str | None, models: list[str], flip_rate: f
 def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
     """Rows as records (jsonl) or as farm-winrate's table, csv or markdown, to stdout or to a file
     written whole or not at all."""
-    from farmkit.io import atomic_path, records_stdout, write_records
-    from farmkit.winrate import render
+    from farmkit.core.io import atomic_path, records_stdout, write_records
+    from farmkit.evaluate.winrate import render
 
     if fmt == "jsonl":
         write_records(rows, output)
@@ -129,8 +129,8 @@ def leaderboard(
     and, with `bootstrap` resamples, a percentile interval of the raw one. `context`: files of other
     models' verdicts against the same reference (AlpacaEval annotations): the length control is
     fitted jointly with them, as farm-winrate does over a whole board, and only the new rows return."""
-    from farmkit.length_control import read_instruction_difficulty
-    from farmkit.winrate import WinrateTable, item_key
+    from farmkit.evaluate.length_control import read_instruction_difficulty
+    from farmkit.evaluate.winrate import WinrateTable, item_key
 
     given = None
     if difficulty is not None:
@@ -157,7 +157,7 @@ def context_verdicts(path: str, evaluated: set[Any]) -> tuple[list[int], list[di
     is judged anew), rows that are what their AlpacaEval folder says (an upstream copy of another
     system's folder is left out, counted on stderr), keyed by their instruction text as farm-eval's
     are. A verdict without its instruction text cannot be matched and is an error naming its line."""
-    from farmkit.io import RecordError, iter_json
+    from farmkit.core.io import RecordError, iter_json
 
     name = display_name(path)
     numbers, records, copies = [], [], 0
@@ -203,7 +203,7 @@ def read_board(path: str) -> list[dict[str, Any]]:
     length_controlled_win_rate, n_wins_base -> n_losses)."""
     name = display_name(path)
     if not str(path).endswith((".csv", ".csv.gz")):
-        from farmkit.io import read_records
+        from farmkit.core.io import read_records
 
         return list(read_records(path))
     with open_binary(path) as stream:
@@ -294,7 +294,7 @@ def sample(
 ) -> None:
     """farm-sample MODEL REFERENCE -n 1 -o OUTPUT: the model's outputs for the reference's
     instructions, by farm-sample's own command (run in this process)."""
-    import farmkit.io as farm_io
+    import farmkit.core.io as farm_io
     from farmkit.tools.farm_sample import cli as sample_cli
 
     split = farm_io._split  # farm-sample's --split resets it when it ends: keep ours

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from farmkit.io import atomic_path
-from farmkit.validate import problems
+from farmkit.core.io import atomic_path
+from farmkit.core.validate import problems
 
 METRICS_FILE = "metrics.jsonl"
 METHODS = ("sft", "reward", "dpo", "online-dpo", "ppo", "rloo", "grpo", "quark", "expiter", "bon")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from farmkit.io import FarmError, RecordError, display_name, iter_json, open_binary
+from farmkit.core.io import FarmError, RecordError, display_name, iter_json, open_binary
 
 LC_PENALTIES = np.logspace(-4, 4, 10)  # the inverse L1 strengths C tried by cross-validation
 LC_FOLDS = 5

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import orjson
 
-from farmkit.validate import problems
+from farmkit.core.validate import problems
 
 log = logging.getLogger("farmkit")
 
@@ -526,7 +526,7 @@ def dataset_rows(spec: str) -> tuple[str, Iterator[tuple[int, Any]]] | None:
 def read_records(path: str | os.PathLike, kind: str | None = None) -> Iterator[dict[str, Any]]:
     """Yield records from `path`, each checked against the schema of `kind` when one is given.
     Other projects' formats that fit `kind` (TRL, hh-rlhf, chat messages) are converted on the way
-    (farmkit.formats), the format detected from the first record."""
+    (farmkit.core.formats), the format detected from the first record."""
     name, rows = open_rows(path)
     yield from check_rows(rows, name, kind)
 
@@ -552,7 +552,7 @@ def numbered_records(
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, record) pairs of `check_rows`. A bad record raises its RecordError, or is left out and
     reported under --on-error skip (see BadRecords)."""
-    from farmkit.formats import converted
+    from farmkit.core.formats import converted
 
     policy = bad_records()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import FarmError
+from farmkit.core.io import FarmError
 
 log = logging.getLogger("farmkit")
 
@@ -223,7 +223,7 @@ def converted_gguf(gguf: Path, name: str) -> Path:
             )
         if missing:
             fresh.tie_weights()
-        from farmkit.modelio import model_folder, model_meta
+        from farmkit.lm.modelio import model_folder, model_meta
 
         # written whole or not at all by the one model-folder writer, with its meta.json layout
         with model_folder(folder) as tmp:
@@ -284,7 +284,7 @@ def read_meta(model: str | os.PathLike) -> dict[str, Any]:
 
 def write_meta(folder: str | os.PathLike, meta: dict[str, Any]) -> None:
     """Write a model folder's meta.json whole (a reader never sees half of it)."""
-    from farmkit.io import atomic_path
+    from farmkit.core.io import atomic_path
 
     with atomic_path(Path(folder) / META_FILE) as tmp:
         tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")

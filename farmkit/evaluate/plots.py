@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farmkit.io import FarmError, atomic_path
+from farmkit.core.io import FarmError, atomic_path
 
 DPI = 120
 LABEL_CHARACTERS = (
@@ -493,7 +493,7 @@ def winrate_board(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) ->
 def board_scatter(
     path: str | os.PathLike, x: Any, y: Any, title: str = "", max_labels: int | None = None
 ) -> str:
-    """farm-correlate's figure: the models two leaderboards (farmkit.correlate.Board) share, one
+    """farm-correlate's figure: the models two leaderboards (farmkit.evaluate.correlate.Board) share, one
     against the other, with the boards' intervals; axes named by file stem, score and judge (see
     `scatter` for the labels)."""
     common = sorted(set(x.scores) & set(y.scores))
@@ -759,7 +759,7 @@ def over_optimization(
     rows: Sequence[Mapping[str, Any]],
     labels: Mapping[str, str] | None = None,
 ) -> str:
-    """The over-optimization figure from farmkit.overopt's rows: per reward model, the gold win rate
+    """The over-optimization figure from farmkit.evaluate.overopt's rows: per reward model, the gold win rate
     against the mean surrogate reward for best-of-n and PPO; the gold win rate against the KL to the
     SFT policy when the rows have it; and the best-of-n sweep against n."""
     plt = _pyplot()

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmkit.io import (
+from farmkit.core.io import (
     FarmError,
     RecordError,
     decode_text,
@@ -61,7 +61,7 @@ from farmkit.io import (
     iter_json_stream,
     open_binary,
 )
-from farmkit.validate import problems
+from farmkit.core.validate import problems
 
 TIE = 1.5
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)

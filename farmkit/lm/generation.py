@@ -2,7 +2,7 @@
 seeded per batch so that a run is reproducible for a given batch layout. Used by farm-sample's `hf`
 backend and by every method that samples (best-of-n, expert iteration, Quark). Prompts longer than
 the model's context leave room for the new tokens by losing their beginning, with a warning; the
-tools that read prompt files decide about such prompts first (farmkit.sampling.screen_long_prompts)."""
+tools that read prompt files decide about such prompts first (farmkit.lm.sampling.screen_long_prompts)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farmkit.io import FarmError
-from farmkit.seeds import derive_seed
+from farmkit.core.io import FarmError
+from farmkit.core.seeds import derive_seed
 
 log = logging.getLogger("farmkit")
 # Characters tokenized per token of room when a prompt may be too long: a window this wide almost

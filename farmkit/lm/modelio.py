@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from farmkit import __version__
-from farmkit.io import FarmError, process_umask
-from farmkit.models import META_FILE, file_sha256, package_versions, write_meta
-from farmkit.seeds import stable_hash
+from farmkit.core.io import FarmError, process_umask
+from farmkit.core.seeds import stable_hash
+from farmkit.lm.models import META_FILE, file_sha256, package_versions, write_meta
 
 META_KEYS = (
     "tool",
