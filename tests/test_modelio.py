@@ -96,9 +96,11 @@ def test_only_the_main_process_renames(tmp_path):
 
 def test_launch_record_without_accelerate_reads_the_launcher(monkeypatch):
     """A tool that never built an Accelerator still records how many processes the launcher ran."""
+    from farmkit.lm import modelio
     from farmkit.methods import launch
 
-    monkeypatch.setattr(launch, "_accelerate_state", lambda: None)
+    # launch_record lives in farmkit.lm.modelio (the meta.json writer); launch names it too
+    monkeypatch.setattr(modelio, "_accelerate_state", lambda: None)
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert launch.launch_record() == {
         "distributed_type": "MULTI_CPU",

@@ -89,9 +89,9 @@ def test_an_unknown_backend_is_refused():
 
 
 def test_the_tools_that_sample_a_saved_policy_decide_by_the_same_rule(no_vllm, monkeypatch):
-    """farm-expiter and farm-online-dpo (farmkit.lm.sampling.rollout_backend) pick and refuse exactly
-    as the trainers' make_backend does."""
-    from farmkit.lm.sampling import rollout_backend
+    """farm-expiter and farm-online-dpo (resolve_backend, which farmkit.lm.sampling.rollout_backend
+    called before issue 24's layout) pick and refuse exactly as the trainers' make_backend does."""
+    from farmkit.methods.rollout_backends import resolve_backend as rollout_backend
 
     with pytest.raises(FarmError, match="auto, hf, vllm"):
         rollout_backend("sglang")

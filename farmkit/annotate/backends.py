@@ -5,10 +5,12 @@ types and shared helpers), never this registry."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farmkit.annotate.base import Backend
-from farmkit.annotate.pools import Pool
+
+if TYPE_CHECKING:  # an annotation only: pools imports this registry, so no import back at run time
+    from farmkit.annotate.pools import Pool
 
 REGISTRY = {
     "openai": "farmkit.annotate.openai_backend:OpenAIBackend",

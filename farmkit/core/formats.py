@@ -351,12 +351,15 @@ def converted(
 # -- writing TRL's formats ----------------------------------------------------------------------
 
 
+def chat_content(instruction: str, input: str | None = "") -> str:
+    """The user turn of the chat template; API backends send this same text as the user message."""
+    return instruction if not input else f"{instruction}\n\n{input}"
+
+
 def prompt_messages(record: dict[str, Any]) -> list[Message]:
     """The conversation before the reply: `messages` when present, else one user turn."""
     if record.get("messages"):
         return check_messages(record["messages"], "messages")
-    from farmkit.lm.models import chat_content
-
     return [
         {"role": "user", "content": chat_content(record["instruction"], record.get("input") or "")}
     ]

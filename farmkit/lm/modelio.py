@@ -12,6 +12,8 @@ version and the configuration's hash), launch (distributed type, processes, ZeRO
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,7 +23,8 @@ from typing import Any
 from farmkit import __version__
 from farmkit.core.io import FarmError, process_umask
 from farmkit.core.seeds import stable_hash
-from farmkit.lm.models import META_FILE, file_sha256, package_versions, write_meta
+
+META_FILE = "meta.json"
 
 META_KEYS = (
     "tool",
@@ -48,9 +51,7 @@ def model_meta(
 ) -> dict[str, Any]:
     """meta.json of a model folder. `inputs` is {name: hash} or a list of paths to hash; `extra` keys
     (None values left out) sit beside the common ones. `launch` (the setup that really ran, see
-    farmkit.methods.launch.launch_record) is read from accelerate's state unless given."""
-    from farmkit.methods.launch import launch_record
-
+    launch_record) is read from accelerate's state unless given."""
     base = str(base_model)
     hashes = (
         dict(inputs)
@@ -158,3 +159,96 @@ def copy_model_folder(
             if Path(path).exists():
                 shutil.copyfile(path, folder / Path(path).name)
         write_meta(folder, meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# meta.json: what every farmkit model folder says about itself
+
+
+def read_meta(model: str | os.PathLike) -> dict[str, Any]:
+    path = Path(str(model)) / META_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise FarmError(f"{path}: not valid JSON ({exc})") from None
+
+
+def write_meta(folder: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Write a model folder's meta.json whole (a reader never sees half of it)."""
+    from farmkit.core.io import atomic_path
+
+    with atomic_path(Path(folder) / META_FILE) as tmp:
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in (
+        "farmkit",
+        "torch",
+        "transformers",
+        "trl",
+        "accelerate",
+        "peft",
+        "vllm",
+        "deepspeed",
+    ):
+        with contextlib.suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hash of an input file for meta.json (`-` cannot be hashed after the fact: None)."""
+    if str(path) == "-":
+        return "stdin"
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# meta.json's `launch`: the setup that really ran
+
+
+def launch_record(accelerator: Any = None) -> dict[str, Any]:
+    """meta.json's `launch`: how the run was really distributed (not what a config file asked for):
+    distributed type, processes, ZeRO stage (0: no DeepSpeed) and mixed precision. Read from
+    `accelerator`, else from accelerate's state where a trainer set it up in this process, else
+    from the launcher's environment (a run that used no accelerate at all)."""
+    state = accelerator.state if accelerator is not None else _accelerate_state()
+    if state is None:
+        import torch
+
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        several = "MULTI_GPU" if torch.cuda.is_available() else "MULTI_CPU"
+        return {
+            "distributed_type": several if processes > 1 else "NO",
+            "num_processes": processes,
+            "zero_stage": 0,
+            "mixed_precision": "no",
+        }
+    plugin = state.deepspeed_plugin
+    return {
+        "distributed_type": str(state.distributed_type.value),
+        "num_processes": state.num_processes,
+        "zero_stage": int(plugin.zero_stage) if plugin is not None else 0,
+        "mixed_precision": str(state.mixed_precision),
+    }
+
+
+def _accelerate_state() -> Any:
+    """accelerate's AcceleratorState when an Accelerator (a Trainer's included) exists, else None."""
+    import sys
+
+    if "accelerate" not in sys.modules:
+        return None
+    from accelerate.state import AcceleratorState
+
+    return AcceleratorState() if AcceleratorState._shared_state else None

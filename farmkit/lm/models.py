@@ -20,13 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.formats import chat_content  # its home is the plumbing; named here too
 from farmkit.core.io import FarmError
+
+# meta.json's reading and writing live in farmkit.lm.modelio (the one model-folder writer); named here too
+from farmkit.lm.modelio import META_FILE as META_FILE
+from farmkit.lm.modelio import file_sha256 as file_sha256
+from farmkit.lm.modelio import package_versions as package_versions
+from farmkit.lm.modelio import read_meta as read_meta
+from farmkit.lm.modelio import write_meta as write_meta
 
 log = logging.getLogger("farmkit")
 
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-META_FILE = "meta.json"
 TEMPLATES = ("auto", "chat", "alpaca")
 
 # Our wording of the classic instruction-following layout, used for models without a chat template.
@@ -269,58 +276,6 @@ def _drop_gguf_mark(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# meta.json: what every farmkit model folder says about itself
-
-
-def read_meta(model: str | os.PathLike) -> dict[str, Any]:
-    path = Path(str(model)) / META_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise FarmError(f"{path}: not valid JSON ({exc})") from None
-
-
-def write_meta(folder: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Write a model folder's meta.json whole (a reader never sees half of it)."""
-    from farmkit.core.io import atomic_path
-
-    with atomic_path(Path(folder) / META_FILE) as tmp:
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def package_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in (
-        "farmkit",
-        "torch",
-        "transformers",
-        "trl",
-        "accelerate",
-        "peft",
-        "vllm",
-        "deepspeed",
-    ):
-        with contextlib.suppress(PackageNotFoundError):
-            found[name] = version(name)
-    return found
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hash of an input file for meta.json (`-` cannot be hashed after the fact: None)."""
-    if str(path) == "-":
-        return "stdin"
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
 # Prompt formatting: SFT, sampling, reward models and every method call this and nothing else.
 
 
@@ -384,11 +339,6 @@ class PromptFormat:
             control,
             record.get("messages"),
         )
-
-
-def chat_content(instruction: str, input: str | None = "") -> str:
-    """The user turn of the chat template; API backends send this same text as the user message."""
-    return instruction if not input else f"{instruction}\n\n{input}"
 
 
 def chat_messages(

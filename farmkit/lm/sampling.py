@@ -247,14 +247,6 @@ def vllm_sample(prompt_tokens: int, output: Any) -> Sample:
     return Sample(output.text.strip(), prompt_tokens, len(output.token_ids) - int(ended), finished)
 
 
-def rollout_backend(kind: str, device: str = "auto") -> str:
-    """The sampling backend a --rollout-backend names (farmkit.methods.rollout_backends decides:
-    one rule for every on-policy tool)."""
-    from farmkit.methods.rollout_backends import resolve_backend
-
-    return resolve_backend(kind, device)
-
-
 def vllm_generate_from_folder(
     path: str, texts: Sequence[str], decoding: DecodingConfig, seed: int, dtype: str = "auto"
 ) -> list[list[Sample]]:

@@ -29,7 +29,7 @@ class BestOfNConfig(ModelArgs):
     max_new_tokens: int = 300
     batch_size: int = 16  # sequences per generation pass
     score_batch_size: int = 16
-    # what samples: hf, vllm or auto (farmkit.lm.sampling.rollout_backend); farm-expiter's --rollout-backend
+    # what samples: hf, vllm or auto (farmkit.methods.rollout_backends.resolve_backend); farm-expiter's --rollout-backend
     backend: str = "hf"
 
     def __post_init__(self) -> None:
@@ -81,8 +81,9 @@ def sample_and_score(
     from farmkit.core import distributed
     from farmkit.lm.generation import generate
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
-    from farmkit.lm.sampling import rollout_backend, vllm_generate_from_folder
+    from farmkit.lm.sampling import vllm_generate_from_folder
     from farmkit.methods.launch import whole_models
+    from farmkit.methods.rollout_backends import resolve_backend as rollout_backend
 
     path = resolve(policy)
     decoding = DecodingConfig(**config.decoding_fields())

@@ -398,13 +398,3 @@ def build_config(config_class: type, values: dict[str, Any]) -> Any:
 def config_dict(config: Any) -> dict[str, Any]:
     """The resolved configuration, as meta.json and provenance record it."""
     return dataclasses.asdict(config)
-
-
-def __getattr__(name: str) -> Any:
-    # config_options, resolve_config and output_dir_option moved to farmkit.cli with click; the
-    # old import path keeps working (it imports click only when one of them is asked for)
-    if name in ("config_options", "resolve_config", "output_dir_option", "load_yaml"):
-        from farmkit import cli
-
-        return getattr(cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

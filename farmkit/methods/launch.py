@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+# how a run was really launched is recorded in meta.json by farmkit.lm.modelio; named here too
+from farmkit.lm.modelio import launch_record as launch_record
+
 log = logging.getLogger("farmkit")
 
 
@@ -114,43 +117,6 @@ def zero_stage(accelerator: Any) -> int:
     """DeepSpeed's ZeRO stage, 0 when DeepSpeed is not in use."""
     plugin = accelerator.state.deepspeed_plugin
     return int(plugin.zero_stage) if plugin is not None else 0
-
-
-def launch_record(accelerator: Any = None) -> dict[str, Any]:
-    """meta.json's `launch`: how the run was really distributed (not what a config file asked for):
-    distributed type, processes, ZeRO stage (0: no DeepSpeed) and mixed precision. Read from
-    `accelerator`, else from accelerate's state where a trainer set it up in this process, else
-    from the launcher's environment (a run that used no accelerate at all)."""
-    state = accelerator.state if accelerator is not None else _accelerate_state()
-    if state is None:
-        import torch
-
-        processes = int(os.environ.get("WORLD_SIZE", "1"))
-        several = "MULTI_GPU" if torch.cuda.is_available() else "MULTI_CPU"
-        return {
-            "distributed_type": several if processes > 1 else "NO",
-            "num_processes": processes,
-            "zero_stage": 0,
-            "mixed_precision": "no",
-        }
-    plugin = state.deepspeed_plugin
-    return {
-        "distributed_type": str(state.distributed_type.value),
-        "num_processes": state.num_processes,
-        "zero_stage": int(plugin.zero_stage) if plugin is not None else 0,
-        "mixed_precision": str(state.mixed_precision),
-    }
-
-
-def _accelerate_state() -> Any:
-    """accelerate's AcceleratorState when an Accelerator (a Trainer's included) exists, else None."""
-    import sys
-
-    if "accelerate" not in sys.modules:
-        return None
-    from accelerate.state import AcceleratorState
-
-    return AcceleratorState() if AcceleratorState._shared_state else None
 
 
 def refuse_lora_under_zero3(accelerator: Any, lora: bool) -> None:

@@ -215,7 +215,8 @@ def _sample_pairs(
     from farmkit.annotate.pairs import Item
     from farmkit.lm.generation import DecodingConfig, generate, plain_generation_config
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer
-    from farmkit.lm.sampling import rollout_backend, vllm_generate_from_folder
+    from farmkit.lm.sampling import vllm_generate_from_folder
+    from farmkit.methods.rollout_backends import resolve_backend as rollout_backend
 
     decoding = DecodingConfig(
         n=2,
