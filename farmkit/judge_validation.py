@@ -186,6 +186,11 @@ def read_leaderboard(path: str | os.PathLike) -> dict[str, float]:
     return board
 
 
+def _text(value: Any) -> str:
+    """A response as text (a few of PandaLM's responses are JSON values: true, numbers)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def human_pairs(path: str | os.PathLike) -> list[tuple[str, str, str, str, int]]:
     """(instruction, input, response1, response2, majority) from PandaLM's test set, where at least two
     of the three human labels agree on a winner (ties and split votes left out)."""
@@ -202,8 +207,8 @@ def human_pairs(path: str | os.PathLike) -> list[tuple[str, str, str, str, int]]
                     (
                         record["instruction"],
                         record.get("input") or "",
-                        record["response1"],
-                        record["response2"],
+                        _text(record["response1"]),
+                        _text(record["response2"]),
                         side,
                     )
                 )
@@ -330,8 +335,8 @@ def train_judge(
     meta = model_meta(
         "farm-judge-train",
         KIND,
-        "",
-        "",
+        "none",
+        "none",
         seed,
         config_dict(config),
         list(inputs),

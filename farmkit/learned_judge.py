@@ -46,7 +46,6 @@ HAND_FEATURES = (
     "mean_sentence_words",
     "refusal",
     "digits_share",
-    "heuristic_gold",
 )
 FEATURE_SETS = ("ngrams+hand", "hand", "length")
 
@@ -82,16 +81,27 @@ def _tokens(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+_DIGIT = re.compile(r"\d")
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+_ENDINGS = (".", "!", "?", ")", '"', "'", "`", "*", ":")
+
+
 def hand_features(instruction: str, input: str, output: str) -> list[float]:
     """The raw hand features of an answer, in the order of HAND_FEATURES."""
-    from farmkit.annotate.oracle import gold_reward, words
+    from farmkit.annotate.oracle import words
 
-    tokens = words(output)
+    lowered = output.lower()
+    tokens = words(lowered)
     lines = [line for line in output.splitlines() if line.strip()]
     content = {w for w in words(f"{instruction} {input}") if len(w) >= 4}
     relevance = len(content.intersection(tokens)) / len(content) if content else 1.0
-    trigrams = [tuple(tokens[i : i + 3]) for i in range(len(tokens) - 2)]
-    sentences = max(1, len(re.findall(r"[.!?](?:\s|$)", output)))
+    trigrams = len(tokens) - 2
+    variety = (
+        len(set(zip(tokens, tokens[1:], tokens[2:], strict=False))) / trigrams
+        if trigrams > 0
+        else 1.0
+    )
+    sentences = max(1, len(_SENTENCE_END.findall(output)))
     return [
         math.log1p(len(tokens)),
         math.log1p(len(output)),
@@ -100,36 +110,56 @@ def hand_features(instruction: str, input: str, output: str) -> list[float]:
         float(sum(1 for line in lines if line.lstrip().startswith("#"))),
         float("```" in output),
         float("**" in output),
-        float(output.rstrip().endswith((".", "!", "?", ")", '"', "'", "`", "*", ":"))),
+        float(output.rstrip().endswith(_ENDINGS)),
         relevance,
-        len(set(trigrams)) / len(trigrams) if trigrams else 1.0,
+        variety,
         len(tokens) / sentences,
-        float(bool(_REFUSAL.search(output.lower()))),
-        sum(c.isdigit() for c in output) / max(1, len(output)),
-        gold_reward(instruction, input, output),
+        float(bool(_REFUSAL.search(lowered))),
+        len(_DIGIT.findall(output)) / max(1, len(output)),
     ]
 
 
+_TOKEN_HASHES: dict[str, int] = {}
+_MIX = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime, to combine the hashes of n tokens
+
+
+def _token_hashes(tokens: list[str]) -> np.ndarray:
+    """A stable 32-bit hash (crc32) of each token, memoized: the same token recurs across answers."""
+    if len(_TOKEN_HASHES) > 2_000_000:
+        _TOKEN_HASHES.clear()
+    hashes = []
+    for token in tokens:
+        value = _TOKEN_HASHES.get(token)
+        if value is None:
+            value = _TOKEN_HASHES[token] = zlib.crc32(token.encode())
+        hashes.append(value)
+    return np.array(hashes, dtype=np.uint64)
+
+
 def _hashed_rows(outputs: Sequence[str], config: JudgeConfig) -> Any:
-    """A sparse matrix (answers x buckets) of unit-length log n-gram counts."""
+    """A sparse matrix (answers x buckets) of unit-length log n-gram counts. An n-gram's bucket is
+    its tokens' crc32 hashes combined by multiply-xor (FNV-1a's prime) and masked."""
     from scipy import sparse
 
     indptr, indices, values = [0], [], []
-    mask = config.buckets - 1
+    mask = np.uint64(config.buckets - 1)
     for text in outputs:
-        tokens = _tokens(text)
-        counts: dict[int, int] = {}
+        token_hash = _token_hashes(_tokens(text))
+        keys = []
+        combined = token_hash
         for n in range(1, config.ngrams + 1):
-            for i in range(len(tokens) - n + 1):
-                key = zlib.crc32(" ".join(tokens[i : i + n]).encode()) & mask
-                counts[key] = counts.get(key, 0) + 1
-        if counts:
-            column = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
-            value = np.log1p(np.fromiter(counts.values(), dtype=np.float64, count=len(counts)))
+            if n > 1:
+                combined = (combined[:-1] * _MIX) ^ token_hash[n - 1 :]
+            keys.append((combined ^ np.uint64(n)) & mask)
+        if len(token_hash):
+            column, count = np.unique(np.concatenate(keys), return_counts=True)
+            value = np.log1p(count.astype(np.float64))
             value /= np.linalg.norm(value)
-            indices.append(column)
+            indices.append(column.astype(np.int64))
             values.append(value)
-        indptr.append(indptr[-1] + len(counts))
+            indptr.append(indptr[-1] + len(column))
+        else:
+            indptr.append(indptr[-1])
     return sparse.csr_matrix(
         (
             np.concatenate(values) if values else np.zeros(0),

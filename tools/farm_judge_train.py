@@ -79,7 +79,7 @@ def cli(
     seed,
 ):
     """Learn a judge from PREFS: a reward r(x, y), linear in hashed word 1-2-grams of the answer and
-    14 hand features, fitted as Bradley-Terry on the pairs (soft labels kept, null verdicts skipped).
+    13 hand features, fitted as Bradley-Terry on the pairs (soft labels kept, null verdicts skipped).
     PREFS is any preference file the tools read (farmkit records, TRL rows) or AlpacaEval's compact
     annotations with --outputs. Writes DIR/meta.json (data, sizes, held-out figures, license) and
     DIR/weights.npz; `reward: DIR` in an oracle judge of a pool uses it."""
