@@ -27,7 +27,7 @@ ALPACA_JUDGES := gpt4 gpt4_turbo gpt4_turbo_cot
 judges: $(foreach j,$(ALPACA_JUDGES) humans,$(JUDGES_OUT)/$(j)/meta.json)
 
 $(JUDGES_OUT)/%/meta.json:
-	farm-judge-train $(ALPACA_EVAL)/annotations/$(judge_annotations.$*).jsonl.gz --outputs $(ALPACA_EVAL) \
+	farm-judge-train $(ALPACA_EVAL)/annotations/$(judge_annotations.$*).jsonl.gz --alpaca-eval $(ALPACA_EVAL) \
 	  --leaderboard $(ALPACA_EVAL)/leaderboards/$(judge_board.$*) --human $(PANDALM) \
 	  --folds $(JUDGE_FOLDS) --seed $(SEED) -o $(JUDGES_OUT)/$*
 

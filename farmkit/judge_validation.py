@@ -8,8 +8,9 @@ systems' predicted win rates and a published leaderboard. Human agreement is mea
 several human labels (PandaLM's test set: the majority of three).
 
 Definitions. A held-out pair is agreed with when the judge's margin r(output_2) - r(output_1) has the
-sign of target - 0.5 (ties left out). A system's predicted win rate is the mean over its pairs of
-sigmoid(r(output_2) - r(output_1)) with the system in position 2.
+sign of target - 0.5 (ties left out). A system's predicted win rate is the share of its pairs where
+r(output_2) > r(output_1) with the system in position 2 (ties a half), as a deterministic judge's
+verdicts give it (`spearman`); `spearman_soft` uses the mean of sigmoid(r(output_2) - r(output_1)).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def read_pairs(path: str, alpaca_eval: str | None) -> tuple[list[Pair], dict[str
     if isinstance(first[1], dict) and is_compact_annotation(first[1]):
         if alpaca_eval is None:
             raise FarmError(
-                f"{source}: AlpacaEval annotations hold no output texts; give --outputs DIR "
+                f"{source}: AlpacaEval annotations hold no output texts; give --alpaca-eval DIR "
                 "(AlpacaEval's data folder with eval_set.jsonl and model_outputs/)"
             )
         return alpaca_eval_pairs(rows, source, alpaca_eval)
@@ -266,16 +267,18 @@ def held_out(
         ),
     }
     if leaderboard:
-        by_system: dict[str, list[float]] = defaultdict(list)
+        soft: dict[str, list[float]] = defaultdict(list)
+        hard: dict[str, list[float]] = defaultdict(list)
         for p, m in zip(pairs, margins, strict=True):
-            by_system[p.system].append(1.0 / (1.0 + math.exp(-m)))
-        ranked = sorted(s for s in by_system if s in leaderboard)
+            soft[p.system].append(1.0 / (1.0 + math.exp(-m)))
+            hard[p.system].append(0.5 if m == 0 else float(m > 0))
+        ranked = sorted(s for s in soft if s in leaderboard)
         if len(ranked) >= 3:
-            figures["spearman"] = round(
-                _spearman(
-                    [np.mean(by_system[s]) for s in ranked], [leaderboard[s] for s in ranked]
-                ),
-                4,
+            published = [leaderboard[s] for s in ranked]
+            # hard verdicts: what a deterministic (temperature 0) judge's win rates give
+            figures["spearman"] = round(_spearman([np.mean(hard[s]) for s in ranked], published), 4)
+            figures["spearman_soft"] = round(
+                _spearman([np.mean(soft[s]) for s in ranked], published), 4
             )
             figures["spearman_systems"] = len(ranked)
     return figures

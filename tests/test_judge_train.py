@@ -15,7 +15,7 @@ import pytest
 from conftest import run_tool, shared_data
 
 from farmkit.judge_validation import held_out, read_pairs
-from farmkit.learned_judge import JudgeConfig, Pair, fit, load_judge
+from farmkit.learned_judge import JudgeConfig, Pair, fit, judge_folder, load_judge
 
 GOOD = ["The answer, explained step by step with care.", "Here is a clear and careful answer."]
 BAD = ["dunno lol", "whatever, figure it out"]
@@ -149,11 +149,11 @@ def test_compact_annotations_need_their_outputs_and_name_bad_lines(tmp_path):
     done = run_tool(
         "farm-judge-train", str(annotations), "-o", str(tmp_path / "judge"), "--folds", "0"
     )
-    assert done.returncode == 1 and b"--outputs" in done.stderr
+    assert done.returncode == 1 and b"--alpaca-eval" in done.stderr
     done = run_tool(
         "farm-judge-train",
         str(annotations),
-        "--outputs",
+        "--alpaca-eval",
         str(folder),
         "-o",
         str(tmp_path / "j"),
@@ -177,12 +177,18 @@ def test_shipped_judges_load_and_the_heuristic_stays_a_named_pool():
     assert [j.reward for j in gold.judges] == ["gpt4"]
     judge = load_judge("gpt4")
     assert judge is not None
-    meta_license = json.loads(
-        (
-            __import__("farmkit.learned_judge").learned_judge.judge_folder("gpt4") / "meta.json"
-        ).read_text()
-    )["data"]["license"]
-    assert meta_license == "CC BY-NC 4.0"
+    for name, license_ in (
+        ("gpt4", "CC BY-NC 4.0"),
+        ("gpt4_turbo", "CC BY-NC 4.0"),
+        ("humans", "Apache-2.0"),
+    ):
+        meta = json.loads((judge_folder(name) / "meta.json").read_text())
+        assert meta["kind"] == "learned_judge" and meta["data"]["license"] == license_, name
+        assert meta["data"]["source"], name
+        assert (judge_folder(name) / "weights.npz").stat().st_size < 2_000_000, name
+    validation = json.loads((judge_folder("gpt4") / "meta.json").read_text())["validation"]
+    assert validation["judge"]["agreement"] > validation["length_alone"]["agreement"]
+    assert validation["judge"]["spearman"] > validation["length_alone"]["spearman"]
     assert [j.reward for j in load_pool("gold_heuristic").judges] == ["heuristic"]
     for name in ("sim_eval_offline", "sim_ann_offline", "single_offline"):
         rewards = {j.reward for j in load_pool(name).judges}

@@ -25,7 +25,7 @@ ALPACA_EVAL_LICENSE = "CC BY-NC 4.0"
 @input_argument("prefs")
 @model_dir_option("output_dir")
 @click.option(
-    "--outputs",
+    "--alpaca-eval",
     "alpaca_eval",
     type=click.Path(exists=True, file_okay=False),
     help="AlpacaEval's data folder (eval_set.jsonl, model_outputs/): joins compact AlpacaEval annotations to the outputs they judged.",
@@ -81,7 +81,7 @@ def cli(
     """Learn a judge from PREFS: a reward r(x, y), linear in hashed word 1-2-grams of the answer and
     13 hand features, fitted as Bradley-Terry on the pairs (soft labels kept, null verdicts skipped).
     PREFS is any preference file the tools read (farmkit records, TRL rows) or AlpacaEval's compact
-    annotations with --outputs. Writes DIR/meta.json (data, sizes, held-out figures, license) and
+    annotations with --alpaca-eval FOLDER. Writes DIR/meta.json (data, sizes, held-out figures, license) and
     DIR/weights.npz; `reward: DIR` in an oracle judge of a pool uses it."""
     from farmkit.judge_validation import read_pairs, train_judge
     from farmkit.learned_judge import JudgeConfig
