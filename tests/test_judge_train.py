@@ -81,7 +81,9 @@ def test_tool_writes_a_judge_folder_the_oracle_loads(tmp_path):
     prefs = tmp_path / "prefs.jsonl"
     _write_jsonl(prefs, _synthetic_pairs(240))
     folder = tmp_path / "judge"
-    done = run_tool("farm-judge-train", str(prefs), "-o", str(folder), "--folds", "3")
+    done = run_tool(
+        "farm-judge-train", str(prefs), "-o", str(folder), "--folds", "3", "--buckets", "4096"
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout == b""
     assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "weights.npz"]
@@ -94,6 +96,7 @@ def test_tool_writes_a_judge_folder_the_oracle_loads(tmp_path):
         meta["validation"]["judge"]["agreement"] > meta["validation"]["length_alone"]["agreement"]
     )
     assert not list(tmp_path.glob(".judge.partial"))
+    assert meta["config"]["buckets"] == 4096
 
     from farmkit.annotate.oracle import OracleBackend
     from farmkit.annotate.pools import Judge, Pool

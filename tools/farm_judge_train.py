@@ -58,6 +58,13 @@ ALPACA_EVAL_LICENSE = "CC BY-NC 4.0"
     "--l2", type=click.FloatRange(min=0), default=1e-5, show_default=True, help="Ridge penalty."
 )
 @click.option(
+    "--buckets",
+    type=click.IntRange(min=2),
+    default=2**18,
+    show_default=True,
+    help="Hashed n-gram features (a power of two); weights.npz holds two bytes per bucket.",
+)
+@click.option(
     "--license",
     "data_license",
     help="License of PREFS, recorded in meta.json (default: CC BY-NC 4.0 for AlpacaEval annotations, else unknown).",
@@ -74,6 +81,7 @@ def cli(
     folds,
     features,
     l2,
+    buckets,
     data_license,
     source,
     seed,
@@ -84,7 +92,6 @@ def cli(
     annotations with --alpaca-eval FOLDER. Writes DIR/meta.json (data, sizes, held-out figures, license) and
     DIR/weights.npz; `reward: DIR` in an oracle judge of a pool uses it."""
     from farmkit.judge_validation import read_pairs, train_judge
-    from farmkit.learned_judge import JudgeConfig
 
     name = display_name(prefs)
     pairs, counts = read_pairs(prefs, alpaca_eval)
@@ -108,7 +115,7 @@ def cli(
     meta = train_judge(
         pairs,
         output_dir,
-        JudgeConfig(features=features, l2=l2),
+        judge_config(features, l2, buckets),
         folds=folds,
         seed=seed,
         leaderboard=leaderboard,
@@ -119,6 +126,15 @@ def cli(
     for part, figures in meta["validation"].items():
         log.info("%s: %s", part, figures)
     log.info("wrote %s (%d pairs, %d systems)", output_dir, len(pairs), systems)
+
+
+def judge_config(features: str, l2: float, buckets: int):
+    from farmkit.learned_judge import JudgeConfig
+
+    try:
+        return JudgeConfig(features=features, l2=l2, buckets=buckets)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
 
 
 main = entry_point(cli)
