@@ -56,7 +56,7 @@ class JudgeConfig:
 
     buckets: int = 2**18  # hashed n-gram features (a power of two)
     ngrams: int = 2  # word n-grams up to this length
-    l2: float = 1e-5  # ridge penalty on the weights, per pair
+    l2: float = 3e-6  # ridge penalty on the weights, per pair
     max_iterations: int = 300  # L-BFGS iterations
     features: str = "ngrams+hand"  # which features: ngrams+hand, hand, or length (log word count)
 

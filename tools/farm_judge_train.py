@@ -55,7 +55,7 @@ ALPACA_EVAL_LICENSE = "CC BY-NC 4.0"
     help="Hashed word 1-2-grams plus hand features, the hand features alone, or length alone (a baseline).",
 )
 @click.option(
-    "--l2", type=click.FloatRange(min=0), default=1e-5, show_default=True, help="Ridge penalty."
+    "--l2", type=click.FloatRange(min=0), default=3e-6, show_default=True, help="Ridge penalty."
 )
 @click.option(
     "--buckets",
