@@ -49,6 +49,9 @@ MOVES = {
     "farmkit.plots": "farmkit.evaluate.plots",
     "farmkit.metrics": "farmkit.evaluate.metrics",
     "farmkit.overopt": "farmkit.evaluate.overopt",
+    # judges learned from real verdicts (issue 23) belong to the annotation pillar
+    "farmkit.learned_judge": "farmkit.annotate.learned",
+    "farmkit.judge_validation": "farmkit.annotate.validation",
 }
 
 PACKAGES = {

@@ -231,7 +231,7 @@ def test_offline_pools_differ_like_judges_do(tmp_path):
         names["sim_ann_offline"]["flip_rate"] == 0.25
         and names["sim_eval_offline"]["flip_rate"] == 0.0
     )
-    # close calls: a longer answer against a shorter one of nearly equal gold reward
+    # close calls: a longer answer against a shorter one saying the same
     records = []
     for i in range(600):
         short = f"Paris is the capital of France, item {i}."
@@ -252,7 +252,9 @@ def test_offline_pools_differ_like_judges_do(tmp_path):
             r["preference"] == 2
         )
     share_long = {judge: sum(v) / len(v) for judge, v in by_judge.items()}
-    assert share_long["oracle-long"] > share_long["oracle-short"] + 0.2, share_long
+    # the same learned judge with a length bias of +1 and -1 per log word (about 100 verdicts each;
+    # seeded, so the figures are the same on every run)
+    assert share_long["gpt4-turbo-long"] > share_long["gpt4-turbo-short"] + 0.1, share_long
     # gold and the single judge are deterministic: one verdict for identical comparisons
     assert len({r["preference"] for r in outputs["gold"]}) == 1
     assert len({r["preference"] for r in outputs["single_offline"]}) == 1

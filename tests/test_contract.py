@@ -42,6 +42,7 @@ CONTRACT: dict[str, dict] = {
     "farm-grpo": {"args": ["embedded", "embedded", "{input}", "-o", "{dir}"], "empty": "error"},
     "farm-convert": {"args": ["{input}"], "empty": "empty"},
     "farm-plot": {"args": ["history", "{input}", "-o", "{dir}/history.png"], "empty": "empty"},
+    "farm-judge-train": {"args": ["{input}", "--folds", "0", "-o", "{dir}"], "empty": "error"},
 }
 
 

@@ -179,14 +179,14 @@ def test_a_tool_without_a_page_is_reported_with_what_to_add(monkeypatch, capsys)
 
     known = docs.scripts()
     monkeypatch.setattr(
-        docs, "scripts", lambda: {**known, "farm-judge-train": "farmkit.tools.farm_split:main"}
+        docs, "scripts", lambda: {**known, "farm-made-up": "farmkit.tools.farm_split:main"}
     )
     missing = docs.missing_tool_pages()
-    assert len(missing) == 1 and "docs/tools/farm-judge-train.md is missing: write it" in missing[0]
+    assert len(missing) == 1 and "docs/tools/farm-made-up.md is missing: write it" in missing[0]
     assert "README.md's table of tools" in missing[0] and "docs/tools/index.md" in missing[0]
     monkeypatch.setattr(docs, "site_differences", lambda: [])
     assert docs.main(["--check"]) == 1
-    assert "farm-judge-train.md is missing" in capsys.readouterr().err
+    assert "farm-made-up.md is missing" in capsys.readouterr().err
 
 
 def test_check_fails_on_a_stale_options_block(monkeypatch, tmp_path):

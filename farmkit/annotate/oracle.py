@@ -1,8 +1,9 @@
 """The `oracle` backend: preferences from a known "true" reward, for offline simulations and reward
 over-optimization studies.
 
-The gold reward is either a reward model folder (scored by RewardScorer, as the methods score it) or the documented
-heuristic `gold_reward` below. An oracle judge prefers answer A with probability
+The gold reward is a learned judge (a folder written by farm-judge-train, or the name of one shipped in
+farmkit/annotate/judges/), a reward model folder (scored by RewardScorer, as the methods score it), or the
+documented heuristic `gold_reward` below. An oracle judge prefers answer A with probability
     sigmoid((r(A) - r(B) + length_bias * (log1p(words(A)) - log1p(words(B))) + position_bias) / T)
 (Bradley-Terry with temperature T; T = 0 picks the higher side deterministically, equal rewards tie).
 `length_bias` and `position_bias` make judges that differ the way LLM judges do.
@@ -131,12 +132,18 @@ class OracleBackend(Backend):
         return [self._scores[(reward, *t)] for t in texts]
 
     def _model_rewards(self, folder: str, texts: list[tuple[str, str, str]]) -> list[float]:
-        """A reward model's scores, read exactly as the methods that optimize it read them
-        (RewardScorer: the formatted prompt, the answer and its end token, scored at that token)."""
-        from farmkit.methods.reward import RewardScorer
-
+        """A learned judge's rewards, or a reward model's scores read exactly as the methods that
+        optimize it read them (RewardScorer: the formatted prompt, the answer and its end token,
+        scored at that token)."""
         if folder not in self._models:
-            self._models[folder] = RewardScorer(folder)
+            from farmkit.annotate.learned import load_judge
+
+            judge = load_judge(folder)
+            if judge is None:
+                from farmkit.methods.reward import RewardScorer
+
+                judge = RewardScorer(folder)
+            self._models[folder] = judge
         return self._models[folder].score(texts)
 
     async def close(self) -> None:
