@@ -170,6 +170,35 @@ def test_farm_eval_prints_the_merged_board(tmp_path):
     )
 
 
+def test_farm_eval_writes_the_merged_board_as_alpaca_eval_publishes_it(tmp_path):
+    """--format alpaca-eval: the merged board in AlpacaEval's leaderboard CSV, read back by pandas with
+    AlpacaEval's own column names; the published rows keep their figures and mode."""
+    pandas = pytest.importorskip("pandas")
+    from farmkit.evaluate.winrate import ALPACA_EVAL_BOARD
+
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [1.25] * 6))
+    board = tmp_path / "board.csv"
+    board.write_text(BOARD)
+    written = tmp_path / "merged.csv"
+    done = run_tool(
+        "farm-eval",
+        _jsonl(tmp_path / "m.jsonl", model),
+        *("--reference", _jsonl(tmp_path / "r.jsonl", reference)),
+        *("--labels", labels, "--no-cache", "--leaderboard", str(board)),
+        *("--sort-by", "win_rate", "--format", "alpaca-eval", "-o", str(written)),
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    frame = pandas.read_csv(written, index_col=0)
+    assert list(frame.columns) == [name for name, _ in ALPACA_EVAL_BOARD]
+    assert list(frame.index) == ["big", "nolc", "mine", "small"]
+    assert math.isclose(frame.loc["mine", "win_rate"], 25.0, abs_tol=1e-9)
+    assert frame.loc["big", "length_controlled_winrate"] == 35.0
+    assert frame.loc["big", "n_wins_base"] == 500 and frame.loc["big", "mode"] == "verified"
+    assert frame.loc["mine", "mode"] == "community"
+
+
 def test_a_bad_board_names_file_and_line(tmp_path):
     board = tmp_path / "board.csv"
     board.write_text(BOARD.replace("small,10.0,", "small,"))

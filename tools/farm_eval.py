@@ -76,10 +76,11 @@ TOOL = "farm-eval"
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["jsonl", "table", "csv", "markdown"]),
+    type=click.Choice(["jsonl", "table", "csv", "markdown", "alpaca-eval"]),
     default="jsonl",
     show_default=True,
-    help="jsonl: rows (records); table, csv, markdown: for people and spreadsheets.",
+    help="jsonl: rows (records); table, csv, markdown: for people and spreadsheets; alpaca-eval: the "
+    "CSV AlpacaEval publishes its leaderboards in (its columns and order; farm-winrate's).",
 )
 @shared_option("max_new_tokens")  # of a model that answers first
 @output_option
