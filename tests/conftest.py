@@ -108,6 +108,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+    # Under `make test`'s workers (pytest-xdist, a file per worker) the files that run a whole recipe
+    # go first: started last, one of them alone keeps one worker busy minutes after the other is
+    # done. The order within a file stays as written.
+    if not getattr(config.option, "numprocesses", None):
+        return
+    recipe = {item.path for item in items if item.get_closest_marker("recipe")}
+    heavy = {item.path for item in items if item.get_closest_marker("heavy")}
+    items.sort(key=lambda item: (item.path not in recipe, item.path not in heavy))
 
 
 @pytest.fixture(name="figures")

@@ -172,10 +172,11 @@ def test_a_vllm_round_samples_in_fp32_too(sft, monkeypatch):
     the engine and its sampling are stood in for)."""
     from farmkit.lm import sampling
     from farmkit.lm.generation import Sample
+    from farmkit.methods import rollout_backends
     from farmkit.methods.online_dpo import OnlineDPOConfig, _sample_pairs
 
     engines = []
-    monkeypatch.setattr(sampling, "rollout_backend", lambda name: "vllm")
+    monkeypatch.setattr(rollout_backends, "resolve_backend", lambda name: "vllm")
     monkeypatch.setattr(
         sampling, "vllm_engine", lambda path, dtype="auto", seed=0: engines.append(dtype)
     )
