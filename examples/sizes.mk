@@ -56,10 +56,12 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # samples against 3; the reward model one epoch, 38 steps against 10), SFT 48 steps against 16, DPO,
 # FeedME and reward conditioning 12 against 6, expert iteration 64 prompts x 8 samples and 12 steps,
 # PPO 16 steps against 12, Quark 8 rounds of 8 prompts x 8 samples against 6 x 8 x 4. Weighting each
-# ratio by the step's share of a demo run (2026-11-26, steps timed from the log: SFT 299 s, pairs
-# 115 s, DPO 409 s, reward model over 540 s on a machine at load 5-7) gives about 3.4 times the
-# demo's work, about 39 minutes against the demo's 11.5 idle; annotation by the learned judges costs
-# about a second a file. The splits (300 + 300 + 64 + 200) fit the 900 shipped instructions.
+# ratio by the step's time in a demo run (2026-11-26, on a machine at load 5-7, 3,392 s of steps:
+# PPO 808, reward model 575, DPO 409, Quark 389, SFT 299, expert iteration 216, val sampling 8 x ~26,
+# FeedME 127, pairs 115, reward conditioning 77, best-of-4 67) gives about 2.9 times the demo's work:
+# about 34 minutes against the demo's 11.5 on idle cores, an estimate; annotation by the learned judges
+# costs 1-2 s a file.
+# The splits (300 + 300 + 64 + 200) fit the 900 shipped instructions.
 #
 # On a GPU machine the full run is
 #   make demo SIZE=full MODEL=/models/llama-7b-sft-base DATA=alpaca_data.jsonl POOL=sim_ann EVAL_POOL=sim_eval GPUS=8
