@@ -58,8 +58,10 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # PPO 16 steps against 12, Quark 8 rounds of 8 prompts x 8 samples against 6 x 8 x 4. Weighting each
 # ratio by the step's time in a demo run (2026-11-26, on a machine at load 5-7, 3,392 s of steps:
 # PPO 808, reward model 575, DPO 409, Quark 389, SFT 299, expert iteration 216, val sampling 8 x ~26,
-# FeedME 127, pairs 115, reward conditioning 77, best-of-4 67) gives about 2.9 times the demo's work:
-# about 34 minutes against the demo's 11.5 on idle cores, an estimate; annotation by the learned judges
+# FeedME 127, pairs 115, reward conditioning 77, best-of-4 67) gives about 2.9 times the demo's work.
+# A started study sampled the reference on its 200 val prompts in 227 s at the same load (the demo's
+# 20: 23 s), so val sampling scales nearly with the batches: with that, about 3.5 times, some 40
+# minutes against the demo's 11.5 on idle cores (an estimate). Annotation by the learned judges
 # costs 1-2 s a file.
 # The splits (300 + 300 + 64 + 200) fit the 900 shipped instructions.
 #
