@@ -4,39 +4,39 @@
 # best-of-16). A variable set on the command line or in the environment wins over its row.
 # -1 steps means "by epochs"; $$(X) is "whatever X is".
 #
-#                         ci        demo                  full
-N_SFT.sizes             := 24        300                   10000     # demonstrations for SFT
-N_PREF.sizes            := 8         40                    10000     # instructions with 2 samples each, annotated
-N_UNLABELED.sizes       := 8         24                    20000     # prompts for PPO, Quark and expert iteration
-N_VAL.sizes             := 6         20                    2000      # evaluation prompts
-MAX_NEW_TOKENS.sizes    := 16        32                    300
-TRAIN_BATCH.sizes       := 8         8                     16
-GEN_BATCH.sizes         := 16        32                    64
-SFT_STEPS.sizes         := 4         16                    -1        # full: 3 epochs
-RM_STEPS.sizes          := 4         10                    -1        # full: 1 epoch
-METHOD_STEPS.sizes      := 2         6                     -1        # DPO, FeedME, reward conditioning, expert iteration
-DPO_LR.sizes            := 1e-6      1e-5                  1e-6      # farm-dpo --learning-rate (see below)
-BON_N.sizes             := 2         4                     16
-PPO_STEPS.sizes         := 2         12                    390       # full: AlpacaFarm's 10 epochs of 20,000 prompts, 512 a step
-PPO_LR.sizes            := 1e-5      5e-5                  -         # farm-ppo --learning-rate (see below; full: the preset's)
-ROLLOUT_BATCH.sizes     := 4         8                     512       # PPO rollouts per step, Quark prompts per round
-QUARK_ROUNDS.sizes      := 1         6                     390       # full: AlpacaFarm's 10 epochs, 512 prompts a round
-PRESET.sizes            := none      none                  alpacafarm # farm-ppo and farm-quark --preset (none: the rows; see the Makefile)
-QUARK_LR.sizes          := 1e-5      5e-5                  -         # farm-quark --learning-rate (see below; full: the preset's)
-QUARK_CONTROL.sizes     := none      none                  -         # farm-quark --control-token (see the Makefile; full: the preset's)
-BOOTSTRAP.sizes         := 100       1000                  1000      # farm-winrate's bootstrap resamples
-BACKEND.sizes           := hf        hf                    vllm      # farm-sample's backend
-OVEROPT_NS.sizes        := 1,2,4     1,2,4,8,16,32,64      1,2,4,8,16,32,64,128,256  # best-of-n sweep of `make overopt`, smallest first
-OO_N_PREF.sizes         := 8         400                   $$(N_PREF)       # pairs both overopt reward models learn from (1 epoch)
-OO_N_UNLABELED.sizes    := 8         64                    $$(N_UNLABELED)  # overopt PPO prompts
-OO_N_VAL.sizes          := 6         40                    $$(N_VAL)        # overopt evaluation prompts (max(OVEROPT_NS) samples each)
-OVEROPT_PPO_STEPS.sizes := 2         12                    400
-OVEROPT_PPO_EVERY.sizes := 1         3                     40        # a PPO checkpoint every so many steps
-EB_STEPS.sizes          := 2         6                     400       # methods-at-equal-budget: PPO, RLOO and GRPO steps
-EB_EVERY.sizes          := 1         2                     40        # a gold-judged checkpoint every so many steps
-EB_K.sizes              := 2         4                     4         # RLOO and GRPO samples per prompt (divides ROLLOUT_BATCH)
-EB_ODPO_ROUNDS.sizes    := 2         2                     4         # online DPO rounds, N_PREF labels over all of them
-EB_BON_NS.sizes         := 1,2       1,2,4                 1,4,16    # best-of-n sweep, smallest first
+#                         ci        demo                  study     full
+N_SFT.sizes             := 24        300                   300       10000     # demonstrations for SFT
+N_PREF.sizes            := 8         40                    300       10000     # instructions with 2 samples each, annotated
+N_UNLABELED.sizes       := 8         24                    64        20000     # prompts for PPO, Quark and expert iteration
+N_VAL.sizes             := 6         20                    200       2000      # evaluation prompts
+MAX_NEW_TOKENS.sizes    := 16        32                    32        300
+TRAIN_BATCH.sizes       := 8         8                     8         16
+GEN_BATCH.sizes         := 16        32                    32        64
+SFT_STEPS.sizes         := 4         16                    48        -1        # full: 3 epochs
+RM_STEPS.sizes          := 4         10                    38        -1        # full: 1 epoch
+METHOD_STEPS.sizes      := 2         6                     12        -1        # DPO, FeedME, reward conditioning, expert iteration
+DPO_LR.sizes            := 1e-6      1e-5                  1e-5      1e-6      # farm-dpo --learning-rate (see below)
+BON_N.sizes             := 2         4                     8         16
+PPO_STEPS.sizes         := 2         12                    16        390       # full: AlpacaFarm's 10 epochs of 20,000 prompts, 512 a step
+PPO_LR.sizes            := 1e-5      5e-5                  5e-5      -         # farm-ppo --learning-rate (see below; full: the preset's)
+ROLLOUT_BATCH.sizes     := 4         8                     8         512       # PPO rollouts per step, Quark prompts per round
+QUARK_ROUNDS.sizes      := 1         6                     8         390       # full: AlpacaFarm's 10 epochs, 512 prompts a round
+PRESET.sizes            := none      none                  none      alpacafarm # farm-ppo and farm-quark --preset (none: the rows; see the Makefile)
+QUARK_LR.sizes          := 1e-5      5e-5                  5e-5      -         # farm-quark --learning-rate (see below; full: the preset's)
+QUARK_CONTROL.sizes     := none      none                  none      -         # farm-quark --control-token (see the Makefile; full: the preset's)
+BOOTSTRAP.sizes         := 100       1000                  1000      1000      # farm-winrate's bootstrap resamples
+BACKEND.sizes           := hf        hf                    hf        vllm      # farm-sample's backend
+OVEROPT_NS.sizes        := 1,2,4     1,2,4,8,16,32,64      1,2,4,8,16,32,64 1,2,4,8,16,32,64,128,256  # best-of-n sweep of `make overopt`, smallest first
+OO_N_PREF.sizes         := 8         400                   400       $$(N_PREF)       # pairs both overopt reward models learn from (1 epoch)
+OO_N_UNLABELED.sizes    := 8         64                    64        $$(N_UNLABELED)  # overopt PPO prompts
+OO_N_VAL.sizes          := 6         40                    40        $$(N_VAL)        # overopt evaluation prompts (max(OVEROPT_NS) samples each)
+OVEROPT_PPO_STEPS.sizes := 2         12                    12        400
+OVEROPT_PPO_EVERY.sizes := 1         3                     3         40        # a PPO checkpoint every so many steps
+EB_STEPS.sizes          := 2         6                     6         400       # methods-at-equal-budget: PPO, RLOO and GRPO steps
+EB_EVERY.sizes          := 1         2                     2         40        # a gold-judged checkpoint every so many steps
+EB_K.sizes              := 2         4                     4         4         # RLOO and GRPO samples per prompt (divides ROLLOUT_BATCH)
+EB_ODPO_ROUNDS.sizes    := 2         2                     2         4         # online DPO rounds, N_PREF labels over all of them
+EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    # best-of-n sweep, smallest first
 
 # The demo column gives PPO and Quark enough updates for their mechanism to show within the
 # 20-minute budget: at the tools' default 1e-5, 3 PPO steps and 2 Quark rounds left the policies where
@@ -49,6 +49,21 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,4,16    # best-of-n
 # margin on its pairs reached 0.38 by step 6. The full column runs PPO and Quark with
 # --preset alpacafarm: every hyperparameter AlpacaFarm's scripts set (README, farm-ppo and
 # farm-quark), its rows marked - are the preset's.
+#
+# The study column (`make study`, issue 23) is sized by the work each step does against the demo's,
+# not by running it: 200 evaluation prompts (each system's val sampling 7 generation batches of 32
+# against the demo's 1; best-of-8 on them 50 batches against 3), 300 labelled pairs (19 batches of
+# samples against 3; the reward model one epoch, 38 steps against 10), SFT 48 steps against 16, DPO,
+# FeedME and reward conditioning 12 against 6, expert iteration 64 prompts x 8 samples and 12 steps,
+# PPO 16 steps against 12, Quark 8 rounds of 8 prompts x 8 samples against 6 x 8 x 4. Weighting each
+# ratio by the step's time in a demo run (2026-11-26, on a machine at load 5-7, 3,392 s of steps:
+# PPO 808, reward model 575, DPO 409, Quark 389, SFT 299, expert iteration 216, val sampling 8 x ~26,
+# FeedME 127, pairs 115, reward conditioning 77, best-of-4 67) gives about 2.9 times the demo's work.
+# A started study sampled the reference on its 200 val prompts in 227 s at the same load (the demo's
+# 20: 23 s), so val sampling scales nearly with the batches: with that, about 3.5 times, some 40
+# minutes against the demo's 11.5 on idle cores (an estimate). Annotation by the learned judges
+# costs 1-2 s a file.
+# The splits (300 + 300 + 64 + 200) fit the 900 shipped instructions.
 #
 # On a GPU machine the full run is
 #   make demo SIZE=full MODEL=/models/llama-7b-sft-base DATA=alpaca_data.jsonl POOL=sim_ann EVAL_POOL=sim_eval GPUS=8
@@ -63,9 +78,10 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,4,16    # best-of-n
 
 column.ci := 1
 column.demo := 2
-column.full := 3
+column.study := 3
+column.full := 4
 ifeq ($(column.$(SIZE)),)
-$(error SIZE must be ci, demo or full (got '$(SIZE)'))
+$(error SIZE must be ci, demo, study or full (got '$(SIZE)'))
 endif
 # every row's value in SIZE's column, unless the variable is set already (command line, environment)
 $(foreach row,$(patsubst %.sizes,%,$(filter %.sizes,$(.VARIABLES))),$(eval $(row) ?= $(word $(column.$(SIZE)),$($(row).sizes))))

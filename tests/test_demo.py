@@ -214,7 +214,7 @@ def test_reannotation_is_served_from_the_cache(ci_run):
     _check_leaderboards(out)
 
 
-@pytest.mark.parametrize("size,column", [("ci", 0), ("demo", 1), ("full", 2)])
+@pytest.mark.parametrize("size,column", [("ci", 0), ("demo", 1), ("study", 2), ("full", 3)])
 def test_the_size_presets_are_one_table(size, column, tmp_path):
     """examples/sizes.mk holds each size's settings once (a row per variable, a column per SIZE):
     the planned commands take their sizes from its rows, a command-line value wins over a row, and
@@ -225,7 +225,7 @@ def test_the_size_presets_are_one_table(size, column, tmp_path):
             name, values = line.split("#")[0].split(":=")
             rows[name.strip().removesuffix(".sizes")] = values.split()
     assert {"N_SFT", "SFT_STEPS", "PPO_STEPS", "OO_N_PREF", "OVEROPT_NS"} <= set(rows)
-    assert all(len(values) == 3 for values in rows.values()), rows
+    assert all(len(values) == 4 for values in rows.values()), rows
     out = f"OUT={tmp_path}"
     planned = _make("-n", "demo", f"SIZE={size}", out).stdout
     assert f"--max-steps {rows['SFT_STEPS'][column]} " in planned
@@ -306,3 +306,17 @@ def test_train_reward_compares_whole_passes_through_the_prompts(tmp_path, monkey
     assert report.train_reward(rows, None) == "+0.100 → +0.900 (steps)"
     last = {"reward": 0.3, "best_of_n_reward": 0.45, "n": 4}
     assert report.train_reward([*rows, last], 3) == "+0.300 → +0.450 (best of 4)"
+
+
+def test_the_study_is_the_demo_at_size_study_and_its_splits_fit_the_data(tmp_path):
+    """`make study` plans the demo at SIZE=study: >= 200 evaluation prompts, splits that the shipped
+    instruction set can hold, and a report that tests each method against SFT (--evals)."""
+    planned = _make("-n", "study", f"OUT={tmp_path}").stdout
+    split = next(line for line in planned.splitlines() if line.startswith("farm-split "))
+    sizes = dict(item.split("=") for item in split.split("--sizes ")[1].split()[0].split(","))
+    assert int(sizes["val"]) >= 200, sizes
+    available = len(_records(EXAMPLES / "data" / "instructions.jsonl"))
+    assert sum(int(value) for value in sizes.values()) <= available, (sizes, available)
+    assert (
+        f"--evals {tmp_path}/eval --reference-scores {tmp_path}/scores/reference.jsonl" in planned
+    )
