@@ -6,8 +6,10 @@ CONSTRAINTS ?= -c constraints-cpu.txt
 EXTRAS ?= ml,api,plot,dev
 PYTEST_ARGS ?=
 # make test runs the suite in this many processes (pytest-xdist), each test file in one of them so a
-# module's trained fixtures are built once, and one torch thread each (2 cores: 2 workers); 0: one process
-TEST_WORKERS ?= 2
+# module's trained fixtures are built once, and one torch thread each; 0: one process. Three on 2 cores:
+# with two, 7% of the cores sat idle (tests waiting on servers and subprocesses) and the suite took
+# 8 min 39 s; with three, 0.5% and 7 min 19 s (docs/tests.md).
+TEST_WORKERS ?= 3
 
 .PHONY: install docs test test-fast test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
 
@@ -22,7 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	touch $@
 
 test: install
-	$(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 )$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 )$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # the docs site (docs/, mkdocs.yml): hand-written pages, each tool's Options block refreshed from its --help,
 # then built into site/ with --strict, so a broken link or anchor fails (docs/architecture.md says how).

@@ -17,7 +17,7 @@ RM_STEPS.sizes          := 4         10                    38        -1        #
 METHOD_STEPS.sizes      := 2         6                     12        -1        # DPO, FeedME, reward conditioning, expert iteration
 DPO_LR.sizes            := 1e-6      1e-5                  1e-5      1e-6      # farm-dpo --learning-rate (see below)
 BON_N.sizes             := 2         4                     8         16
-PPO_STEPS.sizes         := 2         12                    16        390       # full: AlpacaFarm's 10 epochs of 20,000 prompts, 512 a step
+PPO_STEPS.sizes         := 2         6                     16        390       # full: AlpacaFarm's 10 epochs of 20,000 prompts, 512 a step
 PPO_LR.sizes            := 1e-5      5e-5                  5e-5      -         # farm-ppo --learning-rate (see below; full: the preset's)
 ROLLOUT_BATCH.sizes     := 4         8                     8         512       # PPO rollouts per step, Quark prompts per round
 QUARK_ROUNDS.sizes      := 1         6                     8         390       # full: AlpacaFarm's 10 epochs, 512 prompts a round
@@ -49,6 +49,10 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # margin on its pairs reached 0.38 by step 6. The full column runs PPO and Quark with
 # --preset alpacafarm: every hyperparameter AlpacaFarm's scripts set (README, farm-ppo and
 # farm-quark), its rows marked - are the preset's.
+# With the learned offline judges (issue 23) a whole `make demo` took 12 min 27 s at 12 PPO steps
+# (two niced test collections beside it), over the 12-minute budget, and 12 min 11 s at 9 (a short
+# test run beside it). PPO, the last step to finish, now runs 6 steps, two passes over the 24
+# unlabeled prompts at 8 a step: 9 min 49 s with nothing beside it (docs/demo.md has the run).
 #
 # The study column (`make study`, issue 23) is sized by the work each step does against the demo's,
 # not by running it: 200 evaluation prompts (each system's val sampling 7 generation batches of 32
@@ -62,7 +66,8 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # A started study sampled the reference on its 200 val prompts in 227 s at the same load (the demo's
 # 20: 23 s), so val sampling scales nearly with the batches: with that, about 3.5 times, some 40
 # minutes against the demo's 11.5 on idle cores (an estimate). Annotation by the learned judges
-# costs 1-2 s a file.
+# costs 1-2 s a file. Measured: `make study` from an empty runs/study took 37 min 8 s on 2 idle cores
+# (2026-11-26; docs/demo.md, "The study", has what it printed and found).
 # The splits (300 + 300 + 64 + 200) fit the 900 shipped instructions.
 #
 # On a GPU machine the full run is

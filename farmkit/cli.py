@@ -609,6 +609,21 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
         os.environ.setdefault("DISABLE_TQDM", "1")
         # transformers 5 draws its "Loading weights" bars through huggingface_hub's switch
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # Those variables are read when the libraries are imported; where one is imported already
+        # (a tool run from Python, after `import transformers`), its own switch does the same.
+        if "huggingface_hub" in sys.modules:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.set_verbosity_error()
+            transformers_logging.disable_progress_bar()
+        if "datasets" in sys.modules:
+            import datasets
+
+            datasets.disable_progress_bars()
 
 
 def _redacted(text: str) -> str:

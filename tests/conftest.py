@@ -3,11 +3,13 @@ shares the embedded tokenizer (for tests that train and need speed more than qua
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,16 +27,16 @@ def shared_data(relative: str) -> Path:
 def run_tool(
     *args: str, input: bytes | None = None, timeout: float = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a farm-* console script in a real subprocess (bytes in, bytes out)."""
+    """Run a farm-* console script in a real subprocess (bytes in, bytes out). The process is forked
+    from one that imported torch and transformers already, where that cannot change what the tool
+    does (tests/forkserver.py says when); otherwise it starts fresh."""
     tool, *rest = args
-    executable = Path(sys.executable).parent / tool
-    return subprocess.run(
-        [str(executable), *rest],
-        input=input,
-        capture_output=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    argv = [str(Path(sys.executable).parent / tool), *rest]
+    environment = {**os.environ, **(env or {})}
+    fork = forkserver.server()
+    if fork is not None and fork.same_imports(environment):
+        return fork.run(argv, input, environment, timeout)
+    return subprocess.run(argv, input=input, capture_output=True, timeout=timeout, env=environment)
 
 
 DEEPSPEED_NOTICE = b"Setting accelerator to CPU"
@@ -102,6 +104,29 @@ def tiny_model_path(tmp_path_factory, embedded_path) -> Path:
 MODEL_FIXTURES = {"embedded_path", "tiny_model_path"}
 
 
+# seconds each file took in one run of the suite under two workers (2026-11-26), for the order above
+LONGEST_FILES = {
+    "test_trainer_options.py": 78,
+    "test_ppo.py": 56,
+    "test_quark.py": 52,
+    "test_online_dpo.py": 47,
+    "test_gold.py": 46,
+    "test_prompt_length.py": 42,
+    "test_annotate_server.py": 42,
+    "test_distributed.py": 35,
+    "test_modelio.py": 30,
+    "test_contract.py": 29,
+    "test_endpoint.py": 25,
+    "test_gpu_check.py": 25,
+    "test_onpolicy.py": 24,
+    "test_group_methods.py": 22,
+    "test_online_dpo_continuity.py": 21,
+    "test_annotate_engine.py": 20,
+    "test_dpo.py": 17,
+    "test_judge_train.py": 16,
+}
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark tests that load a model (through a model fixture) as `model`, so `make test-fast` (unit and
     contract tests, the edit loop) can leave them out."""
@@ -111,11 +136,17 @@ def pytest_collection_modifyitems(config, items):
     # Under `make test`'s workers (pytest-xdist, a file per worker) the files that run a whole recipe
     # go first: started last, one of them alone keeps one worker busy minutes after the other is
     # done. The order within a file stays as written.
-    if not getattr(config.option, "numprocesses", None):
+    if not (getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")):
         return
+    # Then the longest files (measured, `make test PYTEST_ARGS=--durations=0`), longest first, so
+    # that the last files to start are short ones and both workers end together; the rest as written.
     recipe = {item.path for item in items if item.get_closest_marker("recipe")}
-    heavy = {item.path for item in items if item.get_closest_marker("heavy")}
-    items.sort(key=lambda item: (item.path not in recipe, item.path not in heavy))
+    items.sort(
+        key=lambda item: (
+            item.path not in recipe,
+            -LONGEST_FILES.get(item.path.name, 0),
+        )
+    )
 
 
 @pytest.fixture(name="figures")
@@ -149,11 +180,23 @@ def fresh_accelerate_state():
 def farmkit_logger_restored():
     """A command run in-process (CliRunner) sets up the `farmkit` logger for a terminal: its own
     stderr handler, propagation off. Left so, a later test's caplog, which listens at the root,
-    hears nothing from farmkit, and whether it passes depends on the order the tests ran in."""
-    import logging
-
+    hears nothing from farmkit, and whether it passes depends on the order the tests ran in. Each
+    test starts and ends with the logger as it was when the session began: a module-scoped fixture
+    that ran a command is set up before this fixture, so what was there before the test is no
+    baseline."""
     log = logging.getLogger("farmkit")
-    saved = (log.handlers[:], log.level, log.propagate, log.disabled)
+    _set_logger(log, _LOGGER_AT_START)
     yield
-    log.handlers[:] = saved[0]
-    log.level, log.propagate, log.disabled = saved[1], saved[2], saved[3]
+    _set_logger(log, _LOGGER_AT_START)
+
+
+def _logger_state(log: logging.Logger) -> tuple:
+    return (log.handlers[:], log.level, log.propagate, log.disabled)
+
+
+def _set_logger(log: logging.Logger, state: tuple) -> None:
+    log.handlers[:] = state[0]
+    log.level, log.propagate, log.disabled = state[1], state[2], state[3]
+
+
+_LOGGER_AT_START = _logger_state(logging.getLogger("farmkit"))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import orjson
 import pytest
 from conftest import ROOT
@@ -38,8 +39,11 @@ def _make(*args: str, check: bool = True, timeout: float = 2400) -> subprocess.C
         "PYTHON": sys.executable,
         "OMP_NUM_THREADS": "1",
     }
+    # the recipe's farm-* commands start as forks of the test's fork server where that cannot
+    # change what they do (tests/forkserver.py); VENV= keeps the shims first on PATH
+    env["PATH"], venv = forkserver.recipe_path(env["PATH"])
     result = subprocess.run(
-        ["make", "-C", str(EXAMPLES), *args],
+        ["make", "-C", str(EXAMPLES), *args, *venv],
         capture_output=True,
         text=True,
         env=env,

@@ -113,6 +113,26 @@ def test_tool_writes_a_judge_folder_the_oracle_loads(tmp_path):
     verdicts = asyncio.run(backend.judge(judge, shown, [0.5, 0.5], seed=0))
     assert [v.choice for v in verdicts] == ["B", "A"]
 
+    # the folder itself is a pool (farm-annotate --pool FOLDER) and a gold judge (--gold FOLDER)
+    from farmkit.methods.gold import judge_kind
+
+    assert judge_kind(str(folder)) == "pool"
+    pairs = [
+        {"instruction": "Q?", "output_1": BAD[1], "output_2": GOOD[1]},
+        {"instruction": "R?", "output_1": GOOD[0], "output_2": BAD[0]},
+    ]
+    annotated = run_tool(
+        "farm-annotate",
+        "--pool",
+        str(folder),
+        "--no-cache",
+        input=b"".join(orjson.dumps(p) + b"\n" for p in pairs),
+    )
+    assert annotated.returncode == 0, annotated.stderr.decode()
+    records = [orjson.loads(line) for line in annotated.stdout.splitlines()]
+    assert [r["preference"] for r in records] == [2, 1]
+    assert {r["annotator"] for r in records} == {"judge"}
+
 
 def test_tool_names_the_file_and_line_of_a_bad_record(tmp_path):
     prefs = tmp_path / "prefs.jsonl"

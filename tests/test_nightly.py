@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import forkserver
 import orjson
 import pytest
 from openai_server import OpenAIServer, judge_longer, shown_pairs
@@ -42,6 +43,8 @@ def _night(workdir: Path, server: OpenAIServer, *extra: str) -> subprocess.Compl
         "OPENAI_BASE_URL": server.url,
         "OPENAI_API_KEY": KEY,
     }
+    # the recipe's farm-* commands start as forks of the test's fork server (tests/forkserver.py)
+    env["PATH"], venv = forkserver.recipe_path(env["PATH"])
     return subprocess.run(
         [
             "make",
@@ -56,6 +59,7 @@ def _night(workdir: Path, server: OpenAIServer, *extra: str) -> subprocess.Compl
             "MAX_NEW_TOKENS=8",
             "SAMPLE_OPTS=--device cpu --batch-size 4",
             *extra,
+            *venv,
         ],
         cwd=workdir,
         capture_output=True,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import orjson
 from openai_server import OpenAIServer, judge_longer
 
@@ -25,7 +26,8 @@ def shell(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
         cwd=cwd,
         capture_output=True,
         timeout=600,
-        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **env},
+        # the farm-* commands start as forks of the test's fork server (tests/forkserver.py)
+        env={**os.environ, "PATH": forkserver.recipe_path(f"{BIN}:{os.environ['PATH']}")[0], **env},
     )
 
 

@@ -29,7 +29,7 @@ from farmkit.core.io import RecordWriter, records_stdout
 @output_option
 @click.option(
     "--pool",
-    help="A pool name (see --list-pools) or a pool YAML file.  [default: sim_ann; with --reference: sim_eval, "
+    help="A pool name (see --list-pools), a pool YAML file, or a learned judge folder (farm-judge-train; judged by it alone, no flips).  [default: sim_ann; with --reference: sim_eval, "
     "the noise-free evaluation pool]",
 )
 @reference_option

@@ -157,6 +157,8 @@ def load_pool(name_or_path: str) -> Pool:
         text, source, base = shipped.read_text(encoding="utf-8"), f"pools/{name_or_path}.yaml", None
     else:
         path = Path(name_or_path)
+        if path.is_dir() and _is_learned_judge(path):
+            return learned_judge_pool(path)
         if not path.is_file():
             raise FarmError(
                 f"no pool {name_or_path!r}: not a shipped pool ({', '.join(shipped_pools())}) nor a YAML file; "
@@ -168,6 +170,41 @@ def load_pool(name_or_path: str) -> Pool:
     except yaml.YAMLError as exc:
         raise FarmError(f"{source}: not valid YAML ({exc})") from None
     return pool_from_dict(data, source, base)
+
+
+def _is_learned_judge(folder: Path) -> bool:
+    import json
+
+    meta = folder / "meta.json"
+    if not meta.is_file():
+        return False
+    try:
+        return json.loads(meta.read_text(encoding="utf-8")).get("kind") == "learned_judge"
+    except ValueError:
+        return False
+
+
+def learned_judge_pool(folder: Path) -> Pool:
+    """A learned judge's folder (farm-judge-train -o FOLDER) used as a pool: one deterministic oracle
+    judge that reads it, no flips. So `--pool FOLDER` and `--gold FOLDER` work as the shipped `gold`
+    pool does for the shipped gpt4 judge."""
+    resolved = folder.resolve()
+    return pool_from_dict(
+        {
+            "name": resolved.name,
+            "description": f"the learned judge in {resolved} (farm-judge-train), deterministic",
+            "flip_rate": 0.0,
+            "judges": [
+                {
+                    "name": resolved.name,
+                    "backend": "oracle",
+                    "reward": str(resolved),
+                    "temperature": 0.0,
+                }
+            ],
+        },
+        str(folder),
+    )
 
 
 def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:

@@ -57,7 +57,8 @@ SHARED_HELP = {
     "files in DIR.runs/ beside the output folder), wandb (set up by its own variables: "
     "WANDB_PROJECT, WANDB_MODE...) or none.",
     "gold": "Also score every checkpoint (farm-bon: every n) with a gold judge: a reward model folder, or an annotator "
-    "pool (a farm-annotate --pool name or YAML file, e.g. the offline gold pool), judging one "
+    "pool (a farm-annotate --pool name or YAML file, e.g. the offline gold pool, or a learned judge "
+    "folder from farm-judge-train), judging one "
     "answer per gold prompt against the starting model's answer. metrics.jsonl gets gold_win_rate "
     "(percent), gold_reward (a reward model's mean score), gold_kl and gold_answer_length; "
     "meta.json what judging cost.",

@@ -93,6 +93,8 @@ def judge_kind(spec: str) -> str:
     path = Path(spec)
     if path.is_dir():
         meta = read_meta(path)
+        if meta.get("kind") == "learned_judge":
+            return "pool"  # load_pool reads it as a one-judge oracle pool
         config = path / "config.json"
         architectures = (
             json.loads(config.read_text()).get("architectures", []) if config.is_file() else []
@@ -103,7 +105,8 @@ def judge_kind(spec: str) -> str:
             return "reward_model"
         raise FarmError(
             f"--gold {spec}: a folder, but not a reward model (its meta.json kind is "
-            f"{meta.get('kind')!r}); give a reward model folder or an annotator pool"
+            f"{meta.get('kind')!r}); give a reward model folder, a learned judge folder "
+            "(farm-judge-train) or an annotator pool"
         )
     from farmkit.annotate.pools import load_pool
 
@@ -417,7 +420,7 @@ class GoldEvaluator:
     def block(self) -> dict[str, Any]:
         """meta.json's `gold`: what the gold judge was, on what, and what judging cost."""
         block: dict[str, Any] = {
-            "judge": self.spec if self.kind == "pool" else str(Path(self.spec).resolve()),
+            "judge": str(Path(self.spec).resolve()) if Path(self.spec).is_dir() else self.spec,
             "kind": self.kind,
             "prompts": len(self.prompts),
             "prompts_from": self.source,
