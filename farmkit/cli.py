@@ -37,6 +37,7 @@ from typing import Any
 import click
 
 from farmkit import __version__
+from farmkit.core.allocator import keep_freed_memory
 from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
 from farmkit.core.seeds import stable_hash
 from farmkit.lm.models import TEMPLATES
@@ -580,6 +581,7 @@ def common_options(function: Callable) -> Callable:
     @functools.wraps(function)
     def wrapper(*args: Any, quiet: bool = False, verbose: bool = False, **kwargs: Any) -> Any:
         setup_logging(quiet=quiet, verbose=verbose)
+        keep_freed_memory()  # torch on a CPU: no page faults for memory it just freed
         return function(*args, **kwargs)
 
     return wrapper

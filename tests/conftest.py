@@ -12,6 +12,12 @@ from pathlib import Path
 import forkserver
 import pytest
 
+from farmkit.core.allocator import keep_freed_memory
+
+# what every tool does when it starts (farmkit/core/allocator.py), done here too for the tests that
+# train by calling the library in the pytest process itself
+keep_freed_memory()
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 

@@ -199,11 +199,7 @@ class ForkServer:
 
     def same_imports(self, env: dict[str, str]) -> bool:
         """True when env and the server's agree on every variable that could matter to an import."""
-        return all(
-            env.get(name) == self.env.get(name)
-            for name in set(env) | set(self.env)
-            if _at_import(name)
-        )
+        return same_imports(env, self.env)
 
     def run(
         self, argv: list[str], input: bytes | None, env: dict[str, str], timeout: float
@@ -279,6 +275,13 @@ def start(
     if not reply:  # ended by a signal before it could say its status
         return 128 + signal.SIGKILL if killed is not None and killed.is_set() else 128 + 15
     return int(orjson.loads(reply)["status"])
+
+
+def same_imports(one: dict[str, str], other: dict[str, str]) -> bool:
+    """True when two environments agree on every variable that could matter to an import."""
+    return all(
+        one.get(name) == other.get(name) for name in set(one) | set(other) if _at_import(name)
+    )
 
 
 def _at_import(name: str) -> bool:
@@ -372,9 +375,7 @@ def shim(tool: str, servers: list[tuple[str, dict[str, str]]]) -> None:
 def choose(servers: list[tuple[str, dict[str, str]]], env: dict[str, str]) -> str | None:
     """The address of the first server whose import-time variables match env's, if it is up."""
     for address, server_env in servers:
-        probe = ForkServer.__new__(ForkServer)
-        probe.env = server_env
-        if probe.same_imports(env):
+        if same_imports(env, server_env):
             return address if os.path.exists(address) else None
     return None
 

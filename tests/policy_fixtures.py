@@ -300,10 +300,12 @@ def check_budget(
     samples: bool = True,
     trains: bool = True,
     metrics: Path | None = None,
+    within: float | None = None,
 ) -> dict:
     """The budget every policy method keeps (farmkit.methods.budget): meta.json's `budget` block
     with its four figures, and the same figures as running totals on every metrics row (that never
-    fall and end at the block's totals). Returns the block."""
+    fall and end at the block's totals). within: the seconds the test measured around the run, which
+    the run's own wall-clock time cannot exceed. Returns the block."""
     from farmkit.core.validate import problems
 
     budget = json.loads((folder / "meta.json").read_text())["budget"]
@@ -319,6 +321,8 @@ def check_budget(
     elapsed = [row["elapsed_s"] for row in rows if row.get("elapsed_s") is not None]
     assert budget["wall_seconds"] >= max(elapsed, default=0.0) - 0.01, (budget, elapsed)
     assert budget["wall_seconds"] > 0
+    if within is not None:
+        assert budget["wall_seconds"] <= within, (budget["wall_seconds"], within)
     for row in rows:
         assert problems(row, "metrics") is None, row
         assert set(RUNNING) <= set(row), row

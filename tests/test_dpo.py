@@ -5,6 +5,7 @@ counted, and the saved folder loads and samples."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -109,7 +110,9 @@ def test_dpo_raises_the_chosen_over_rejected_margin(sft, tiny_model_path, tmp_pa
         "0.1",
         "-q",
     ]
+    began = time.monotonic()
     result = CliRunner().invoke(cli, args)
+    took = time.monotonic() - began
     assert result.exit_code == 0, result.output
     meta = json.loads((output / "meta.json").read_text())
     assert meta["kind"] == "policy" and meta["tool"] == "farm-dpo" and meta["config"]["beta"] == 0.1
@@ -123,7 +126,7 @@ def test_dpo_raises_the_chosen_over_rejected_margin(sft, tiny_model_path, tmp_pa
     history = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert history[-1]["rewards/margins"] > history[0]["rewards/margins"]
     # every preference record read counts (ties and nulls were paid for too); DPO samples nothing
-    budget = check_budget(output, "dpo", 18, samples=False)
+    budget = check_budget(output, "dpo", 18, samples=False, within=took)
     assert budget["pairs_trained"] == 16
     assert [row["training_tokens"] for row in history] == [row["num_tokens"] for row in history]
     rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")

@@ -5,6 +5,7 @@ its weights moved, and meta.json records both steps of every round."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from farmkit.tools.farm_expiter import main as expiter_main
@@ -55,6 +56,7 @@ def test_two_rounds_write_a_trained_policy_with_both_steps_recorded(
         tmp_path / "prompts.jsonl",
         [{"instruction": f"Describe river {i}", "input": ""} for i in range(6)],
     )
+    began = time.monotonic()
     code = run_main(
         expiter_main,
         [
@@ -99,7 +101,12 @@ def test_two_rounds_write_a_trained_policy_with_both_steps_recorded(
     assert [r["round"] for r in rounds] == [1, 2]
     # the budget: the reward model's labels (its meta.json), every sample drawn, every SFT token
     rm_records = json.loads((tmp_path / "rm" / "meta.json").read_text()).get("preferences")
-    budget = check_budget(tmp_path / "policy", "expiter", (rm_records or {}).get("records"))
+    budget = check_budget(
+        tmp_path / "policy",
+        "expiter",
+        (rm_records or {}).get("records"),
+        within=time.monotonic() - began,
+    )
     drawn = sum(
         s.completion_tokens + s.finished for _, scored in sampled for p in scored for s in p.samples
     )
