@@ -8,7 +8,8 @@ PYTEST_ARGS ?=
 # make test runs the suite in this many processes (pytest-xdist), each test file in one of them so a
 # module's trained fixtures are built once, and one torch thread each; 0: one process. Three on 2 cores:
 # with two, 7% of the cores sat idle (tests waiting on servers and subprocesses) and the suite took
-# 8 min 39 s; with three, 0.5% and 7 min 19 s (docs/tests.md).
+# 8 min 39 s; with three, 0.5% and 7 min 19 s; 6 min 31-43 s on clean clones since the tools keep
+# freed memory (docs/tests.md).
 TEST_WORKERS ?= 3
 
 .PHONY: install docs test test-fast test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean

@@ -170,24 +170,32 @@ def test_farm_eval_prints_the_merged_board(tmp_path):
     )
 
 
+def _merge_with_board(tmp_path, preference: float, *options: str):
+    """farm-eval on one model ("mine", six verdicts of `preference` against "ref"), merged into the
+    published board BOARD, with options (the format and the output)."""
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [preference] * 6))
+    board = tmp_path / "board.csv"
+    board.write_text(BOARD)
+    return run_tool(
+        "farm-eval",
+        _jsonl(tmp_path / "m.jsonl", model),
+        *("--reference", _jsonl(tmp_path / "r.jsonl", reference)),
+        *("--labels", labels, "--no-cache", "--leaderboard", str(board)),
+        *options,
+    )
+
+
 def test_farm_eval_writes_the_merged_board_as_alpaca_eval_publishes_it(tmp_path):
     """--format alpaca-eval: the merged board in AlpacaEval's leaderboard CSV, read back by pandas with
     AlpacaEval's own column names; the published rows keep their figures and mode."""
     pandas = pytest.importorskip("pandas")
     from farmkit.evaluate.winrate import ALPACA_EVAL_BOARD
 
-    reference = _outputs("ref", "The moon pulls the sea.")
-    model = _outputs("mine", "Tides come from the moon")
-    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [1.25] * 6))
-    board = tmp_path / "board.csv"
-    board.write_text(BOARD)
     written = tmp_path / "merged.csv"
-    done = run_tool(
-        "farm-eval",
-        _jsonl(tmp_path / "m.jsonl", model),
-        *("--reference", _jsonl(tmp_path / "r.jsonl", reference)),
-        *("--labels", labels, "--no-cache", "--leaderboard", str(board)),
-        *("--sort-by", "win_rate", "--format", "alpaca-eval", "-o", str(written)),
+    done = _merge_with_board(
+        tmp_path, 1.25, "--sort-by", "win_rate", "--format", "alpaca-eval", "-o", str(written)
     )
     assert done.returncode == 0, done.stderr.decode()
     frame = pandas.read_csv(written, index_col=0)
@@ -411,27 +419,8 @@ def test_farm_eval_fits_length_control_with_other_models_verdicts(tmp_path):
 
 
 def test_a_board_goes_to_a_file_as_csv(tmp_path):
-    reference = _outputs("ref", "The moon pulls the sea.")
-    model = _outputs("mine", "Tides come from the moon")
-    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [1.5] * 6))
-    board = tmp_path / "board.csv"
-    board.write_text(BOARD)
     out = tmp_path / "merged.csv"
-    done = run_tool(
-        "farm-eval",
-        _jsonl(tmp_path / "m.jsonl", model),
-        "--reference",
-        _jsonl(tmp_path / "r.jsonl", reference),
-        "--labels",
-        labels,
-        "--no-cache",
-        "--leaderboard",
-        str(board),
-        "--format",
-        "csv",
-        "-o",
-        str(out),
-    )
+    done = _merge_with_board(tmp_path, 1.5, "--format", "csv", "-o", str(out))
     assert done.returncode == 0 and done.stdout == b"", done.stderr.decode()
     lines = out.read_text().splitlines()
     assert lines[0].startswith("rank,generator,length_controlled_win_rate,")
