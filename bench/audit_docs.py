@@ -1,7 +1,9 @@
 """Audit of the docs site on fresh cases (not part of the test suite): copies a checkout's README,
-docs/, mkdocs.yml, pyproject.toml and code into a temporary folder, changes the README as a
-contributor would, regenerates the pages with that checkout's `python -m farmkit.docs --site` and
-builds them with `mkdocs build --strict`, then checks that the pages followed.
+docs/, mkdocs.yml, pyproject.toml and code into a temporary folder, changes a page or the code as a
+contributor would, checks and regenerates the generated parts with that checkout's
+`python -m farmkit.docs --site [--check]` and builds the site with `mkdocs build --strict`, then
+checks what followed. The pages are hand-written (docs/ is the source); the generator owns each tool
+page's --help block, the diagrams and the nav.
 
     .venv/bin/python bench/audit_docs.py [--repo PATH]    # default: this checkout
 
@@ -43,11 +45,11 @@ def build(copy: Path) -> subprocess.CompletedProcess:
     return run([str(MKDOCS), "build", "--strict", "-f", "mkdocs.yml", "-d", "site"], copy)
 
 
-def section_edit(readme: str, heading: str, addition: str) -> str:
-    """README with ADDITION put right after the first paragraph of the section HEADING."""
-    start = readme.index(heading)
-    cut = readme.index("\n\n", start + len(heading) + 2)
-    return readme[:cut] + "\n\n" + addition + readme[cut:]
+def paragraph_edit(text: str, heading: str, addition: str) -> str:
+    """TEXT with ADDITION put right after the first paragraph under the line starting HEADING."""
+    start = text.index(heading)
+    cut = text.index("\n\n", text.index("\n\n", start) + 2)
+    return text[:cut] + "\n\n" + addition + text[cut:]
 
 
 def fresh_copy(repo: Path, into: Path) -> Path:
@@ -71,7 +73,7 @@ def html(copy: Path, page: str) -> str:
 def cases(repo: Path) -> list[tuple[str, bool, str]]:
     results = []
 
-    def case(name: str, change, verify, expect_build: bool = True) -> None:
+    def case(name: str, change, verify, expect_build: bool = True, expect_generate: bool = True):
         with tempfile.TemporaryDirectory() as tmp:
             copy = fresh_copy(repo, Path(tmp))
             if not (copy / "mkdocs.yml").exists():
@@ -80,6 +82,11 @@ def cases(repo: Path) -> list[tuple[str, bool, str]]:
             change(copy)
             stale = generate(copy, check=True)
             written = generate(copy)
+            if not expect_generate:  # the generator must refuse: verify what it said
+                problem = None if written.returncode else "the generator did not refuse"
+                problem = problem or verify(copy, stale)
+                results.append((name, problem is None, problem or ""))
+                return
             if written.returncode:
                 results.append((name, False, "generator failed: " + written.stderr.strip()[-300:]))
                 return
@@ -91,68 +98,78 @@ def cases(repo: Path) -> list[tuple[str, bool, str]]:
             problem = verify(copy, stale)
             results.append((name, problem is None, problem or ""))
 
-    def readme(copy: Path, heading: str, addition: str) -> None:
-        path = copy / "README.md"
-        path.write_text(section_edit(path.read_text(), heading, addition))
+    def page(copy: Path, name: str, addition: str) -> None:
+        path = copy / "docs" / name
+        path.write_text(paragraph_edit(path.read_text(), "# ", addition))
 
-    # 1. a sentence added to a tool's section shows on its page, and --check said stale first
+    # 1. a sentence added to a tool's page is the page's own text: not stale, kept, built
+    sentence = "Audit sentence: best-of-n keeps every tie."
     case(
-        "tool section edited",
-        lambda c: readme(c, "### farm-bon:", "Audit sentence: best-of-n keeps every tie."),
+        "tool page edited",
+        lambda c: page(c, "tools/farm-bon.md", sentence),
         lambda c, stale: (
             None
-            if "Audit sentence: best-of-n keeps every tie."
-            in (c / "docs/tools/farm-bon.md").read_text()
-            and stale.returncode == 1
-            else f"page did not follow or --check missed it (check rc {stale.returncode})"
+            if sentence in (c / "docs/tools/farm-bon.md").read_text()
+            and sentence in html(c, "tools/farm-bon.html")
+            and stale.returncode == 0
+            else f"the sentence was lost, or --check called hand text stale (rc {stale.returncode})"
         ),
     )
-    # 2. a link to a repository file without a page of its own
+
+    # 2. a stale --help block: --check says so first, the generator puts the command's own back
+    def stale_help(c: Path) -> None:
+        path = c / "docs/tools/farm-split.md"
+        path.write_text(path.read_text().replace("Usage: farm-split", "Usage: farm-splat", 1))
+
     case(
-        "link to a repository file",
-        lambda c: readme(
-            c, "### farm-dpo:", "The sizes are in [the size table](examples/sizes.mk)."
-        ),
+        "stale --help block",
+        stale_help,
         lambda c, stale: (
             None
-            if "examples/sizes.mk" in html(c, "tools/farm-dpo.html")
-            else "the link's target is gone from the page"
+            if stale.returncode == 1
+            and "Usage: farm-splat" not in (c / "docs/tools/farm-split.md").read_text()
+            and "Usage: farm-split" in html(c, "tools/farm-split.html")
+            else f"--check missed it (rc {stale.returncode}) or the block was not refreshed"
         ),
     )
-    # 3. links to headings of other sections (README anchors)
+    # 3. links to headings of other pages
     case(
-        "anchors into other sections",
-        lambda c: readme(
+        "anchors into other pages",
+        lambda c: page(
             c,
-            "### farm-rloo:",
-            "See [exit codes](#exit-codes) and [scaling out](#scaling-out-one-gpu-several-gpus-several-machines).",
+            "tools/farm-rloo.md",
+            "See [exit codes](../exit-codes.md) and [significance](../demo.md#significance-in-the-report).",
         ),
         lambda c, stale: (
             None
-            if 'href="../exit-codes.html#exit-codes"' in html(c, "tools/farm-rloo.html")
-            and 'href="../scaling.html#scaling-out-one-gpu-several-gpus-several-machines"'
-            in html(c, "tools/farm-rloo.html")
-            else "anchor links not sent to the pages that carry the headings"
+            if 'href="../exit-codes.html"' in html(c, "tools/farm-rloo.html")
+            and 'href="../demo.html#significance-in-the-report"' in html(c, "tools/farm-rloo.html")
+            else "the links did not reach the pages and headings"
         ),
     )
-    # 4. a list (nested at two spaces) right after a paragraph line renders as a list
+    # 4. a list (nested at two spaces) right after a paragraph line: --check says the page is
+    # stale, the generator puts it in Python-Markdown's form, and it renders as a nested list
     case(
         "GitHub-style list",
-        lambda c: readme(
-            c, "### farm-score:", "Audit list:\n- audit alpha\n  - audit nested beta\n- audit gamma"
+        lambda c: page(
+            c,
+            "tools/farm-score.md",
+            "Audit list:\n- audit alpha\n  - audit nested beta\n- audit gamma",
         ),
         lambda c, stale: (
             None
-            if re.search(
+            if stale.returncode == 1
+            and re.search(
                 r"<li>audit alpha\s*<ul>\s*<li>audit nested beta</li>",
                 html(c, "tools/farm-score.html"),
             )
-            else "the list did not render as a nested list"
+            else f"--check missed it (rc {stale.returncode}) or it did not render as a nested list"
         ),
     )
 
-    # 5. a new console script with a README section gets a page in the nav
-    def new_tool(c: Path) -> None:
+    # 5. a new console script: --check names the missing page; once written, it gets its --help
+    # block and a place in the nav
+    def new_tool(c: Path, with_page: bool) -> None:
         pyproject = c / "pyproject.toml"
         pyproject.write_text(
             pyproject.read_text().replace(
@@ -160,16 +177,26 @@ def cases(repo: Path) -> list[tuple[str, bool, str]]:
                 'farm-split = "farmkit.tools.farm_split:main"\nfarm-audit = "farmkit.tools.farm_split:main"',
             )
         )
-        path = c / "README.md"
-        text = path.read_text()
-        text = text.replace(
-            "## Exit codes", "### farm-audit: a tool added later\n\nIt audits.\n\n## Exit codes", 1
-        )
-        path.write_text(text)
+        if with_page:
+            marker = "<!-- farm-audit --help: generated by `python -m farmkit.docs --site`, do not edit -->"
+            (c / "docs/tools/farm-audit.md").write_text(
+                f"# farm-audit: a tool added later\n\nIt audits.\n\n## Options\n\n{marker}\n"
+                "<!-- end farm-audit --help -->\n"
+            )
 
     case(
-        "new tool",
-        new_tool,
+        "new tool without a page",
+        lambda c: new_tool(c, with_page=False),
+        lambda c, stale: (
+            None
+            if stale.returncode == 1 and "farm-audit.md is missing" in stale.stderr
+            else f"--check did not name the missing page (rc {stale.returncode})"
+        ),
+        expect_generate=False,
+    )
+    case(
+        "new tool with its page",
+        lambda c: new_tool(c, with_page=True),
         lambda c, stale: (
             None
             if (c / "site/tools/farm-audit.html").exists()
@@ -178,32 +205,12 @@ def cases(repo: Path) -> list[tuple[str, bool, str]]:
             else "no page, no nav entry or no --help for the new tool"
         ),
     )
-
-    # 6. the source flips: a page made hand-written keeps its text when the README section goes
-    def flip(c: Path) -> None:
-        page = c / "docs/tools/farm-plot.md"
-        lines = page.read_text().split("\n", 1)
-        page.write_text(lines[1].replace("# farm-plot:", "# farm-plot (hand-written):", 1))
-        path = c / "README.md"
-        text = path.read_text()
-        start = text.index("### farm-plot:")
-        end = text.index("\n## ", start)
-        path.write_text(text[:start] + text[end + 1 :])
-
-    case(
-        "source flipped to docs/",
-        flip,
-        lambda c, stale: (
-            None
-            if "farm-plot (hand-written)" in html(c, "tools/farm-plot.html")
-            and "Usage: farm-plot" in html(c, "tools/farm-plot.html")
-            else "the hand-written page lost its text or its --help"
-        ),
-    )
-    # 7. a broken anchor fails the strict build
+    # 6. a broken anchor fails the strict build
     case(
         "broken anchor fails",
-        lambda c: readme(c, "### farm-sft:", "See [nowhere](#no-such-heading-anywhere)."),
+        lambda c: page(
+            c, "tools/farm-sft.md", "See [nowhere](../demo.md#no-such-heading-anywhere)."
+        ),
         lambda c, stale: None,
         expect_build=False,
     )

@@ -356,7 +356,8 @@ def missing_tool_pages() -> list[str]:
 
 def site(readme: str | None = None) -> dict[Path, str]:
     """Every generated file of the site (path -> wanted text), from docs/ as it is now: every page
-    is hand-written; the generator refreshes the tool pages' --help blocks, the diagrams and the nav.
+    is hand-written; the generator refreshes the tool pages' --help blocks, the diagrams and the nav,
+    and puts each page's lists in the form Python-Markdown reads.
     (README is accepted for the topic pages still listed in TOPICS, none today.)"""
     readme = "" if readme is None else readme
 
@@ -372,6 +373,13 @@ def site(readme: str | None = None) -> dict[Path, str]:
         path = DOCS / "tools" / f"{script}.md"
         if path.exists():  # a missing page is reported by missing_tool_pages()
             wanted[path] = tool_page(script, readme, anchors, current(path))
+    # GitHub's list style in a hand-written page would render as one paragraph: a blank line before
+    # a list and four-space nesting are part of the wanted text, so --check reports it and --site
+    # writes it
+    for path in sorted(DOCS.rglob("*.md")):
+        text = wanted.get(path, current(path))
+        if text is not None and not text.startswith(BANNER_START):
+            wanted[path] = _python_markdown_lists(text)
     from farmkit.docs_diagrams import diagrams
 
     wanted.update({DOCS / name: svg for name, svg in diagrams().items()})

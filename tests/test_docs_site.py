@@ -203,3 +203,23 @@ def test_check_fails_on_a_stale_options_block(monkeypatch, tmp_path):
     monkeypatch.setattr(docs, "DOCS", tmp_path / "docs")
     assert str(copy / "farm-split.md") in [str(p) for p in docs.site() if "farm-split" in str(p)]
     assert docs.site()[copy / "farm-split.md"] != stale
+
+
+def test_a_hand_written_page_with_github_lists_is_stale_until_rewritten(monkeypatch, tmp_path):
+    """A list right after a paragraph line, or nested at two spaces, renders in MkDocs as one run-on
+    paragraph: the generator wants such a page in Python-Markdown's form (so --check fails on it and
+    --site rewrites it), and leaves a page already in that form as it is."""
+    from farmkit import docs
+
+    (tmp_path / "docs").mkdir()
+    github = tmp_path / "docs" / "guide.md"
+    github.write_text("# Guide\n\nIt could differ:\n- one\n  - nested\n- two\n", encoding="utf-8")
+    fine = tmp_path / "docs" / "fine.md"
+    fine.write_text(
+        "# Fine\n\nIt is:\n\n- one\n    - nested\n\n```\nx:\n- y\n```\n", encoding="utf-8"
+    )
+    monkeypatch.setattr(docs, "scripts", lambda: {})
+    monkeypatch.setattr(docs, "DOCS", tmp_path / "docs")
+    wanted = docs.site()
+    assert wanted[github] == "# Guide\n\nIt could differ:\n\n- one\n    - nested\n- two\n"
+    assert wanted[fine] == fine.read_text(encoding="utf-8")

@@ -82,8 +82,7 @@ def _tokens(text: str) -> list[str]:
 
 
 _DIGIT = re.compile(r"\d")
-# the heuristic gold's words (oracle.words), here so that the oracle, which loads learned judges,
-# and this module do not import each other
+# words as the heuristic gold (oracle.py) and the hand features count them
 _WORD = re.compile(r"[a-z0-9']+")
 
 

@@ -12,14 +12,13 @@ documented heuristic `gold_reward` below. An oracle judge prefers answer A with 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from farmkit.annotate.base import Backend, Verdict, decide, sigmoid
+from farmkit.annotate.learned import load_judge, words
 from farmkit.annotate.pools import Judge, Pool
 from farmkit.annotate.prompts import Shown
 
-_WORD = re.compile(r"[a-z0-9']+")
 _STOPWORDS = frozenset(
     "the a an and or but if then else of to in on at by for with from as is are was were be been being it its "
     "this that these those there here what which who whom whose when where why how can could should would will "
@@ -32,10 +31,6 @@ CLEAN_ENDINGS = tuple(".!?)]\"'`*:;") + ("```",)
 # Weights of the four parts of the heuristic gold reward (they sum to 1).
 RELEVANCE, LENGTH, VARIETY, ENDING = 0.35, 0.30, 0.20, 0.15
 LENGTH_SCALE, LENGTH_PEAK = 50.0, 150.0  # words
-
-
-def words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
 
 
 def gold_reward(instruction: str, input: str, output: str) -> float:
@@ -136,8 +131,6 @@ class OracleBackend(Backend):
         optimize it read them (RewardScorer: the formatted prompt, the answer and its end token,
         scored at that token)."""
         if folder not in self._models:
-            from farmkit.annotate.learned import load_judge
-
             judge = load_judge(folder)
             if judge is None:
                 from farmkit.methods.reward import RewardScorer

@@ -18,6 +18,7 @@ allocator such as jemalloc or tcmalloc) or turned it off with FARMKIT_KEEP_FREED
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -28,13 +29,11 @@ MMAP_THRESHOLD = 1 << 30
 TRIM_THRESHOLD = 1 << 30
 USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
 
-_done: list[bool] = []
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Keep freed memory in the process (see the module's text); True when the settings took."""
-    if _done:
-        return _done[0]
+    """Keep freed memory in the process (see the module's text); True when the settings took. Once
+    per process: later calls return the first call's answer."""
     took = False
     if (
         sys.platform.startswith("linux")
@@ -52,5 +51,4 @@ def keep_freed_memory() -> bool:
             took = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
                 mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
             )
-    _done.append(took)
     return took

@@ -763,6 +763,8 @@ def over_optimization(
     against the mean surrogate reward for best-of-n and PPO; the gold win rate against the KL to the
     SFT policy when the rows have it; and the best-of-n sweep against n."""
     plt = _pyplot()
+    from matplotlib.text import OffsetFrom
+
     labels = labels or {}
     models = sorted({row["reward_model"] for row in rows})
     with_kl = any(row.get("kl") is not None for row in rows)
@@ -790,13 +792,28 @@ def over_optimization(
                 capsize=2,
                 label=method,
             )
-            for row, x, y in zip(points, xs, ys, strict=True):
+            # checkpoints that barely moved lie on each other: their labels stand in a column
+            # right of the cluster, top to bottom in the points' order, each tied to its point
+            column = OffsetFrom(panel.transData, (max(xs), sum(ys) / len(ys)))
+            rank = {i: r for r, i in enumerate(sorted(range(len(ys)), key=lambda i: -ys[i]))}
+            for index, (row, x, y) in enumerate(zip(points, xs, ys, strict=True)):
+                if method == "best-of-n":  # spread along the curve: labels alternate above, below
+                    text, offset = f"n={row['n']}", (3, 3 if index % 2 == 0 else -9)
+                    place, arrow = "offset points", None
+                else:
+                    text, offset = (
+                        f"step {row['step']}",
+                        (18, 11 * ((len(ys) - 1) / 2 - rank[index])),
+                    )
+                    place, arrow = column, {"arrowstyle": "-", "linewidth": 0.5, "color": "grey"}
                 panel.annotate(
-                    f"n={row['n']}" if method == "best-of-n" else f"step {row['step']}",
+                    text,
                     (x, y),
-                    textcoords="offset points",
-                    xytext=(3, 3),
+                    textcoords=place,
+                    xytext=offset,
                     fontsize=7,
+                    va="center",
+                    arrowprops=arrow,
                 )
         panel.set_title(f"reward model: {labels.get(model, model)}", fontsize=10)
         panel.set_xlabel("mean surrogate reward")
