@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -798,9 +799,11 @@ def main() -> None:
     args = parser.parse_args()
     records = build(args.count, args.seed)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.output, "w") as handle:
+    partial = args.output.with_name(f".{args.output.name}.partial")  # written whole or not at all
+    with open(partial, "w") as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(partial, args.output)
 
 
 if __name__ == "__main__":

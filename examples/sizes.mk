@@ -5,15 +5,16 @@
 # -1 steps means "by epochs"; $$(X) is "whatever X is".
 #
 #                         ci        demo                  study     full
+N_INSTRUCTIONS.sizes    := 900       900                   2000      900       # the default DATA's instructions (make_instructions.py -n; 900 shipped)
 N_SFT.sizes             := 24        300                   300       10000     # demonstrations for SFT
-N_PREF.sizes            := 8         40                    300       10000     # instructions with 2 samples each, annotated
+N_PREF.sizes            := 8         40                    1300      10000     # instructions with 2 samples each, annotated
 N_UNLABELED.sizes       := 8         24                    64        20000     # prompts for PPO, Quark and expert iteration
 N_VAL.sizes             := 6         20                    200       2000      # evaluation prompts
 MAX_NEW_TOKENS.sizes    := 16        32                    32        300
 TRAIN_BATCH.sizes       := 8         8                     8         16
 GEN_BATCH.sizes         := 16        32                    32        64
 SFT_STEPS.sizes         := 4         16                    48        -1        # full: 3 epochs
-RM_STEPS.sizes          := 4         10                    76        -1        # full: 1 epoch
+RM_STEPS.sizes          := 4         10                    -1        -1        # study, full: 1 epoch
 RM_LR.sizes             := 1e-5      1e-5                  5e-5      1e-5      # farm-rm-train --learning-rate (study: see below)
 METHOD_STEPS.sizes      := 2         6                     12        -1        # DPO, FeedME, reward conditioning, expert iteration
 DPO_LR.sizes            := 1e-6      1e-5                  1e-5      1e-6      # farm-dpo --learning-rate (see below)
@@ -58,24 +59,28 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # The study column (`make study`, issue 23) is sized by the work each step does against the demo's,
 # not by running it: 200 evaluation prompts (each system's val sampling 7 generation batches of 32
 # against the demo's 1; best-of-8 on them 50 batches against 3), 300 labelled pairs (19 batches of
-# samples against 3; the reward model 38 steps against 10, since raised to 76: below), SFT 48 steps against 16, DPO,
-# FeedME and reward conditioning 12 against 6, expert iteration 64 prompts x 8 samples and 12 steps,
-# PPO 16 steps against 12, Quark 8 rounds of 8 prompts x 8 samples against 6 x 8 x 4. Weighting each
-# ratio by the step's time in a demo run (2026-11-26, on a machine at load 5-7, 3,392 s of steps:
-# PPO 808, reward model 575, DPO 409, Quark 389, SFT 299, expert iteration 216, val sampling 8 x ~26,
-# FeedME 127, pairs 115, reward conditioning 77, best-of-4 67) gives about 2.9 times the demo's work.
-# A started study sampled the reference on its 200 val prompts in 227 s at the same load (the demo's
-# 20: 23 s), so val sampling scales nearly with the batches: with that, about 3.5 times, some 40
-# minutes against the demo's 11.5 on idle cores (an estimate). Annotation by the learned judges
-# costs 1-2 s a file. Measured: `make study` from an empty runs/study took 37 min 8 s on 2 idle cores
-# (2026-11-26, 38 reward-model steps; docs/demo.md, "The study", has what it printed and found).
-# The splits (300 + 300 + 64 + 200) fit the 900 shipped instructions.
-# The study's reward model first ran at the tool's 1e-5 for 38 steps (about 1.3 epochs over its
-# 227 decided pairs): 0.525 [0.468, 0.582] against gold on the 1,542 decided evaluation pairs, not
-# above chance, and 0.348 on its own 23 held-out pairs. On those very preferences, from embedded,
-# 1e-5 for 38 steps gave 0.540 [0.483, 0.596] and 5e-5 for 76 steps 0.590 [0.540, 0.642], above
-# chance (2026-11-26): hence the study's row. A whole study with it (from its SFT model; 38 min 43 s)
-# gave 0.526 [0.475, 0.576] against gold, still not above chance, and PPO +12.5 over SFT, p<0.001.
+# samples against 3; the reward model 38 steps against 10; since raised to 1,300 pairs: below), SFT
+# 48 steps against 16, DPO, FeedME and reward conditioning 12 against 6, expert iteration 64 prompts
+# x 8 samples and 12 steps, PPO 16 steps against 12, Quark 8 rounds of 8 prompts x 8 samples against
+# 6 x 8 x 4. Weighting each ratio by the step's time in a demo run (2026-11-26, on a machine at load
+# 5-7, 3,392 s of steps: PPO 808, reward model 575, DPO 409, Quark 389, SFT 299, expert iteration
+# 216, val sampling 8 x ~26, FeedME 127, pairs 115, reward conditioning 77, best-of-4 67) gives
+# about 2.9 times the demo's work. A started study sampled the reference on its 200 val prompts in
+# 227 s at the same load (the demo's 20: 23 s), so val sampling scales nearly with the batches: with
+# that, about 3.5 times, some 40 minutes against the demo's 11.5 on idle cores (an estimate).
+# Annotation by the learned judges costs 1-2 s a file. Measured: `make study` from an empty
+# runs/study took 37 min 8 s on 2 idle cores (2026-11-26, 38 reward-model steps; docs/demo.md, "The
+# study", has what it printed and found).
+# The study's labels: at first 300 instructions (the splits 300 + 300 + 64 + 200 fit the 900
+# shipped), and its reward model was at chance against gold on the evaluation pairs in both whole
+# runs: 0.525 (1e-5, 38 steps) and 0.526 (5e-5, 76 steps). The pool's labels agree with gold on only
+# 0.53 of the study's own decided training pairs. With 1,000 more labelled pairs (1,291, from
+# instructions 901-1900 of make_instructions.py's longer list), a reward model at 5e-5 for one epoch
+# scored 0.692 [0.645, 0.739] against gold on the same evaluation pairs (2026-11-26). Hence N_PREF
+# 1300 and one epoch, and N_INSTRUCTIONS 2000 for the splits (300 + 1300 + 64 + 200), generated
+# under OUT. A whole study with them (38 min 7 s, from an empty OUT; docs/demo.md has what it
+# printed): best-of-8 and PPO beat SFT at p<0.05, and the reward model was again at chance against
+# gold (0.518).
 #
 # On a GPU machine the full run is
 #   make demo SIZE=full MODEL=/models/llama-7b-sft-base DATA=alpaca_data.jsonl POOL=sim_ann EVAL_POOL=sim_eval GPUS=8

@@ -312,15 +312,26 @@ def test_train_reward_compares_whole_passes_through_the_prompts(tmp_path, monkey
     assert report.train_reward([*rows, last], 3) == "+0.300 → +0.450 (best of 4)"
 
 
-def test_the_study_is_the_demo_at_size_study_and_its_splits_fit_the_data(tmp_path):
-    """`make study` plans the demo at SIZE=study: >= 200 evaluation prompts, splits that the shipped
-    instruction set can hold, and a report that tests each method against SFT (--evals)."""
+def test_the_study_is_the_demo_at_size_study_and_its_splits_fit_the_data(tmp_path, monkeypatch):
+    """`make study` plans the demo at SIZE=study: >= 200 evaluation prompts, splits that its data can
+    hold (the instruction generator's longer list, whose first 900 records are the shipped ones), and
+    a report that tests each method against SFT (--evals)."""
     planned = _make("-n", "study", f"OUT={tmp_path}").stdout
     split = next(line for line in planned.splitlines() if line.startswith("farm-split "))
     sizes = dict(item.split("=") for item in split.split("--sizes ")[1].split()[0].split(","))
     assert int(sizes["val"]) >= 200, sizes
-    available = len(_records(EXAMPLES / "data" / "instructions.jsonl"))
-    assert sum(int(value) for value in sizes.values()) <= available, (sizes, available)
+    data = split.split()[1]
+    generator = next(line for line in planned.splitlines() if "make_instructions.py" in line)
+    assert generator.endswith(f" -o {data}"), (generator, data)
+    count = int(generator.split(" -n ")[1].split()[0])
+    assert sum(int(value) for value in sizes.values()) <= count, (sizes, count)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import make_instructions
+
+    records = make_instructions.build(count, 0)
+    assert len({(r["instruction"], r["input"]) for r in records}) == count
+    shipped = _records(EXAMPLES / "data" / "instructions.jsonl")
+    assert records[: len(shipped)] == shipped
     assert (
         f"--evals {tmp_path}/eval --reference-scores {tmp_path}/scores/reference.jsonl" in planned
     )
