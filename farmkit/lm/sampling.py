@@ -121,9 +121,19 @@ def sample_hf(
     prompt_format = PromptFormat.for_model(path, settings.template)
     prompts = [prompt_format.record_prompt(tokenizer, r) for r in records]
     on_ready()
-    # one process writes each batch as it finishes; several each generate their share of the
-    # batches (with the seeds one process would use), and the main process receives them all
-    launched = distributed.launched()
+    if not distributed.launched():
+        generate(
+            model,
+            tokenizer,
+            prompts,
+            settings.decoding,
+            seed=settings.seed,
+            on_batch=on_done,
+            skip=skip,
+        )
+        return
+    # several processes: each generates its share of the batches (with the seeds one process would
+    # use), and the main process receives them all and writes
     finished: list[tuple[list[int], list[list[Sample]]]] = []
     generate(
         model,
@@ -132,13 +142,9 @@ def sample_hf(
         settings.decoding,
         seed=settings.seed,
         skip=skip,
-        on_batch=(lambda indices, samples: finished.append((indices, samples)))
-        if launched
-        else on_done,
-        shard=(distributed.rank(), distributed.world_size()) if launched else (0, 1),
+        on_batch=lambda indices, samples: finished.append((indices, samples)),
+        shard=(distributed.rank(), distributed.world_size()),
     )
-    if not launched:
-        return
     for share in distributed.gather(finished) or []:
         for indices, samples in share:
             on_done(indices, samples)
