@@ -585,11 +585,14 @@ def test_an_unrequested_extra_reply_is_never_read_as_the_answer_to_the_next_requ
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("latency, most", [(0.6, 1), (0.2, 2)])
+@pytest.mark.parametrize("latency, most", [(0.6, 1), (0.2, 4)])
 def test_an_endpoint_that_serves_one_request_at_a_time_is_not_overrun(tmp_path, latency, most):
     # each request takes `latency` of a 1 s timeout and the server works on one at a time, even on
     # those whose client gave up: eight sent at once time out and are retried while it is still busy
-    # with them. Sent as fast as it answers them, they all finish without a retry
+    # with them. Sent as fast as it answers them, they all finish without a retry. `most` is what
+    # such a server answers within the timeout (0.2 s: four, the fifth would end at the limit):
+    # where the concurrency settles below it depends on the client's clock (under load requests
+    # leave later and their replies look quicker: 3 of 8 was seen at 0.2 s beside a training run)
     pairs = _pairs(8)
     settings = "settings: {timeout: 1.0, backoff: 0.05, max_retries: 6, concurrency: 8}\n"
     with OpenAIServer(respond=judge_longer, latency=latency, serial=True) as server:
