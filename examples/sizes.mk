@@ -78,10 +78,14 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # 0.53 of the study's own decided training pairs. With 1,000 more labelled pairs (1,291, from
 # instructions 901-1900 of make_instructions.py's longer list), a reward model at 5e-5 for one epoch
 # scored 0.692 [0.645, 0.739] against gold on the same evaluation pairs (2026-11-26). Hence N_PREF
-# 1300 and one epoch, and N_INSTRUCTIONS 2000 for the splits (300 + 1300 + 64 + 200), generated
-# under OUT. A whole study with them (38 min 7 s, from an empty OUT; docs/demo.md has what it
-# printed): best-of-8 and PPO beat SFT at p<0.05, and the reward model was again at chance against
-# gold (0.518).
+# 1300 and N_INSTRUCTIONS 2000 for the splits (300 + 1300 + 64 + 200), generated under OUT. A whole
+# study with one epoch (38 min 7 s from an empty OUT on idle cores): best-of-8 and PPO beat SFT at
+# p<0.05, the reward model at chance against gold (0.518). Trained on that study's preferences, two
+# epochs scored 0.599 against gold on the earlier study's evaluation pairs, one epoch 0.553: hence
+# RM_EPOCHS 2. That study redone from its reward model on (docs/demo.md, "The study"): the reward
+# model 0.556 [0.504, 0.607], above chance, and best-of-8 alone above SFT at p<0.05. The second
+# epoch adds about 6 minutes (108 steps; 216 took 705 s alone): about 44 minutes from an empty OUT,
+# an estimate.
 #
 # On a GPU machine the full run is
 #   make demo SIZE=full MODEL=/models/llama-7b-sft-base DATA=alpaca_data.jsonl POOL=sim_ann EVAL_POOL=sim_eval GPUS=8
