@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -208,6 +209,49 @@ def test_scatter_labels_do_not_overlap(tmp_path, figures):
     assert len(boxes) == 12
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b), (a, b)
+
+
+def test_a_label_without_a_leader_is_nearest_its_own_point(tmp_path, figures):
+    """The study's board (2026-11-27): sft and expiter at the same simulated win rate and half a
+    point apart on gold. Each label placed beside a point (no leader line) must be nearer that point
+    than any other, or a reader names the wrong one; before, "expiter" sat up-right of its point,
+    right beside sft's, and "sft" down-left of its own, beside expiter's."""
+    rates = {  # (sim, gold) of runs/study4
+        "feedme": (40.5, 38.0),
+        "sft-best-of-8": (40.0, 46.0),
+        "dpo": (36.5, 35.5),
+        "expiter": (36.25, 36.25),
+        "sft": (36.25, 36.75),
+        "ppo": (34.5, 40.0),
+        "quark": (34.25, 37.25),
+        "rc": (30.0, 34.75),
+    }
+    boards = [
+        write_jsonl(
+            tmp_path / f"leaderboard_{name}.jsonl",
+            [
+                {"generator": g, "win_rate": r[k], "standard_error": 3.3, "annotator": name}
+                for g, r in rates.items()
+            ],
+        )
+        for k, name in enumerate(("sim", "gold"))
+    ]
+    invoke(farm_correlate.cli, *boards, "--plot", tmp_path / "s.png")
+    (figure,) = figures
+    labels, _ = label_geometry(figure)
+    points = [point for _, _, point in labels]
+    assert {text for text, _, _ in labels} == set(rates)
+    for text, box, point in labels:
+        if any(t.get_text() == text and t.arrow_patch for t in figure.axes[0].texts):
+            continue  # a leader line names the point
+
+        def distance(p, box=box):
+            return float(
+                np.hypot(max(box.x0 - p[0], 0, p[0] - box.x1), max(box.y0 - p[1], 0, p[1] - box.y1))
+            )
+
+        own = distance(point)
+        assert all(distance(p) > own for p in points if tuple(p) != tuple(point)), text
 
 
 def real_sized_boards(tmp_path):

@@ -351,6 +351,14 @@ def place_labels(
                 continue
             if any(_overlap(corners, dot) > 0 for j, dot in enumerate(dots) if j != i):
                 continue
+            # a label without a leader is read as naming the point nearest to it: it must be its own
+            near = _distance(start, corners)
+            if max(abs(dx), abs(dy)) < 8 and any(
+                _distance((float(px), float(py)), corners) <= near
+                for j, (px, py) in enumerate(points)
+                if j != i
+            ):
+                continue
             leader = (start, ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2))
             if any(_crosses(leader, other) for other in leaders):
                 continue
@@ -425,6 +433,13 @@ def _hits(
         if low > high:
             return False
     return True
+
+
+def _distance(point: tuple[float, float], box: tuple[float, float, float, float]) -> float:
+    """From a point to the nearest part of a box (0 inside it)."""
+    dx = max(box[0] - point[0], 0.0, point[0] - box[2])
+    dy = max(box[1] - point[1], 0.0, point[1] - box[3])
+    return math.hypot(dx, dy)
 
 
 def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
