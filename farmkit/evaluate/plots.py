@@ -292,6 +292,10 @@ def telling_points(x: Sequence[float], y: Sequence[float], count: int | None = N
     return list(dict.fromkeys(order))[:count]
 
 
+# a label moved this far (points) from its point or farther gets a leader line to it
+LEADER_AT = 8
+
+
 def _offsets() -> list[tuple[float, float, str, str]]:
     """Candidate label positions around a point (offset in points, alignment), nearest first."""
     directions = [
@@ -353,7 +357,7 @@ def place_labels(
                 continue
             # a label without a leader is read as naming the point nearest to it: it must be its own
             near = _distance(start, corners)
-            if max(abs(dx), abs(dy)) < 8 and any(
+            if max(abs(dx), abs(dy)) < LEADER_AT and any(
                 _distance((float(px), float(py)), corners) <= near
                 for j, (px, py) in enumerate(points)
                 if j != i
@@ -388,7 +392,7 @@ def place_labels(
             va=va,
             fontsize=7,
             zorder=4,
-            arrowprops=style if max(abs(dx), abs(dy)) >= 8 else None,
+            arrowprops=style if max(abs(dx), abs(dy)) >= LEADER_AT else None,
         )
         taken.append(corners)
         leaders.append(leader)
