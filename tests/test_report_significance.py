@@ -132,6 +132,31 @@ def run_folder(tmp_path):
     return tmp_path
 
 
+def test_the_papers_ranking_covers_dpo_and_ranks_its_tie_with_ppo_at_the_mean(report):
+    """Table 2 of AlpacaFarm (v4) gives DPO and PPO the same simulated win rate, 46.8: the paper's
+    side ranks them together, so a farmkit ranking that puts them 1 and 2 in either order agrees
+    equally, and one that reverses the rest of the table disagrees."""
+    files = {"ppo": "ppo", "dpo": "dpo", "bon": "sft-best-of-8", "sft": "sft", "rc": "rc"}
+
+    def gold(order):  # win rates in farmkit's gold, highest first
+        return {
+            files[f]: {("p", ""): rate}
+            for f, rate in zip(order, (0.5, 0.4, 0.3, 0.2, 0.1), strict=True)
+        }
+
+    def rho(lines):
+        return float(lines[-1].rsplit(": ", 1)[1])
+
+    as_paper = report.paper_lines(files, gold(["ppo", "dpo", "bon", "sft", "rc"]))
+    swapped = report.paper_lines(files, gold(["dpo", "ppo", "bon", "sft", "rc"]))
+    assert [line.split("|")[0].strip() for line in as_paper[1:3]] == ["1. PPO 46.8", "2. DPO 46.8"]
+    assert "over these 5 methods" in as_paper[-1], as_paper
+    # ranks 1.5, 1.5, 3, 4, 5 against 1..5 either way: the same, and below 1
+    assert rho(as_paper) == pytest.approx(rho(swapped)) == pytest.approx(0.975, abs=1e-9)
+    reversed_ = report.paper_lines(files, gold(["rc", "sft", "bon", "dpo", "ppo"]))
+    assert rho(reversed_) < -0.9, reversed_
+
+
 def test_report_prints_the_significance_lines(run_folder):
     out = run_folder
     scores = [str(out / "scores" / f"{file}.jsonl") for file in SYSTEMS]
