@@ -55,7 +55,8 @@ EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    #
 # With the learned offline judges (issue 23) a whole `make demo` took 12 min 27 s at 12 PPO steps
 # (two niced test collections beside it), over the 12-minute budget, and 12 min 11 s at 9 (a short
 # test run beside it). PPO, the last step to finish, now runs 6 steps, two passes over the 24
-# unlabeled prompts at 8 a step: 9 min 49 s with nothing beside it (docs/demo.md has the run).
+# unlabeled prompts at 8 a step: 9 min 49 s with nothing beside it; 8 min 53 s on 2026-11-27, the
+# tools keeping freed memory (docs/demo.md has the run).
 #
 # The study column (`make study`, issue 23) is sized by the work each step does against the demo's,
 # not by running it: 200 evaluation prompts (each system's val sampling 7 generation batches of 32
