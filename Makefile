@@ -12,11 +12,11 @@ PYTEST_ARGS ?=
 # freed memory (docs/tests.md).
 TEST_WORKERS ?= 3
 
-.PHONY: install docs test test-fast test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
+.PHONY: install docs test test-fast test-wheel test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+$(VENV)/.installed: pyproject.toml setup.py constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[$(EXTRAS)]'
@@ -81,6 +81,13 @@ test-deepspeed:
 	$(MAKE) install VENV=$(DS_VENV)
 	$(DS_VENV)/bin/python -c "import deepspeed" 2>/dev/null || $(DS_VENV)/bin/python -m pip install -q $(CONSTRAINTS) deepspeed
 	$(DS_VENV)/bin/python -m pytest -q -m slow tests/test_deepspeed.py tests/test_deepspeed_tools.py tests/test_deepspeed_multi.py $(PYTEST_ARGS)
+
+# the package as users install it (tests/test_wheel.py): the sdist holds every file, the wheel built
+# from it installs non-editable into a fresh venv with the base dependencies only (no torch), and every
+# tool's --help, --version and two real commands run from another folder. About 40 s on 2 cores
+# (pip's cache warm), most of it pip: its own target, which .ci/run calls, rather than part of make test
+test-wheel: install
+	$(PY) -m pytest -q -m slow tests/test_wheel.py $(PYTEST_ARGS)
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -7,7 +7,11 @@ included) and CPU time are its own; times include the imports and reading the fi
 runs the natural implementation (read_json(lines=True), then a groupby). The two results are checked
 to agree before any figure is printed.
 
-    python bench/bench_winrate.py [--records 1000000] [--models 50] [--repeat 3]
+Beside them, what farm-winrate keeps per record when it reads a pipe: the growth of its peak RSS
+from 100,000 to 300,000 generated records over the 200,000 records added, with length control (which
+keeps each verdict until the regression) and without (constant memory).
+
+    python bench/bench_winrate.py [--records 1000000] [--models 50] [--repeat 3] [--piped 100000,300000]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -73,33 +78,37 @@ print(json.dumps({"maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 
 
 def make_records(path: Path, n: int, models: int, seed: int = 0) -> None:
+    with open(path, "wb") as stream:
+        write_records(stream, n, models, seed)
+
+
+def write_records(stream: BinaryIO, n: int, models: int, seed: int = 0) -> None:
     """AlpacaEval-like compact records: 805 instructions, one reference, verdicts 1 / 2 / 1.5 / 0 /
     null and some fractional ones, lengths that favour some models."""
     rng = random.Random(seed)
     strength = [rng.uniform(0.05, 0.95) for _ in range(models)]
-    with open(path, "wb") as stream:
-        for i in range(n):
-            model = i % models
-            roll = rng.random()
-            if roll < 0.002:
-                preference = None
-            elif roll < 0.01:
-                preference = 1.5 if roll < 0.006 else 0
-            elif roll < 0.2:
-                preference = round(1 + rng.betavariate(2, 2), 6)
-            else:
-                preference = 2 if rng.random() < strength[model] else 1
-            record = {
-                "instruction_index": i // models % 805,
-                "dataset": "synthetic",
-                "generator_1": "reference",
-                "generator_2": f"model-{model:03d}",
-                "len_1": rng.randint(100, 1500),
-                "len_2": rng.randint(100, 1500) + 20 * model,
-                "annotator": "bench",
-                "preference": preference,
-            }
-            stream.write(orjson.dumps(record) + b"\n")
+    for i in range(n):
+        model = i % models
+        roll = rng.random()
+        if roll < 0.002:
+            preference = None
+        elif roll < 0.01:
+            preference = 1.5 if roll < 0.006 else 0
+        elif roll < 0.2:
+            preference = round(1 + rng.betavariate(2, 2), 6)
+        else:
+            preference = 2 if rng.random() < strength[model] else 1
+        record = {
+            "instruction_index": i // models % 805,
+            "dataset": "synthetic",
+            "generator_1": "reference",
+            "generator_2": f"model-{model:03d}",
+            "len_1": rng.randint(100, 1500),
+            "len_2": rng.randint(100, 1500) + 20 * model,
+            "annotator": "bench",
+            "preference": preference,
+        }
+        stream.write(orjson.dumps(record) + b"\n")
 
 
 def run(code: str, *args: str) -> dict:
@@ -110,6 +119,26 @@ def run(code: str, *args: str) -> dict:
     if result.returncode != 0:
         raise SystemExit(result.stderr)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def piped_peak_kb(n: int, models: int, *extra: str) -> int:
+    """Peak resident memory (KiB) of farm-winrate reading n generated records from a pipe, as
+    `producer | farm-winrate` runs: its own ru_maxrss (os.wait4), not the producer's."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    emit = [sys.executable, __file__, "--emit", str(n), "--models", str(models)]
+    producer = subprocess.Popen(emit, stdout=subprocess.PIPE)
+    tool = subprocess.Popen(
+        [str(Path(sys.executable).parent / "farm-winrate"), "-q", *extra],
+        stdin=producer.stdout,
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
+    producer.stdout.close()  # the tool holds the read end
+    _, status, usage = os.wait4(tool.pid, 0)
+    tool.returncode = os.waitstatus_to_exitcode(status)
+    if producer.wait() != 0 or tool.returncode != 0:
+        raise SystemExit(f"farm-winrate through a pipe failed ({tool.returncode})")
+    return usage.ru_maxrss
 
 
 def same_board(ours: Path, theirs: Path) -> None:
@@ -130,7 +159,17 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of each implementation; the best time counts"
     )
+    parser.add_argument(
+        "--piped",
+        default="100000,300000",
+        help="two record counts for the memory kept per record with length control, through a pipe: "
+        "the growth of farm-winrate's peak RSS between them over the records added",
+    )
+    parser.add_argument("--emit", type=int, help=argparse.SUPPRESS)  # write N records to stdout
     options = parser.parse_args()
+    if options.emit is not None:
+        write_records(sys.stdout.buffer, options.emit, options.models)
+        return
     with tempfile.TemporaryDirectory() as folder:
         data, ours, theirs, ours_lc = (
             Path(folder) / name
@@ -198,6 +237,16 @@ def main() -> None:
             None,
         ),
     ]
+    small, large = map(int, options.piped.split(","))
+    per_record = {
+        name: (
+            piped_peak_kb(large, options.models, *extra)
+            - piped_peak_kb(small, options.models, *extra)
+        )
+        * 1024
+        / (large - small)
+        for name, extra in (("with length control", ()), ("without", ("--no-length-control",)))
+    }
     for figure, value, unit, peer_value, target, check in figures:
         ratio = value / peer_value
         print(
@@ -212,6 +261,18 @@ def main() -> None:
                     "ratio": ratio,
                     "target": target,
                     "met": check(ratio) if check else None,
+                }
+            )
+        )
+    for name, value in per_record.items():
+        print(
+            json.dumps(
+                {
+                    "benchmark": "winrate",
+                    "figure": f"peak memory per record through a pipe, {name} "
+                    f"(RSS growth from {small} to {large} records)",
+                    "value": value,
+                    "unit": "bytes/record",
                 }
             )
         )

@@ -6,6 +6,7 @@ console script has no page (the test suite runs the check)."""
 
 from __future__ import annotations
 
+import html
 import importlib
 import posixpath
 import re
@@ -181,6 +182,31 @@ def _python_markdown_lists(text: str) -> str:
             in_list = True
         elif not line.strip():
             in_list = False
+        out.append(line)
+    return "\n".join(out)
+
+
+TABLE_CODE_WITH_PIPE = re.compile(r"`([^`]*\\\|[^`]*)`")
+
+
+def _python_markdown_table_code(text: str) -> str:
+    """Code in a table cell that holds a pipe, as Python-Markdown renders it right: GitHub reads
+    `a \\| b` there as `a | b`, Python-Markdown shows the backslash; <code> with &#124; shows the
+    pipe in both."""
+    out: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and line.startswith("|"):
+            line = TABLE_CODE_WITH_PIPE.sub(
+                lambda code: (
+                    "<code>"
+                    + html.escape(code.group(1), quote=False).replace("\\|", "&#124;")
+                    + "</code>"
+                ),
+                line,
+            )
         out.append(line)
     return "\n".join(out)
 
@@ -379,7 +405,7 @@ def site(readme: str | None = None) -> dict[Path, str]:
     for path in sorted(DOCS.rglob("*.md")):
         text = wanted.get(path, current(path))
         if text is not None and not text.startswith(BANNER_START):
-            wanted[path] = _python_markdown_lists(text)
+            wanted[path] = _python_markdown_table_code(_python_markdown_lists(text))
     from farmkit.docs_diagrams import diagrams
 
     wanted.update({DOCS / name: svg for name, svg in diagrams().items()})

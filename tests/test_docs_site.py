@@ -223,3 +223,19 @@ def test_a_hand_written_page_with_github_lists_is_stale_until_rewritten(monkeypa
     wanted = docs.site()
     assert wanted[github] == "# Guide\n\nIt could differ:\n\n- one\n    - nested\n- two\n"
     assert wanted[fine] == fine.read_text(encoding="utf-8")
+
+
+def test_code_with_a_pipe_in_a_table_renders_in_python_markdown():
+    """GitHub reads `a \\| b` in a table cell as code `a | b`; Python-Markdown showed the backslash
+    (farm-ppo's `--kl-estimator k1\\|clamped\\|k3` row). The generator writes such code as <code>
+    with &#124;, which both render as a pipe; code outside tables and in fences is left alone."""
+    from farmkit import docs
+
+    text = (
+        "| option | x |\n|---|---|\n| `--kl k1\\|k3` | `a<b` and `c \\| d` |\n"
+        "```\n| `fenced \\| kept` |\n```\nprose `e \\| f`\n"
+    )
+    assert docs._python_markdown_table_code(text) == (
+        "| option | x |\n|---|---|\n| <code>--kl k1&#124;k3</code> | `a<b` and <code>c &#124; d</code> |\n"
+        "```\n| `fenced \\| kept` |\n```\nprose `e \\| f`\n"
+    )

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import gzip
 import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
+import orjson
 import pytest
 
 from farmkit.core.io import (
@@ -230,3 +235,117 @@ def test_a_broken_gzip_file_is_named(tmp_path, reader, damage):
         reader(path)
     assert str(error.value).startswith(f"{path}:")
     assert "gzip" in str(error.value)
+
+
+def _fifo_reader(fifo) -> subprocess.Popen:
+    """A reader of a FIFO in a process of its own, so that a writer that replaces the FIFO instead of
+    writing to it (which leaves the reader waiting forever) cannot hang the suite: it is killed."""
+    return subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+
+
+def _received(reader: subprocess.Popen) -> bytes:
+    try:
+        return reader.communicate(timeout=10)[0]
+    except subprocess.TimeoutExpired:
+        reader.kill()
+        reader.communicate()
+        return b"(the reader got nothing and was killed)"
+
+
+def test_a_fifo_target_is_written_to_not_replaced(tmp_path):
+    """Measured before: -o FIFO renamed a regular file over the FIFO, and its reader hung."""
+    fifo = tmp_path / "records.fifo"
+    os.mkfifo(fifo)
+    reader = _fifo_reader(fifo)
+    with RecordWriter(fifo) as writer:
+        writer.write_all([{"a": 1}, {"b": 2}])
+    assert _received(reader) == b'{"a":1}\n{"b":2}\n'
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(tmp_path.iterdir()) == [fifo]
+
+
+def test_a_symlink_target_writes_the_file_it_names_and_stays_a_link(tmp_path):
+    """Measured before: the link was replaced by a regular file and its target left untouched."""
+    real = tmp_path / "data" / "board.jsonl"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "board.jsonl"
+    link.symlink_to(real)
+    dangling = tmp_path / "new.jsonl"  # a link to a file not written yet: the file is created
+    dangling.symlink_to(tmp_path / "data" / "new.jsonl")
+    with atomic_path(link) as tmp:
+        assert tmp.parent == real.parent  # renamed beside the real file: same file system
+        tmp.write_text("new\n")
+    with RecordWriter(dangling) as writer:
+        writer.write({"a": 1})
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert dangling.is_symlink() and (tmp_path / "data" / "new.jsonl").read_text() == '{"a":1}\n'
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["board.jsonl", "new.jsonl"]
+
+
+def test_a_character_device_target_stays_a_device(tmp_path):
+    """-o /dev/null run as root replaced the system's device node with a regular file. Checked on a
+    node of its own (the same device, made with mknod), so that a regression cannot break the
+    machine's /dev/null."""
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    with RecordWriter(null) as writer:
+        writer.write({"a": 1})
+    with atomic_path(null, suffix=".png") as tmp:
+        tmp.write_bytes(b"png")
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    assert sorted(tmp_path.iterdir()) == [null]
+
+
+def _preferences(path: Path) -> Path:
+    path.write_bytes(
+        b"".join(
+            orjson.dumps(
+                {
+                    "instruction": f"task {i}",
+                    "output_1": "a",
+                    "output_2": "b",
+                    "generator_1": "ref",
+                    "generator_2": "model",
+                    "preference": 2,
+                }
+            )
+            + b"\n"
+            for i in range(4)
+        )
+    )
+    return path
+
+
+def _farm_winrate(*args: str) -> subprocess.CompletedProcess:
+    argv = [str(Path(sys.executable).parent / "farm-winrate"), "-q", *args]
+    return subprocess.run(argv, capture_output=True, timeout=60)
+
+
+def test_a_tool_streams_its_output_into_a_fifo(tmp_path):
+    """farm-winrate -o FIFO, end to end, in a real process."""
+    fifo = tmp_path / "board.fifo"
+    os.mkfifo(fifo)
+    prefs = _preferences(tmp_path / "prefs.jsonl")
+    reader = _fifo_reader(fifo)
+    done = _farm_winrate(str(prefs), "-o", str(fifo))
+    received = _received(reader)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b""
+    (row,) = [orjson.loads(line) for line in received.splitlines()]
+    assert row["generator"] == "model" and row["win_rate"] == 100.0
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_tool_given_dev_stdout_writes_its_stdout(tmp_path, fmt):
+    """While a tool runs, file descriptor 1 carries stderr (so that libraries cannot print into the
+    records): -o /dev/stdout must still reach the tool's stdout, here a pipe."""
+    done = _farm_winrate(
+        str(_preferences(tmp_path / "prefs.jsonl")), "-o", "/dev/stdout", "--format", fmt
+    )
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert b"model" in done.stdout and b"100.0" in done.stdout

@@ -129,7 +129,7 @@ def cli(
 
     \b
     farm-eval outputs.json --reference gpt4_turbo.json --leaderboard board.csv --format table
-    farm-eval sft/ --reference ref.jsonl --pool sim_eval_offline --format table
+    farm-eval sft/ --reference ref.jsonl --pool single_offline  # offline, nearest AlpacaEval 2's judge
     farm-eval model_outputs.json --reference ref.json --labels annotations.json --sort-by win_rate
     """
     from farmkit.evaluate import run as evaluate

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import zlib
@@ -623,6 +624,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# names of the process's stdout: while a farm-* command runs, file descriptor 1 carries stderr
+# (farmkit.cli.records_only_stdout), so these mean the records' stream, records_stdout()
+_STDOUT_NAMES = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
+def _stream_target(target: Path) -> Path | None:
+    """The path to write in place when `target` is a stream rather than a file or folder; None
+    otherwise (a missing path included)."""
+    if str(target) in _STDOUT_NAMES:
+        try:
+            return Path(f"/dev/fd/{records_stdout().fileno()}")
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return target  # not a real file (a test runner's capture): the process's stdout
+    try:
+        mode = target.stat().st_mode  # follows symlinks: a link to /dev/null is a stream too
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else target
+
+
 def process_umask() -> int:
     """The process's umask (reading it means setting it: set it straight back)."""
     mask = os.umask(0o022)
@@ -634,9 +655,17 @@ def process_umask() -> int:
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
 
-    Works for files and for directories (a model folder is written whole or not at all too).
+    Works for files and for directories (a model folder is written whole or not at all too). A
+    symlink is followed: the file it names is replaced, and the link stays. A stream (a device such
+    as /dev/null, a FIFO, a socket, /dev/stdout) is yielded itself to be written in place: it has no
+    atomicity to keep, and a rename would put a regular file where the stream was.
     """
-    target = Path(path)
+    stream = _stream_target(Path(path))
+    if stream is not None:
+        yield stream
+        return
+    # the rename happens beside the real file, on its file system, not beside the link
+    target = Path(os.path.realpath(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     _sweep_stale(target, suffix)
     fd, tmp_name = tempfile.mkstemp(

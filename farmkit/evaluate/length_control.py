@@ -253,14 +253,17 @@ def estimate_difficulty(
     from scipy import optimize
 
     k = len(items)
-    model = np.concatenate([np.full(len(v), m) for m, v in enumerate(items)])
+    model = np.concatenate([np.full(len(v), m, dtype=np.int32) for m, v in enumerate(items)])
     item, length_term, target = (
         np.concatenate(items),
         np.concatenate(length_terms),
         np.concatenate(x),
     )
     known = item >= 0
-    model, item, length_term, target = model[known], item[known], length_term[known], target[known]
+    if not known.all():  # copies, only when some verdicts lack an instruction identity
+        model, item = model[known], item[known]
+        length_term, target = length_term[known], target[known]
+    del known
 
     def loss(parameters: np.ndarray) -> tuple[float, np.ndarray]:
         theta, phi, ease = parameters[:k], parameters[k : 2 * k], parameters[2 * k :]
@@ -295,7 +298,7 @@ def pooled_length_effect(
     length term. (Profiled, on AlpacaEval 2's 56 models: 0.010 per verdict for phi and 0.054 for psi
     against 0.016 and 0.126 held, and gpt4_gamed kept a length coefficient of 5.1 and an LC of 21.1.)"""
     k = len(x)
-    model = np.concatenate([np.full(len(v), m) for m, v in enumerate(x)])
+    model = np.concatenate([np.full(len(v), m, dtype=np.int32) for m, v in enumerate(x)])
     shared = np.column_stack([np.concatenate(length_terms), np.concatenate(difficulties)])
     target = np.concatenate(x)
     theta, coefficients = np.zeros(k), np.zeros(2)

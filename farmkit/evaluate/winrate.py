@@ -10,7 +10,7 @@ AlpacaEval's leaderboard figures (reproduced exactly from its published annotati
 
 Records are read, checked and folded CHUNK at a time (the sums taken with numpy): each (reference,
 model) keeps running sums, plus a bounded histogram of bootstrap values (1e-4 grid) when asked for.
-Length control keeps five numbers per verdict (the regression needs them all); the detection of
+Length control keeps four numbers per verdict, 24 bytes (the regression needs them all); the detection of
 repeated verdicts keeps a byte per (model, instruction); `--compare` keeps one value per item for the
 two models compared. Without length control, memory grows with the models and instructions, not
 with the records.
@@ -121,9 +121,9 @@ class WinrateTable:
         self._by_model: dict[Any, dict[Any, int]] = {}  # the same, by reference then model
         self._items: dict[Any, int] = {}  # item key -> index
         self._seen = np.zeros((0, 0), dtype=bool)  # [slot, item]: a verdict was counted
-        self._verdicts: list[
-            np.ndarray
-        ] = []  # per chunk: slot, item, model length, reference length, x
+        # per chunk, what the length-controlled estimate needs of each usable verdict: slot and item
+        # (int32), len_model - len_reference and x (float64); 24 bytes a verdict
+        self._verdicts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.items: dict[str, dict[Any, list[float]]] = {
             name: {} for pair in compare for name in pair
         }
@@ -213,9 +213,13 @@ class WinrateTable:
         self._note_annotators(records, slots_array)
         if self.length_control:
             usable = ~np.isnan(x) & ~np.isnan(lengths).any(axis=1)
-            columns = [slots_array, items, lengths[:, 1], lengths[:, 0], x]
             self._verdicts.append(
-                np.stack([np.asarray(c, dtype=np.float64)[usable] for c in columns])
+                (
+                    slots_array[usable].astype(np.int32),
+                    items[usable].astype(np.int32),
+                    lengths[usable, 1] - lengths[usable, 0],
+                    x[usable],
+                )
             )
         for i, model in enumerate(models if self.items else ()):
             if model in self.items and x[i] == x[i]:
@@ -414,18 +418,30 @@ class WinrateTable:
         """The GLM's figures for every (reference, model) with verdicts and lengths."""
         if not self._verdicts:
             return {}
-        slots, items, lengths, reference_lengths, x = np.concatenate(self._verdicts, axis=1)
-        slots, items = slots.astype(np.int64), items.astype(np.int64)
+        # One array per column (the chunks freed as soon as they are joined), then sorted by slot,
+        # stably so that each model's verdicts keep their order: each model's verdicts are one slice
+        # (views, not a copy or a mask per model).
+        self._verdicts = [
+            tuple(np.concatenate(column) for column in zip(*self._verdicts, strict=True))
+        ]
+        order = np.argsort(self._verdicts[0][0], kind="stable")
+        self._verdicts = [tuple(column[order] for column in self._verdicts[0])]
+        del order
+        slots, items, delta, x = self._verdicts[0]
+        if not len(slots):
+            return {}
+        present, starts = np.unique(slots, return_index=True)
+        ends = [*starts[1:].tolist(), len(slots)]
         names = [(reference or "", model) for reference, model in self._slots]
-        by_reference: dict[str, list[int]] = {}
-        for slot in np.unique(slots).tolist():
+        by_reference: dict[str, list[tuple[int, slice]]] = {}
+        for slot, start, end in zip(present.tolist(), starts.tolist(), ends, strict=True):
             reference, model = names[slot]
             if reference != model:
-                by_reference.setdefault(reference, []).append(slot)
+                by_reference.setdefault(reference, []).append((slot, slice(start, end)))
         results = {}
-        for reference, group in by_reference.items():
-            masks = [slots == slot for slot in group]
-            verdicts = [(items[m], lengths[m] - reference_lengths[m], x[m]) for m in masks]
+        for reference, members in by_reference.items():
+            group = [slot for slot, _ in members]
+            verdicts = [(items[part], delta[part], x[part]) for _, part in members]
             figures, note = length_controlled(reference, verdicts, self._items, self.difficulty)
             self.lc_notes.append(note)
             results.update({names[slot]: row for slot, row in zip(group, figures, strict=True)})
