@@ -387,7 +387,6 @@ def train_dpo(
             **{no_checkpointing_field(TRLConfig): False},
             save_strategy="steps" if config.save_steps else "no",
             save_steps=config.save_steps or 500,
-            save_total_limit=1,  # the newest is what --resume takes
             report_to=report_to,
             logging_steps=1,
             disable_tqdm=cli.quiet(),
@@ -408,7 +407,7 @@ def train_dpo(
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
             peft_config=peft_config,
-            callbacks=callbacks,
+            callbacks=[*(callbacks or []), C.checkpoint_rule(config), C.finite_guard()],
         )
         accelerator = trainer.accelerator
         launch.refuse_lora_under_zero3(accelerator, config.lora)

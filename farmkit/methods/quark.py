@@ -471,6 +471,8 @@ def train_quark(
             kls.append(float(kl.detach()))
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
+        # a step of Quark is a round: --save-steps counts rounds
+        C.check_finite(round_number + 1, sum(losses) + config.kl_coef * sum(kls), model)
         budget.add(sampled=sum(len(item["response"]) for item in pool))
         quantile_scores = [sum(scores) / len(scores) for scores in by_quantile]
         metrics = {

@@ -517,6 +517,7 @@ def train_reward_model(
                 schedule.step()
                 optimizer.zero_grad()
                 step += 1
+                C.check_finite(step, loss, network)
                 right, counted = _pair_stats(reward_1.detach(), reward_2.detach(), batch["target"])
                 row = {
                     "step": step,
