@@ -85,10 +85,13 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     save_steps: int = shared_field(
         "save_steps",
         0,
-        more_help="Optimizer steps; they go to DIR-checkpoints/ (removed when the run ends).",
+        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
-        "resume", False, more_help="From the newest in DIR-checkpoints/; none there is an error."
+        "resume",
+        False,
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
 
     def __post_init__(self) -> None:

@@ -327,8 +327,6 @@ def train_on_policy(
     )
     model, optimizer = accelerator.prepare(module, optimizer)
     C.load_engine_state(model, engine)
-    if state is not None:
-        log.info("resuming from %s (step %d)", resume_from, start_step)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference is not None and reference.dtype != trained_dtype:
         reference.to(

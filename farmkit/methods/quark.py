@@ -131,12 +131,13 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     save_steps: int = shared_field(
         "save_steps",
         0,
-        more_help="Steps are rounds here; the state goes to DIR-checkpoints/ (removed when the run ends).",
+        more_help="Steps are rounds here; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
         "resume",
         False,
-        more_help="From the newest state in DIR-checkpoints/; none there is an error.",
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
 
     def __post_init__(self) -> None:

@@ -62,12 +62,15 @@ class SFTConfig(ModelArgs, TrackingArgs):
         default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."}
     )
     save_steps: int = shared_field(
-        "save_steps", 0, more_help="Optimizer steps; the checkpoints go to DIR.checkpoints."
+        "save_steps",
+        0,
+        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
         "resume",
         False,
-        more_help="From the newest checkpoint (--save-steps) in DIR.checkpoints; with none there, the run starts over.",
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
     logging_steps: int = field(
         default=10,
