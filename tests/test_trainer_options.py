@@ -229,13 +229,23 @@ def test_dpo_resumed_after_an_interruption_ends_with_the_unbroken_runs_weights(
     losses = [row["loss"] for row in metrics_without_time(tmp_path / "unbroken")]
     assert [row["loss"] for row in metrics_without_time(tmp_path / "broken")] == losses
     assert not checkpoints.exists()
-    # the command line's --resume, with nothing to resume
+    # the command line's --resume, with nothing to resume: it starts from the beginning
     prefs = write_jsonl(tmp_path / "prefs.jsonl", preference_records())
     result = run_tool(
-        "farm-dpo", str(sft), str(prefs), "-o", str(tmp_path / "other"), "--resume", "-q"
+        "farm-dpo",
+        str(sft),
+        str(prefs),
+        "-o",
+        str(tmp_path / "other"),
+        "--resume",
+        "--max-steps",
+        "1",
     )
-    assert result.returncode == 1
-    assert f"--resume: no checkpoint in {tmp_path / 'other'}-checkpoints" in result.stderr.decode()
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert (
+        f"no complete checkpoint in {tmp_path / 'other'}-checkpoints: starting from the beginning"
+        in result.stderr.decode()
+    )
 
 
 QUARK = dict(
