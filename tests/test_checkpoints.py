@@ -109,7 +109,8 @@ def inputs(tiny_model_path, tmp_path_factory) -> dict[str, Path]:
 
 
 def command(trainer: str, inputs: dict[str, Path], output: Path, *extra: str) -> list[str]:
-    """The trainer's command line for 3 steps (rounds for farm-quark) with --save-steps 1."""
+    """The trainer's command line for 3 steps (rounds for farm-quark and farm-expiter), a checkpoint
+    after each but the last."""
     model, rm = str(inputs["model"]), str(inputs["rm"])
     steps = {
         "farm-sft": [model, str(inputs["demos"]), "--max-steps", "3", "--batch-size", "2"],
@@ -120,26 +121,21 @@ def command(trainer: str, inputs: dict[str, Path], output: Path, *extra: str) ->
             *("--rounds", "3", "--prompts-per-round", "4", "--num-samples", "2"),
             *("--num-quantiles", "2", "--max-new-tokens", "3"),
         ],
+        "farm-expiter": [
+            *(model, rm, str(inputs["prompts"])),
+            *("--rounds", "3", "-n", "2", "--max-new-tokens", "3"),
+            *("--max-steps", "1", "--batch-size", "2"),
+        ],
         "farm-ppo": [
             *(model, rm, str(inputs["prompts"])),
             *("--steps", "3", "--rollout-batch-size", "4", "--minibatch-size", "4"),
             *("--micro-batch-size", "4", "--max-new-tokens", "3"),
         ],
     }[trainer]
+    # farm-expiter's rounds are its checkpoints: every one but the last
+    saves = [] if trainer == "farm-expiter" else ["--save-steps", "1"]
     tool = str(Path(sys.executable).parent / trainer)
-    return [
-        tool,
-        *steps,
-        "-o",
-        str(output),
-        "--save-steps",
-        "1",
-        "--seed",
-        "0",
-        "--device",
-        "cpu",
-        *extra,
-    ]
+    return [tool, *steps, "-o", str(output), *saves, "--seed", "0", "--device", "cpu", *extra]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess:
@@ -184,9 +180,14 @@ def finite_weights(folder: Path) -> dict:
     return weights
 
 
-TRAINERS = ["farm-sft", "farm-dpo", "farm-rm-train", "farm-quark", "farm-ppo"]
+TRAINERS = ["farm-sft", "farm-dpo", "farm-rm-train", "farm-quark", "farm-expiter", "farm-ppo"]
 KEEPS_POLICIES = {"farm-ppo"}
-DETERMINISTIC = {"farm-ppo"}  # resumed weights equal an uninterrupted run's, bit for bit
+DETERMINISTIC = {
+    "farm-rm-train",
+    "farm-quark",
+    "farm-expiter",
+    "farm-ppo",
+}  # resumed weights equal an uninterrupted run's, bit for bit
 
 
 def killed_and_resumed(

@@ -412,8 +412,10 @@ def resume_state(checkpoints: Path, config: Any) -> tuple[Path | None, dict[str,
 
 
 def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> None:
-    """Refuse to resume a state written under settings that change the result."""
-    now = json.loads(json.dumps(config_dict(config)))  # as JSON holds it (lists, not tuples)
+    """Refuse to resume a state written under settings that change the result (`config`: a method's
+    config, or the settings a run records as a dict)."""
+    settings = config if isinstance(config, dict) else config_dict(config)
+    now = json.loads(json.dumps(settings))  # as JSON holds it (lists, not tuples)
     changed = sorted(
         key
         for key in set(now) | set(written)
