@@ -134,14 +134,17 @@ def expert_iteration(
             },
         }
         meta.update(meta_extra or {})
-        summary = train_sft(
-            current,
-            winners(scored, n),
-            destination,
-            round_training,
-            meta_extra=meta,
-            tracker_dir=tracker_dir(target) / f"round-{number}",
-        )
+        try:
+            summary = train_sft(
+                current,
+                winners(scored, n),
+                destination,
+                round_training,
+                meta_extra=meta,
+                tracker_dir=tracker_dir(target) / f"round-{number}",
+            )
+        except FarmError as error:  # which round, besides the step of its SFT
+            raise FarmError(f"round {number}: {error}") from None
         figures["sft"] = {key: summary.get(key) for key in ("examples", "steps", "train_loss")}
         history.append(figures)
         current = str(destination)  # train_sft returns once the main process has written it
