@@ -63,6 +63,21 @@ def test_resume_without_a_complete_checkpoint_starts_from_the_beginning(tmp_path
     assert f"no complete checkpoint in {tmp_path}: starting from the beginning" in caplog.text
 
 
+def test_resume_keeps_the_older_policy_folders_of_an_on_policy_run(tmp_path):
+    """farm-ppo's older step-N folders lose their resume state, not their policy: resume must not
+    take them for checkpoints a kill left half-written."""
+    for step in (1, 2, 3):
+        (tmp_path / f"step-00000{step}" / C.TRAINER_STATE).mkdir(parents=True)
+        (tmp_path / f"step-00000{step}" / "model.safetensors").write_text("")
+    C.mark_complete(tmp_path / "step-000001", {"step": 1})
+    C.mark_complete(tmp_path / "step-000002", {"step": 2})
+    C.remove_older(tmp_path, tmp_path / "step-000002", keep_policies=True)
+    (tmp_path / ".step-000004.partial").mkdir()  # killed while writing step 4's policy folder
+    assert C.resume_from(tmp_path, resume=True) == tmp_path / "step-000002"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step-000001", "step-000002"]
+    assert (tmp_path / "step-000001" / "model.safetensors").is_file()
+
+
 def test_a_newer_checkpoint_replaces_the_older_only_once_complete(tmp_path):
     older, newer = tmp_path / "step-000001", tmp_path / "step-000002"
     for folder in (older, newer):

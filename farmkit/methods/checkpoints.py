@@ -69,14 +69,15 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 
 def remove_incomplete(folder: Path) -> None:
-    """Remove the checkpoints a kill left half-written (no state.json), and the partial folders of
-    an interrupted atomic write: a save at their step would otherwise mix old files with new."""
-    from farmkit.lm.modelio import partial_path
-
+    """Remove the checkpoints a kill left half-written: those after the newest complete one (older
+    ones without state.json are farm-ppo's policy folders whose resume state went once a newer
+    checkpoint was complete), and the partial folder of a policy being written when it struck."""
+    newest = latest_checkpoint(folder)
     for path in _checkpoints(folder):
-        if not state_file(path).is_file():
+        if newest is None or step_of(path) > step_of(newest):
             shutil.rmtree(path, ignore_errors=True)
-            shutil.rmtree(partial_path(path), ignore_errors=True)
+    for partial in folder.glob(".step-*.partial"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def remove_older(folder: Path, newest: Path, keep_policies: bool = False) -> None:
