@@ -5,6 +5,7 @@ one, and the command line reads --config files and rejects bad combinations."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -185,17 +186,25 @@ def test_unfinished_responses_can_be_penalized(models, tmp_path, monkeypatch):
     assert abs(last["score"] - (-3.0 * unfinished)) < 0.5
 
 
-def test_resume_without_a_checkpoint_fails_clearly(models, tmp_path):
-    from farmkit.core.io import FarmError
-
-    with pytest.raises(FarmError, match="no checkpoint"):
+def test_resume_without_a_checkpoint_starts_from_the_beginning(models, tmp_path, caplog):
+    """A job on a preemptible machine passes --resume from its first start."""
+    with caplog.at_level(logging.INFO, logger="farmkit"):
         train_ppo(
             str(models[0]),
             str(models[1]),
             prompt_records(4),
             str(tmp_path / "out"),
-            PPOConfig(resume=True, **SMALL),
+            PPOConfig(
+                resume=True,
+                steps=1,
+                **{**SMALL, "rollout_batch_size": 4, "minibatch_size": 4, "micro_batch_size": 4},
+            ),
         )
+    assert (
+        f"no complete checkpoint in {tmp_path / 'out'}-checkpoints: starting from the beginning"
+        in caplog.text
+    )
+    assert (tmp_path / "out" / "meta.json").is_file()
 
 
 def test_lora_trains_and_saves_a_merged_policy(models, tmp_path):

@@ -188,7 +188,7 @@ def test_embedded_sft_lowers_the_loss_changes_weights_and_samples(embedded_path,
     )
     assert meta["config"]["max_steps"] == 6 and "transformers" in meta["versions"]
     assert set(META_KEYS) <= set(meta)  # the one layout every model folder has
-    assert not sft.checkpoint_dir(out).exists()
+    assert not Path(f"{out}-checkpoints").exists()
 
     # the folder loads as farm-sample loads it, and greedy decoding now gives the taught answer
     prompt = PromptFormat.for_model(out).prompt(after_tokenizer, DEMOS[2]["instruction"])
@@ -364,7 +364,7 @@ def test_checkpoints_resume_to_the_same_weights(tiny_model_path, tmp_path):
     interrupted = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
         _train_until(tiny_model_path, interrupted, stop_after=2)
-    checkpoints = sft.checkpoint_dir(interrupted)
+    checkpoints = Path(f"{interrupted}-checkpoints")
     assert (checkpoints / "checkpoint-2").is_dir() and not interrupted.exists()
     summary = train_sft(
         str(tiny_model_path),

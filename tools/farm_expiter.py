@@ -56,6 +56,12 @@ HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fiel
 @shared_option("lora_rank")
 @shared_option("lora_alpha")
 @model_options
+@shared_option(
+    "resume",
+    more_help="Every round but the last is a checkpoint in DIR-checkpoints/ (removed when the run "
+    "ends); from the newest complete round; with none (killed in its first round), the run starts "
+    "from the beginning.",
+)
 @shared_option("report_to")
 @shared_option("gold")
 @shared_option("gold_prompts")
@@ -86,6 +92,7 @@ def cli(
     lora_alpha,
     template,
     device,
+    resume,
     report_to,
     gold,
     gold_prompts,
@@ -173,6 +180,7 @@ def cli(
         meta_extra={"inputs": {name: file_sha256(prompts)}},
         device=device,
         gold=judge,
+        resume=resume,
     )
     last = result["rounds"][-1]
     log.info(

@@ -1,8 +1,17 @@
-"""What an on-policy run (farm-ppo, farm-rloo, farm-grpo) writes beside its training and reads back
-to resume: the checkpoint folder's metrics.jsonl (a line a step), a loadable policy folder every
---save-steps steps whose trainer/ subfolder holds what --resume needs (without DeepSpeed the
+"""The one checkpoint rule of every trainer, and what an on-policy run (farm-ppo, farm-rloo,
+farm-grpo) writes beside its training and reads back to resume.
+
+The rule: checkpoints live in OUTPUT-checkpoints/ (or --checkpoint-dir), one folder a save named by
+its step (step-N/ for farmkit's own loops, checkpoint-N/ where a transformers Trainer writes it). A
+checkpoint is complete once its state.json is written, last, after everything else; --resume takes
+the newest complete one and removes the incomplete ones (a kill during a save), and with none starts
+from the beginning and says so. An older checkpoint's resume state is removed only after the newer
+one is complete, so a kill at any moment leaves one to resume from.
+
+An on-policy run's checkpoint folder holds metrics.jsonl (a line a step) and a loadable policy folder
+every --save-steps steps whose trainer/ subfolder holds what --resume needs (without DeepSpeed the
 value model or the adapters, the optimizer and the scheduler; under DeepSpeed the engine's own
-checkpoint beside the scheduler), and the output folder at the end."""
+checkpoint beside the scheduler)."""
 
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ log = logging.getLogger("farmkit")
 METRICS_FILE = "metrics.jsonl"
 TRAINER_STATE = "trainer"
 ENGINE_STATE = "engine"  # under DeepSpeed: the engine's own checkpoint, in the trainer state
+STATE_FILE = "state.json"  # written last: the checkpoint is complete
 
 
 def checkpoint_folder(output: str, config: Any) -> Path:
@@ -28,12 +38,70 @@ def checkpoint_folder(output: str, config: Any) -> Path:
     return Path(chosen) if chosen else Path(f"{str(output).rstrip('/')}-checkpoints")
 
 
+def step_of(checkpoint: Path) -> int | None:
+    """The step a checkpoint folder is named after (step-N, or a Trainer's checkpoint-N), else None."""
+    prefix, _, number = checkpoint.name.rpartition("-")
+    return int(number) if prefix in ("step", "checkpoint") and number.isdigit() else None
+
+
+def state_file(checkpoint: Path) -> Path:
+    """The file written last into a checkpoint, marking it complete: trainer/state.json in farmkit's
+    own step-N folders (whose top level is a policy folder), state.json in a Trainer's checkpoint-N."""
+    if checkpoint.name.startswith("step-"):
+        return checkpoint / TRAINER_STATE / STATE_FILE
+    return checkpoint / STATE_FILE
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    """Every checkpoint folder in `folder`, complete or not, oldest first."""
+    found = [
+        path
+        for path in (folder.iterdir() if folder.is_dir() else ())
+        if path.is_dir() and step_of(path) is not None
+    ]
+    return sorted(found, key=step_of)
+
+
 def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest step-N folder that still holds a trainer state."""
-    found = sorted(
-        path for path in folder.glob("step-*") if (path / TRAINER_STATE / "state.json").is_file()
-    )
-    return found[-1] if found else None
+    """The newest complete checkpoint in `folder` (its state.json written), or None."""
+    complete = [path for path in _checkpoints(folder) if state_file(path).is_file()]
+    return complete[-1] if complete else None
+
+
+def remove_incomplete(folder: Path) -> None:
+    """Remove the checkpoints a kill left half-written: those after the newest complete one (older
+    ones without state.json are farm-ppo's policy folders whose resume state went once a newer
+    checkpoint was complete), and the partial folder of a policy being written when it struck."""
+    newest = latest_checkpoint(folder)
+    for path in _checkpoints(folder):
+        if newest is None or step_of(path) > step_of(newest):
+            shutil.rmtree(path, ignore_errors=True)
+    for partial in folder.glob(".step-*.partial"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def remove_older(folder: Path, newest: Path, keep_policies: bool = False) -> None:
+    """Once `newest` is complete: remove the checkpoints before it (with keep_policies, only their
+    trainer/ resume state: farm-ppo's step-N policy folders stay loadable for --gold and users)."""
+    for path in _checkpoints(folder):
+        if step_of(path) < step_of(newest):
+            shutil.rmtree(path / TRAINER_STATE if keep_policies else path, ignore_errors=True)
+
+
+def resume_from(checkpoints: Path, resume: bool, main_process: bool = True) -> Path | None:
+    """With --resume: the newest complete checkpoint in `checkpoints` (the main process removes the
+    incomplete ones), or None with a warning that the run starts from the beginning (a job on a
+    preemptible machine passes --resume before it has ever saved). Without --resume: None."""
+    if not resume:
+        return None
+    found = latest_checkpoint(checkpoints)
+    if main_process:
+        remove_incomplete(checkpoints)
+    if found is None:
+        log.warning("no complete checkpoint in %s: starting from the beginning", checkpoints)
+    else:
+        log.info("resuming from %s (step %d)", found, step_of(found))
+    return found
 
 
 def resume_point(output: str, config: Any) -> tuple[Path, Path | None, int, Path | None]:
@@ -43,29 +111,23 @@ def resume_point(output: str, config: Any) -> tuple[Path, Path | None, int, Path
     LoRA trains adapters on the SFT weights, which stay the KL reference (adapters off), also on
     resume: the adapters are restored onto SFT, never added afresh to a merged checkpoint, so a run
     resumes the way it was started (with or without --lora)."""
+    from farmkit.core import distributed
+
     checkpoints = checkpoint_folder(output, config)
-    resume_from = latest_checkpoint(checkpoints) if config.resume else None
-    if config.resume and resume_from is None:
-        raise FarmError(f"--resume: no checkpoint with a trainer state in {checkpoints}")
-    start_step = (
-        json.loads((resume_from / TRAINER_STATE / "state.json").read_text())["step"]
-        if resume_from
-        else 0
-    )
+    found = resume_from(checkpoints, config.resume, distributed.is_main())
+    start_step = json.loads(state_file(found).read_text())["step"] if found else 0
     if start_step > config.steps:
-        raise FarmError(
-            f"--resume: {resume_from} is at step {start_step}, past --steps {config.steps}"
-        )
-    state = resume_from / TRAINER_STATE if resume_from else None
+        raise FarmError(f"--resume: {found} is at step {start_step}, past --steps {config.steps}")
+    state = found / TRAINER_STATE if found else None
     if state is not None:
-        written = json.loads((state / "state.json").read_text())
+        written = json.loads(state_file(found).read_text())
         # under DeepSpeed the engine's own checkpoint holds the adapters too
         lora = written.get("lora", (state / "policy-adapter").is_dir())
         if config.lora != lora:
             raise FarmError(
-                f"--resume: {resume_from} was written by a run {'without' if config.lora else 'with'} --lora; resume it the same way"
+                f"--resume: {found} was written by a run {'without' if config.lora else 'with'} --lora; resume it the same way"
             )
-    return checkpoints, resume_from, start_step, state
+    return checkpoints, found, start_step, state
 
 
 def engine_state(state: Path | None, stage: int) -> Path | None:
@@ -273,7 +335,6 @@ def _write_checkpoint(
 
     deepspeed = bool(zero_stage(accelerator))
     accelerator.wait_for_everyone()
-    previous = latest_checkpoint(folder.parent)
     state = folder / TRAINER_STATE
     with full_weights(accelerator, model) as whole:
         lora = hasattr(whole.policy, "peft_config")
@@ -285,10 +346,8 @@ def _write_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         torch.save(scheduler.state_dict(), state / "scheduler.pt")
-        (state / "state.json").write_text(json.dumps({"step": step, "lora": lora}) + "\n")
-        if previous is not None and previous != folder:
-            shutil.rmtree(previous / TRAINER_STATE, ignore_errors=True)
-        log.info("checkpoint: %s", folder)
+        mark_complete(folder, {"step": step, "lora": lora})
+        remove_older(folder.parent, folder, keep_policies=True)
     accelerator.wait_for_everyone()
 
 
@@ -341,22 +400,23 @@ RESUMABLE_CHANGES = {"resume", "save_steps", "checkpoint_every", "device", "repo
 
 
 def resume_state(checkpoints: Path, config: Any) -> tuple[Path | None, dict[str, Any]]:
-    """With --resume: the newest state in `checkpoints` and its state.json (an error when there is
-    none, or when it was written under settings that change the result); else (None, {})."""
-    if not config.resume:
-        return None, {}
-    found = latest_checkpoint(checkpoints)
+    """With --resume and a complete checkpoint: its trainer state and state.json (an error when it
+    was written under settings that change the result); else (None, {})."""
+    from farmkit.core import distributed
+
+    found = resume_from(checkpoints, config.resume, distributed.is_main())
     if found is None:
-        raise FarmError(f"--resume: no checkpoint with a trainer state in {checkpoints}")
-    written = json.loads((found / TRAINER_STATE / "state.json").read_text())
+        return None, {}
+    written = json.loads(state_file(found).read_text())
     check_same_settings(found, written["config"], config)
-    log.info("resuming from %s (step %d)", found, written["step"])
     return found / TRAINER_STATE, written
 
 
 def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> None:
-    """Refuse to resume a state written under settings that change the result."""
-    now = json.loads(json.dumps(config_dict(config)))  # as JSON holds it (lists, not tuples)
+    """Refuse to resume a state written under settings that change the result (`config`: a method's
+    config, or the settings a run records as a dict)."""
+    settings = config if isinstance(config, dict) else config_dict(config)
+    now = json.loads(json.dumps(settings))  # as JSON holds it (lists, not tuples)
     changed = sorted(
         key
         for key in set(now) | set(written)
@@ -369,28 +429,46 @@ def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> No
         )
 
 
-def newest_trainer_checkpoint(checkpoints: Path) -> Path | None:
-    """The newest checkpoint-N folder a transformers Trainer wrote in `checkpoints`, or None."""
-    steps = [path for path in checkpoints.glob("checkpoint-*") if path.name[11:].isdigit()]
-    return max(steps, key=lambda path: int(path.name[11:]), default=None)
+def mark_complete(checkpoint: Path, state: dict[str, Any]) -> None:
+    """Write the checkpoint's state.json, after everything else in it: from now on it is complete.
+    Written whole or not at all (a rename), so a kill never leaves a marker that cannot be read."""
+    from farmkit.core.io import atomic_path
+
+    with atomic_path(state_file(checkpoint)) as path:
+        Path(path).write_text(metrics_dumps(state))
+    log.info("checkpoint: %s", checkpoint)
 
 
 def trainer_checkpoint(checkpoints: Path, config: Any, main_process: bool = True) -> str | None:
-    """For a transformers Trainer (farm-dpo): the newest checkpoint-N it wrote in `checkpoints` with
-    --resume (an error when there is none, or when the run's settings were others), else None.
-    Either way the folder records this run's settings (run.json) for the next --resume."""
-    record = checkpoints / "run.json"
-    found = None
-    if config.resume:
-        found = newest_trainer_checkpoint(checkpoints)
-        if found is None or not record.is_file():
-            raise FarmError(f"--resume: no checkpoint in {checkpoints}")
-        check_same_settings(found, json.loads(record.read_text())["config"], config)
-        log.info("resuming from %s", found)
-    if main_process and config.save_steps:
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        record.write_text(metrics_dumps({"config": config_dict(config)}))
-    return str(found) if found else None
+    """For a transformers Trainer (farm-sft, farm-dpo): with --resume, the newest complete
+    checkpoint-N in `checkpoints` (an error when the run's settings were others), else None."""
+    found = resume_from(checkpoints, config.resume, main_process)
+    if found is None:
+        return None
+    check_same_settings(found, json.loads(state_file(found).read_text())["config"], config)
+    return str(found)
+
+
+def checkpoint_rule(config: Any) -> Any:
+    """A TrainerCallback that applies the rule to a Trainer's checkpoint-N: on_save runs once the
+    Trainer has written everything, and only then state.json marks the checkpoint complete and the
+    older ones go. The Trainer's own rotation (save_total_limit) must stay off: it deletes the old
+    checkpoint before the new one could be marked."""
+    from transformers import TrainerCallback
+
+    class CheckpointRule(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            from farmkit.core import distributed
+
+            distributed.barrier()  # every process has written its share (DeepSpeed's shards)
+            if state.is_world_process_zero:
+                folder = Path(args.output_dir)
+                saved = folder / f"checkpoint-{state.global_step}"
+                mark_complete(saved, {"step": state.global_step, "config": config_dict(config)})
+                remove_older(folder, saved)
+            distributed.barrier()
+
+    return CheckpointRule()
 
 
 def save_resume_state(
@@ -399,7 +477,6 @@ def save_resume_state(
     """Write step-N/trainer/ (every process calls it: accelerate saves its share), state.json last,
     then remove the older state: a run killed while writing still has the previous one."""
     accelerator.wait_for_everyone()
-    previous = latest_checkpoint(checkpoints)
     folder = checkpoints / f"step-{step:06d}"
     if accelerator.is_main_process:
         shutil.rmtree(folder, ignore_errors=True)
@@ -408,14 +485,55 @@ def save_resume_state(
     accelerator.save_state(str(folder / TRAINER_STATE), safe_serialization=False)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        state = {"step": step, "config": config_dict(config), **carried}
-        (folder / TRAINER_STATE / "state.json").write_text(metrics_dumps(state))
-        if previous is not None and previous != folder:
-            shutil.rmtree(previous, ignore_errors=True)
-        log.info("checkpoint: %s", folder)
+        mark_complete(folder, {"step": step, "config": config_dict(config), **carried})
+        remove_older(checkpoints, folder)
     accelerator.wait_for_everyone()
 
 
 def saves_now(step: int, last: int, every: int) -> bool:
     """Whether step `step` ends with a resume state: every `every` steps, never at the last."""
     return bool(every) and step % every == 0 and step < last
+
+
+# ---------------------------------------------------------------------------------------------
+# The non-finite guard: a run that diverges stops at the step it did, before anything is saved (a
+# model of NaN weights cannot be used, and a checkpoint of them would resume into NaN).
+
+
+def check_finite(step: int, loss: Any = None, model: Any = None) -> None:
+    """Raise FarmError naming `step` when `loss` (a number or a tensor) or any trainable weight of
+    `model` is not finite."""
+    import math
+
+    import torch
+
+    if loss is not None:
+        value = float(loss.detach().float().mean()) if torch.is_tensor(loss) else float(loss)
+        if not math.isfinite(value):
+            raise FarmError(
+                f"step {step}: the loss is not finite ({value}); nothing was saved: lower "
+                "--learning-rate (or check the data)"
+            )
+    if model is not None:
+        trained = [param for param in model.parameters() if param.requires_grad and param.numel()]
+        # one reduction and one device sync for the whole model
+        if trained and not bool(torch.stack([torch.isfinite(p).all() for p in trained]).all()):
+            raise FarmError(
+                f"step {step}: a weight is not finite; nothing was saved: lower --learning-rate "
+                "(or check the data)"
+            )
+
+
+def finite_guard() -> Any:
+    """A TrainerCallback that applies check_finite to a Trainer's run: the weights after every
+    optimizer step and each logged loss, both before the step's save."""
+    from transformers import TrainerCallback
+
+    class FiniteGuard(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            check_finite(state.global_step, model=kwargs.get("model"))
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            check_finite(state.global_step, loss=(logs or {}).get("loss"))
+
+    return FiniteGuard()

@@ -250,7 +250,8 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
     resume: bool = shared_field(
         "resume",
         False,
-        more_help="From the newest checkpoint (--save-steps) in the checkpoint folder; none there is an error.",
+        more_help="From the newest complete checkpoint in the checkpoint folder; with none (killed "
+        "before its first save), the run starts from the beginning.",
     )
     device: str = shared_field("device", "auto")
     # LoRA adapters (on the policy, and PPO's value model); the KL reference is the policy without them

@@ -85,10 +85,13 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     save_steps: int = shared_field(
         "save_steps",
         0,
-        more_help="Optimizer steps; they go to DIR-checkpoints/ (removed when the run ends).",
+        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
-        "resume", False, more_help="From the newest in DIR-checkpoints/; none there is an error."
+        "resume",
+        False,
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
 
     def __post_init__(self) -> None:
@@ -387,7 +390,6 @@ def train_dpo(
             **{no_checkpointing_field(TRLConfig): False},
             save_strategy="steps" if config.save_steps else "no",
             save_steps=config.save_steps or 500,
-            save_total_limit=1,  # the newest is what --resume takes
             report_to=report_to,
             logging_steps=1,
             disable_tqdm=cli.quiet(),
@@ -408,7 +410,7 @@ def train_dpo(
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
             peft_config=peft_config,
-            callbacks=callbacks,
+            callbacks=[*(callbacks or []), C.checkpoint_rule(config), C.finite_guard()],
         )
         accelerator = trainer.accelerator
         launch.refuse_lora_under_zero3(accelerator, config.lora)

@@ -327,8 +327,6 @@ def train_on_policy(
     )
     model, optimizer = accelerator.prepare(module, optimizer)
     C.load_engine_state(model, engine)
-    if state is not None:
-        log.info("resuming from %s (step %d)", resume_from, start_step)
     trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     if reference is not None and reference.dtype != trained_dtype:
         reference.to(
@@ -503,6 +501,7 @@ def train_on_policy(
                             totals.get(name, 0.0) + float(value.detach()) / updates_per_step
                         )
                 scheduler.step()
+        C.check_finite(step + 1, model=model)  # before the next rollout samples from it
         stale = True  # the policy moved: the engine (if it has its own weights) needs them
         if fused:  # the KL figures from the log-probabilities the update's forward gave
             with torch.no_grad():
@@ -546,6 +545,7 @@ def train_on_policy(
         if gold is not None and C.checkpoint_step(done, config):
             with launch.for_generation(accelerator, model) as unwrapped:
                 last.update(gold.evaluate(unwrapped.policy, tokenizer, f"step-{done}"))
+        C.check_finite(done, method.total_loss(last))
         last = metrics_row(method.name, last.pop("step"), method.total_loss(last), **last)
         message = f"step {done}/{config.steps}  " + method.message(last)
         record.end_step(last, message, model, optimizer, scheduler, tokenizer, gold)

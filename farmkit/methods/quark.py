@@ -131,12 +131,13 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     save_steps: int = shared_field(
         "save_steps",
         0,
-        more_help="Steps are rounds here; the state goes to DIR-checkpoints/ (removed when the run ends).",
+        more_help="Steps are rounds here; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
         "resume",
         False,
-        more_help="From the newest state in DIR-checkpoints/; none there is an error.",
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
 
     def __post_init__(self) -> None:
@@ -471,6 +472,8 @@ def train_quark(
             kls.append(float(kl.detach()))
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
+        # a step of Quark is a round: --save-steps counts rounds
+        C.check_finite(round_number + 1, sum(losses) + config.kl_coef * sum(kls), model)
         budget.add(sampled=sum(len(item["response"]) for item in pool))
         quantile_scores = [sum(scores) / len(scores) for scores in by_quantile]
         metrics = {

@@ -65,12 +65,13 @@ class RewardConfig(ModelArgs, TrackingArgs):
     save_steps: int = shared_field(
         "save_steps",
         0,
-        more_help="Optimizer steps; the state goes to DIR-checkpoints/ (removed when the run ends).",
+        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
         "resume",
         False,
-        more_help="From the newest state in DIR-checkpoints/; none there is an error.",
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
     device: str = shared_field("device", "auto")
 
@@ -517,6 +518,7 @@ def train_reward_model(
                 schedule.step()
                 optimizer.zero_grad()
                 step += 1
+                C.check_finite(step, loss, network)
                 right, counted = _pair_stats(reward_1.detach(), reward_2.detach(), batch["target"])
                 row = {
                     "step": step,

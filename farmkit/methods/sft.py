@@ -62,12 +62,15 @@ class SFTConfig(ModelArgs, TrackingArgs):
         default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."}
     )
     save_steps: int = shared_field(
-        "save_steps", 0, more_help="Optimizer steps; the checkpoints go to DIR.checkpoints."
+        "save_steps",
+        0,
+        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
     )
     resume: bool = shared_field(
         "resume",
         False,
-        more_help="From the newest checkpoint (--save-steps) in DIR.checkpoints; with none there, the run starts over.",
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
     )
     logging_steps: int = field(
         default=10,
@@ -218,12 +221,6 @@ def _deepspeed_config(name: str | None) -> str | None:
     raise FarmError(f"DeepSpeed config {name!r}: expected zero2, zero3 or a JSON file")
 
 
-def checkpoint_dir(output_dir: str | os.PathLike) -> Path:
-    """Where resumable checkpoints of a run writing `output_dir` live (beside it, removed on success)."""
-    target = Path(output_dir)
-    return target.with_name(target.name + ".checkpoints")
-
-
 def trained_tokens(trainer: Any) -> int | None:
     """Tokens TRL's trainer read in its training forward passes (prompt and response, padding left
     out, every epoch counted): its running total, else the last logged num_tokens."""
@@ -315,7 +312,9 @@ def train_sft(
         # output embedding matrix directly, which peft's trainable-token wrappers do not support. The
         # initial rows are distinct random draws, so the adapters still learn to tell them apart.
 
-    checkpoints = checkpoint_dir(output_dir)
+    from farmkit.methods import checkpoints as C
+
+    checkpoints = C.checkpoint_folder(str(output_dir), config)
     had_checkpoints = checkpoints.exists()
     quiet = log.getEffectiveLevel() > logging.INFO
     from farmkit.methods import tracking
@@ -366,7 +365,12 @@ def train_sft(
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[*(callbacks or []), step_logging_callback(config.logging_steps)],
+        callbacks=[
+            *(callbacks or []),
+            step_logging_callback(config.logging_steps),
+            C.checkpoint_rule(config),
+            C.finite_guard(),
+        ],
     )
     accelerator = trainer.accelerator
     try:
@@ -377,16 +381,7 @@ def train_sft(
         raise
     if quiet:
         trainer.remove_callback(PrinterCallback)
-    resume_from = None
-    if config.resume:
-        from farmkit.methods.checkpoints import newest_trainer_checkpoint
-
-        found = newest_trainer_checkpoint(checkpoints)
-        if found:
-            resume_from = str(found)
-            log.info("resuming from %s", resume_from)
-        else:
-            log.warning("no checkpoint in %s: starting from the beginning", checkpoints)
+    resume_from = C.trainer_checkpoint(checkpoints, config, accelerator.is_main_process)
     # the Trainer prints its loss logs on stdout, which belongs to records (farm-expiter streams there)
     with contextlib.redirect_stdout(sys.stderr):
         result = trainer.train(resume_from_checkpoint=resume_from)

@@ -1,0 +1,292 @@
+"""farmkit.methods.checkpoints: the one checkpoint rule of every trainer (a checkpoint is complete once
+its state.json is written last; --resume takes the newest complete one, removes the incomplete ones,
+and with none starts from the beginning and says so), checked by SIGKILLing each trainer at a seeded
+random moment of its saves; and the guard that stops a diverging run before it saves anything."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from policy_fixtures import keyword_reward_model, prompt_records, write_jsonl
+
+from farmkit.methods import checkpoints as C
+
+DEMOS = [
+    {"instruction": "Name the colour of a clear daytime sky.", "output": "Blue."},
+    {"instruction": "What is three plus four?", "output": "Seven."},
+    {"instruction": "Name a colour.", "output": "Red."},
+    {"instruction": "Say hello.", "output": "Hello."},
+]
+PREFS = [
+    {
+        "instruction": demo["instruction"],
+        "output_1": demo["output"],
+        "output_2": "No.",
+        "preference": 1,
+    }
+    for demo in DEMOS
+]
+ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_removes_the_incomplete(tmp_path, caplog):
+    """A kill during the save of checkpoint-3 leaves it without state.json beside a complete
+    checkpoint-2 (farm-dpo took checkpoint-3 and failed)."""
+    for step, complete in ((2, True), (3, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        if complete:
+            C.mark_complete(folder, {"step": step})
+    with caplog.at_level(logging.INFO, logger="farmkit"):
+        found = C.resume_from(tmp_path, resume=True)
+    assert found == tmp_path / "checkpoint-2"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-2"]
+    assert f"resuming from {found} (step 2)" in caplog.text
+
+
+def test_resume_without_a_complete_checkpoint_starts_from_the_beginning(tmp_path, caplog):
+    (tmp_path / "step-000001" / C.TRAINER_STATE).mkdir(parents=True)  # killed before state.json
+    with caplog.at_level(logging.INFO, logger="farmkit"):
+        assert C.resume_from(tmp_path, resume=True) is None
+        assert C.resume_from(tmp_path / "never-made", resume=True) is None
+    assert not (tmp_path / "step-000001").exists()
+    assert f"no complete checkpoint in {tmp_path}: starting from the beginning" in caplog.text
+
+
+def test_resume_keeps_the_older_policy_folders_of_an_on_policy_run(tmp_path):
+    """farm-ppo's older step-N folders lose their resume state, not their policy: resume must not
+    take them for checkpoints a kill left half-written."""
+    for step in (1, 2, 3):
+        (tmp_path / f"step-00000{step}" / C.TRAINER_STATE).mkdir(parents=True)
+        (tmp_path / f"step-00000{step}" / "model.safetensors").write_text("")
+    C.mark_complete(tmp_path / "step-000001", {"step": 1})
+    C.mark_complete(tmp_path / "step-000002", {"step": 2})
+    C.remove_older(tmp_path, tmp_path / "step-000002", keep_policies=True)
+    (tmp_path / ".step-000004.partial").mkdir()  # killed while writing step 4's policy folder
+    assert C.resume_from(tmp_path, resume=True) == tmp_path / "step-000002"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["step-000001", "step-000002"]
+    assert (tmp_path / "step-000001" / "model.safetensors").is_file()
+
+
+def test_a_newer_checkpoint_replaces_the_older_only_once_complete(tmp_path):
+    older, newer = tmp_path / "step-000001", tmp_path / "step-000002"
+    for folder in (older, newer):
+        (folder / C.TRAINER_STATE).mkdir(parents=True)
+    C.mark_complete(older, {"step": 1})
+    assert C.latest_checkpoint(tmp_path) == older  # step 2 is still being written
+    C.mark_complete(newer, {"step": 2})
+    C.remove_older(tmp_path, newer, keep_policies=True)
+    assert C.latest_checkpoint(tmp_path) == newer
+    assert older.is_dir() and not (older / C.TRAINER_STATE).exists()  # the policy folder stays
+
+
+def test_the_guard_names_the_step_of_a_non_finite_loss_or_weight():
+    import torch
+
+    from farmkit.core.io import FarmError
+
+    C.check_finite(3, torch.tensor(0.5), torch.nn.Linear(2, 2))
+    with pytest.raises(
+        FarmError, match=r"^step 3: the loss is not finite \(nan\); nothing was saved"
+    ):
+        C.check_finite(3, float("nan"))
+    layer = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        layer.weight[0, 0] = float("inf")
+    with pytest.raises(FarmError, match=r"^step 4: a weight is not finite; nothing was saved"):
+        C.check_finite(4, 0.1, layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every trainer from its command line, on the tiny model: 3 steps, a checkpoint after each
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model_path, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("inputs")
+    return {
+        "model": tiny_model_path,
+        "rm": keyword_reward_model(tiny_model_path, folder / "rm"),
+        "demos": write_jsonl(folder / "demos.jsonl", DEMOS),
+        "prefs": write_jsonl(folder / "prefs.jsonl", PREFS),
+        "prompts": write_jsonl(folder / "prompts.jsonl", prompt_records(8)),
+    }
+
+
+def command(trainer: str, inputs: dict[str, Path], output: Path, *extra: str) -> list[str]:
+    """The trainer's command line for 3 steps (rounds for farm-quark and farm-expiter), a checkpoint
+    after each but the last."""
+    model, rm = str(inputs["model"]), str(inputs["rm"])
+    steps = {
+        "farm-sft": [model, str(inputs["demos"]), "--max-steps", "3", "--batch-size", "2"],
+        "farm-dpo": [model, str(inputs["prefs"]), "--max-steps", "3", "--batch-size", "2"],
+        "farm-rm-train": [model, str(inputs["prefs"]), "--max-steps", "3", "--batch-size", "2"],
+        "farm-quark": [
+            *(model, rm, str(inputs["prompts"])),
+            *("--rounds", "3", "--prompts-per-round", "4", "--num-samples", "2"),
+            *("--num-quantiles", "2", "--max-new-tokens", "3"),
+        ],
+        "farm-expiter": [
+            *(model, rm, str(inputs["prompts"])),
+            *("--rounds", "3", "-n", "2", "--max-new-tokens", "3"),
+            *("--max-steps", "1", "--batch-size", "2"),
+        ],
+        **{
+            group: [
+                *(model, rm, str(inputs["prompts"])),
+                *("--steps", "3", "--rollout-batch-size", "4", "--num-samples", "2"),
+                *("--minibatch-size", "4", "--micro-batch-size", "4", "--max-new-tokens", "3"),
+            ]
+            for group in ("farm-rloo", "farm-grpo")
+        },
+        "farm-ppo": [
+            *(model, rm, str(inputs["prompts"])),
+            *("--steps", "3", "--rollout-batch-size", "4", "--minibatch-size", "4"),
+            *("--micro-batch-size", "4", "--max-new-tokens", "3"),
+        ],
+    }[trainer]
+    # farm-expiter's rounds are its checkpoints: every one but the last
+    saves = [] if trainer == "farm-expiter" else ["--save-steps", "1"]
+    tool = str(Path(sys.executable).parent / trainer)
+    return [tool, *steps, "-o", str(output), *saves, "--seed", "0", "--device", "cpu", *extra]
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=600
+    )
+
+
+def kill_at_file(argv: list[str], checkpoints: Path, k: int, after_complete: bool) -> int:
+    """Start the trainer and SIGKILL it once the k-th file (counting every file ever seen) has
+    appeared under `checkpoints`, counting from the moment the first checkpoint is complete
+    (after_complete) or from the start; its exit status (-9 when killed)."""
+    process = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ENV}
+    )
+    seen: set[Path] = set()
+    counting = not after_complete
+    while process.poll() is None:
+        if not counting and C.latest_checkpoint(checkpoints) is not None:
+            counting = True
+            seen = {path for path in checkpoints.rglob("*") if not path.is_dir()}
+            k += len(seen)
+        if counting and checkpoints.is_dir():
+            seen.update(path for path in checkpoints.rglob("*") if not path.is_dir())
+        if counting and len(seen) >= k:
+            os.kill(process.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    return process.wait()
+
+
+def finite_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    weights = {}
+    for file in folder.glob("*.safetensors"):
+        weights.update(load_file(file))
+    assert weights, f"no weights in {folder}"
+    import torch
+
+    assert all(torch.isfinite(tensor).all() for tensor in weights.values())
+    return weights
+
+
+TRAINERS = ["farm-sft", "farm-dpo", "farm-rm-train", "farm-quark", "farm-expiter", "farm-ppo"]
+# farm-rloo and farm-grpo share farm-ppo's loop and checkpoints (farmkit.methods.onpolicy): the
+# default lane kills farm-ppo, the slow lane all three
+ON_POLICY = ["farm-rloo", "farm-grpo"]
+KEEPS_POLICIES = {"farm-ppo", *ON_POLICY}
+DETERMINISTIC = {
+    *ON_POLICY,
+    "farm-rm-train",
+    "farm-quark",
+    "farm-expiter",
+    "farm-ppo",
+}  # resumed weights equal an uninterrupted run's, bit for bit
+
+
+def killed_and_resumed(
+    trainer: str, inputs: dict[str, Path], tmp_path: Path, seed: int, after_complete: bool
+) -> None:
+    """Kill the trainer at a seeded random moment: from the first complete checkpoint to the middle
+    of the next save (after_complete), or during the first save; rerun it with --resume."""
+    output = tmp_path / "out"
+    checkpoints = Path(f"{output}-checkpoints")
+    argv = command(trainer, inputs, output)
+    k = random.Random(f"{trainer} {seed}").randint(0 if after_complete else 1, 3)
+    status = kill_at_file(argv, checkpoints, k, after_complete)
+    assert status == -signal.SIGKILL, f"{trainer} ended before file {k}"
+    assert not output.exists()
+    complete = C.latest_checkpoint(checkpoints)
+    assert complete is not None or not after_complete
+    resumed = run([*argv, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    if complete is None:
+        assert (
+            f"no complete checkpoint in {checkpoints}: starting from the beginning"
+            in resumed.stderr
+        )
+    else:
+        step = C.step_of(complete)
+        assert f"resuming from {complete} (step {step})" in resumed.stderr, resumed.stderr[-3000:]
+    # removed with the finished run, but for the on-policy trainers' step-N policy folders
+    assert checkpoints.exists() == (trainer in KEEPS_POLICIES)
+    weights = finite_weights(output)
+    if trainer in DETERMINISTIC:
+        whole = tmp_path / "whole"
+        assert run(command(trainer, inputs, whole)).returncode == 0
+        expected = finite_weights(whole)
+        assert all((weights[name] == expected[name]).all() for name in expected)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_kill_during_a_save_resumes_from_a_complete_checkpoint(trainer, inputs, tmp_path):
+    killed_and_resumed(trainer, inputs, tmp_path, seed=0, after_complete=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("trainer", TRAINERS + ON_POLICY)
+def test_kills_at_more_moments_of_the_saves(trainer, seed, inputs, tmp_path):
+    killed_and_resumed(trainer, inputs, tmp_path, seed, after_complete=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", TRAINERS + ON_POLICY)
+def test_a_kill_during_the_first_save_starts_over(trainer, inputs, tmp_path):
+    killed_and_resumed(trainer, inputs, tmp_path, seed=0, after_complete=False)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_diverging_run_stops_naming_the_step_and_saves_nothing(trainer, inputs, tmp_path):
+    """A finite but absurd learning rate: the weights overflow within a few steps."""
+    import importlib
+
+    from click.testing import CliRunner
+
+    cli = importlib.import_module(f"farmkit.tools.{trainer.replace('-', '_')}").cli
+    output = tmp_path / "out"
+    args = command(trainer, inputs, output, "--learning-rate", "1e30")[1:]
+    done = CliRunner().invoke(cli, args)
+    assert done.exit_code == 1, done.output[-3000:]
+    message = str(done.exception)  # the error handler's line on stderr, exit 1, no traceback
+    # farm-expiter names the round (its checkpoints' unit) before the step of the round's SFT
+    found = re.match(r"(round (\d+): )?step (\d+): (the loss|a weight) is not finite", message)
+    assert found and "nothing was saved: lower --learning-rate" in message, done.output[-3000:]
+    assert not output.exists()
+    # a checkpoint written before the divergence holds finite weights; none from its step on
+    complete = C.latest_checkpoint(Path(f"{output}-checkpoints"))
+    assert complete is None or C.step_of(complete) < int(found.group(2) or found.group(3))
