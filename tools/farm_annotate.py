@@ -9,6 +9,8 @@ import click
 import orjson
 
 from farmkit.cli import (
+    FiniteFloat,
+    WholeNumber,
     common_options,
     entry_point,
     input_argument,
@@ -73,17 +75,17 @@ from farmkit.core.io import RecordWriter, records_stdout
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     help="The most requests in flight at once, fewer while the endpoint is slow (pool default: 16).",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloat(min=0.1),
     help="Seconds before a request is abandoned and retried (pool default: 60).",
 )
 @click.option(
     "--max-retries",
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     help="Retries of a failed request (pool default: 6).",
 )
 @shared_option("device")  # of the local and reward-model judges

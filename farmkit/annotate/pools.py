@@ -152,6 +152,8 @@ def load_pool(name_or_path: str) -> Pool:
     """A shipped pool by name, or a pool YAML file."""
     import yaml
 
+    from farmkit.core.yamltext import safe_yaml
+
     shipped = _folder().joinpath(f"{name_or_path}.yaml")
     if shipped.is_file():
         text, source, base = shipped.read_text(encoding="utf-8"), f"pools/{name_or_path}.yaml", None
@@ -166,7 +168,7 @@ def load_pool(name_or_path: str) -> Pool:
             )
         text, source, base = path.read_text(encoding="utf-8"), str(path), path.parent
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml(text)
     except yaml.YAMLError as exc:
         raise FarmError(f"{source}: not valid YAML ({exc})") from None
     return pool_from_dict(data, source, base)

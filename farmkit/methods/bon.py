@@ -33,6 +33,7 @@ class BestOfNConfig(ModelArgs):
     backend: str = "hf"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.ns = tuple(sorted(set(self.ns)))
         if not self.ns or self.ns[0] < 1:
             raise ValueError("every n must be at least 1")
