@@ -37,6 +37,7 @@ from typing import Any
 import click
 
 from farmkit import __version__
+from farmkit.annotate.pools import FLIP_RATE
 from farmkit.core.allocator import keep_freed_memory
 from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
 from farmkit.core.seeds import stable_hash
@@ -298,7 +299,7 @@ SHARED: dict[str, Shared] = {
     "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),
     "gold_size": Shared(("--gold-size",), _shared_number("gold_size"), 32),
     # the annotator of farm-annotate and of farm-online-dpo's rounds (judge_options)
-    "flip_rate": Shared(("--flip-rate",), _shared_number("flip_rate")),
+    "flip_rate": Shared(("--flip-rate",), number_type(FLIP_RATE)),  # a pool file's range
     "both_orders": Shared(("--both-orders",), click.BOOL, False, own_help=True, flag=True),
     "judge_models": Shared(("--model",), click.STRING, (), metavar="[TIER=]NAME", multiple=True),
     "cache": Shared(("--cache",), click.Path(dir_okay=False)),

@@ -110,7 +110,6 @@ SHARED_NUMBERS = {
     "lora_rank": Number(int, AT_LEAST_ONE),
     "lora_alpha": Number(int, AT_LEAST_ONE),
     "gold_size": Number(int, AT_LEAST_ONE),
-    "flip_rate": Number(float, Bounds(0, 0.5)),
     "max_cost": Number(float, POSITIVE),
 }
 
