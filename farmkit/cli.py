@@ -14,11 +14,15 @@ A tool module looks like:
 
     main = entry_point(cli)
 
-The CLI dialect: an option that several tools have is declared once, in SHARED below (name, type,
-help; its default too, unless the default is the method's own, as --epochs), and every tool builds
-it from there, by hand (`shared_option`, the bundles) or from a method config
+The CLI dialect: an option that several tools have is declared once, in SHARED below (name, type
+and range, help; its default too, unless the default is the method's own, as --epochs), and every
+tool builds it from there, by hand (`shared_option`, the bundles) or from a method config
 (`config_options`). Renamed options keep their old name for one release as a hidden alias that
 warns on stderr. tests/test_cli_dialect.py checks every tool against SHARED.
+
+Numbers: every numeric option is a FiniteFloat or a WholeNumber (farmkit.core.values' one check:
+finite, whole for a count, in its range), declared with it in SHARED, in a config field's metadata
+or in the tool; a --config file's values are converted by the same types.
 """
 
 from __future__ import annotations
