@@ -589,6 +589,10 @@ def load_yaml(path: str, config_class: type) -> dict[str, Any]:
             raise click.BadParameter(
                 f"{path}: {name} must be true or false, not {value!r}", param_hint="--config"
             )
+        if isinstance(value, list | dict):  # every option takes one value; YAML may give many
+            raise click.BadParameter(
+                f"{path}: {name}: expected one value, not {value!r}", param_hint="--config"
+            )
         if value is not None and kind is not bool:
             param = params.get(name)
             param_type = param.type if param is not None else field_type(fields[name])

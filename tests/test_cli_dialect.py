@@ -689,3 +689,25 @@ def test_method_config_fields_take_the_shared_range():
         for field in dataclasses.fields(config_class):
             if concept(field) in SHARED_NUMBERS:
                 assert number(field) == SHARED_NUMBERS[concept(field)], field.name
+
+
+@pytest.mark.parametrize("tool", ["farm-dpo", "farm-ppo", "farm-sft"])
+def test_a_config_key_takes_one_value_not_a_list_or_a_mapping(tool, tmp_path):
+    """A text or file option's key given a list was taken as its text ("[1]") or crashed with a
+    TypeError (a path): now a usage error naming the file and the key, as for numbers."""
+    cmd = command(tool)
+    yaml_file = tmp_path / "config.yaml"
+    arguments = [param for param in cmd.params if isinstance(param, click.Argument)]
+    heads = ["x" for param in arguments if param.required] + ["-o", str(tmp_path / "out")]
+    keys = [
+        option.name
+        for option in options(cmd)
+        if option.name in config_fields() and not option.is_flag and not option.is_bool_flag
+    ]
+    assert {"template", "learning_rate"} <= set(keys)  # text and numbers alike
+    for name in keys:
+        for value in ("[1]", "{a: 1}"):
+            yaml_file.write_text(f"{name}: {value}\n")
+            result = CliRunner().invoke(cmd, [*heads, "--config", str(yaml_file)])
+            assert result.exit_code == 2, (name, value, result.output)
+            assert f"{yaml_file}: {name}: expected one value, not " in result.output
