@@ -125,3 +125,19 @@ def test_meta_json_never_holds_nan(tmp_path):
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["metrics"] == [{"eval_accuracy": None, "loss": None}]
     assert finite_json((1.0, -math.inf, {"x": [math.nan]})) == [1.0, None, {"x": [None]}]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"temperature": math.nan}, "temperature: nan is not a finite number >= 0"),
+        ({"top_p": 0}, r"top_p: 0 is not a finite number in \(0, 1\]"),
+        ({"n": 1.5}, "n: 1.5 is not a whole number >= 1"),
+        ({"max_new_tokens": math.inf}, "max_new_tokens: inf is not a whole number >= 1"),
+    ],
+)
+def test_decoding_settings_built_in_python_are_checked_as_their_options(settings, message):
+    from farmkit.lm.generation import DecodingConfig
+
+    with pytest.raises(ValueError, match=message):
+        DecodingConfig(**settings)

@@ -25,6 +25,7 @@ from farmkit.core.values import (
     Bounds,
     Number,
 )
+from farmkit.lm.generation import DECODING_NUMBERS
 from farmkit.lm.models import TEMPLATES
 
 # ---------------------------------------------------------------------------------------------
@@ -94,11 +95,11 @@ SHARED_HELP = {
 # alike (farmkit.core.values).
 SHARED_NUMBERS = {
     "seed": Number(int),
-    "num_samples": Number(int, AT_LEAST_ONE),
-    "temperature": Number(float, NON_NEGATIVE),
-    "top_p": Number(float, Bounds(0, 1, min_open=True)),
-    "max_new_tokens": Number(int, AT_LEAST_ONE),
-    "generation_batch_size": Number(int, AT_LEAST_ONE),
+    "num_samples": DECODING_NUMBERS["n"],
+    "temperature": DECODING_NUMBERS["temperature"],
+    "top_p": DECODING_NUMBERS["top_p"],
+    "max_new_tokens": DECODING_NUMBERS["max_new_tokens"],
+    "generation_batch_size": DECODING_NUMBERS["batch_size"],
     "reward_batch_size": Number(int, AT_LEAST_ONE),
     "epochs": Number(int, AT_LEAST_ONE),
     "max_steps": Number(int, Bounds(min=-1)),
