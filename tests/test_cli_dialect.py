@@ -681,6 +681,15 @@ def test_a_config_built_in_python_is_checked_like_its_options(config_class, valu
         config_class(**values)
 
 
+def test_best_of_n_settings_are_checked_too():
+    from farmkit.methods.bon import BestOfNConfig
+
+    with pytest.raises(ValueError, match="--score-batch-size: 0 is not a whole number >= 1"):
+        BestOfNConfig(score_batch_size=0)
+    with pytest.raises(ValueError, match="--temperature: nan is not a finite number"):
+        BestOfNConfig(temperature=float("nan"))
+
+
 def test_method_config_fields_take_the_shared_range():
     """A field of a shared concept has SHARED's range, so its option and its field check alike."""
     from farmkit.methods.config import SHARED_NUMBERS, concept, number
