@@ -14,11 +14,15 @@ A tool module looks like:
 
     main = entry_point(cli)
 
-The CLI dialect: an option that several tools have is declared once, in SHARED below (name, type,
-help; its default too, unless the default is the method's own, as --epochs), and every tool builds
-it from there, by hand (`shared_option`, the bundles) or from a method config
+The CLI dialect: an option that several tools have is declared once, in SHARED below (name, type
+and range, help; its default too, unless the default is the method's own, as --epochs), and every
+tool builds it from there, by hand (`shared_option`, the bundles) or from a method config
 (`config_options`). Renamed options keep their old name for one release as a hidden alias that
 warns on stderr. tests/test_cli_dialect.py checks every tool against SHARED.
+
+Numbers: every numeric option is a FiniteFloat or a WholeNumber (farmkit.core.values' one check:
+finite, whole for a count, in its range), declared with it in SHARED, in a config field's metadata
+or in the tool; a --config file's values are converted by the same types.
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from typing import Any
 import click
 
 from farmkit import __version__
+from farmkit.annotate.pools import FLIP_RATE
 from farmkit.core.allocator import keep_freed_memory
 from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
 from farmkit.core.seeds import stable_hash
+from farmkit.core.values import Bounds, Number, check_number
 from farmkit.lm.models import TEMPLATES
 from farmkit.methods import config as method_config
-from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP
+from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP, SHARED_NUMBERS
 
 log = logging.getLogger("farmkit")
 
@@ -136,6 +142,52 @@ class Shared:
     multiple: bool = False  # repeatable: the value is a tuple
 
 
+class _Checked:
+    """What FiniteFloat and WholeNumber share: farmkit.core.values' check, with click's range
+    text in --help ("x>0") and none for an unbounded number."""
+
+    kind: type
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.min, self.max, self.min_open, self.max_open)  # type: ignore[attr-defined]
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        try:
+            return check_number(value, self.kind, self.bounds)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)  # type: ignore[attr-defined]
+
+    def _describe_range(self) -> str:
+        if self.min is None and self.max is None:  # type: ignore[attr-defined]
+            return ""
+        return super()._describe_range()  # type: ignore[misc]
+
+
+class FiniteFloat(_Checked, click.FloatRange):
+    """A float option: finite (nan and inf are refused), inside its range."""
+
+    name = "float"
+    kind = float
+
+
+class WholeNumber(_Checked, click.IntRange):
+    """An int option: a whole number (1.5 is refused, not cut to 1), inside its range."""
+
+    name = "integer"
+    kind = int
+
+
+def number_type(declared: Number) -> click.ParamType:
+    """The click type of a numeric declaration (farmkit.core.values.Number)."""
+    bounds = dataclasses.asdict(declared.bounds)
+    return FiniteFloat(**bounds) if declared.kind is float else WholeNumber(**bounds)
+
+
+def _shared_number(name: str) -> click.ParamType:
+    return number_type(SHARED_NUMBERS[name])
+
+
 class SampleCounts(click.ParamType):
     """A number of samples per prompt, or a sweep: `16` or `1,4,16,64` (a tuple of ints >= 1)."""
 
@@ -145,7 +197,9 @@ class SampleCounts(click.ParamType):
         if isinstance(value, tuple):
             return value
         try:
-            counts = tuple(int(part) for part in str(value).split(",") if part.strip())
+            counts = tuple(
+                int(check_number(part, int)) for part in str(value).split(",") if part.strip()
+            )
         except ValueError:
             self.fail(
                 f"{value!r}: expected a number or a comma-separated list such as 1,4,16,64",
@@ -185,37 +239,43 @@ SHARED: dict[str, Shared] = {
     # model
     "template": Shared(("--template",), click.Choice(TEMPLATES), "auto"),
     "device": Shared(("--device",), DEVICE, "auto"),
-    "seed": Shared(("--seed",), click.INT, 0),
+    "seed": Shared(("--seed",), _shared_number("seed"), 0),
     # sampling: farm-sample writes them all, farm-bon and farm-expiter keep the best
     "num_samples": Shared(
         ("-n", "--num-samples"),
-        click.IntRange(min=1),
+        _shared_number("num_samples"),
         own_default=True,
         own_help=True,
         other_types=(SAMPLE_COUNTS,),
         aliases=("--samples-per-prompt",),
     ),
     # decoding
-    "temperature": Shared(("--temperature",), click.FloatRange(min=0), 1.0, own_default=True),
-    "top_p": Shared(("--top-p",), click.FloatRange(0, 1, min_open=True), 1.0),
+    "temperature": Shared(("--temperature",), _shared_number("temperature"), 1.0, own_default=True),
+    "top_p": Shared(("--top-p",), _shared_number("top_p"), 1.0),
     "max_new_tokens": Shared(
-        ("--max-new-tokens",), click.IntRange(min=1), 300, aliases=("--max-response-tokens",)
+        ("--max-new-tokens",),
+        _shared_number("max_new_tokens"),
+        300,
+        aliases=("--max-response-tokens",),
     ),
     "generation_batch_size": Shared(
-        ("--generation-batch-size",), click.IntRange(min=1), 16, own_default=True
+        ("--generation-batch-size",),
+        _shared_number("generation_batch_size"),
+        16,
+        own_default=True,
     ),
-    "reward_batch_size": Shared(("--reward-batch-size",), click.IntRange(min=1), 16),
+    "reward_batch_size": Shared(("--reward-batch-size",), _shared_number("reward_batch_size"), 16),
     # training
-    "epochs": Shared(("--epochs",), click.FLOAT, own_default=True),
-    "max_steps": Shared(("--max-steps",), click.INT, -1),
-    "learning_rate": Shared(("--learning-rate",), click.FLOAT, own_default=True),
+    "epochs": Shared(("--epochs",), _shared_number("epochs"), own_default=True),
+    "max_steps": Shared(("--max-steps",), _shared_number("max_steps"), -1),
+    "learning_rate": Shared(
+        ("--learning-rate",), _shared_number("learning_rate"), own_default=True
+    ),
     "gradient_accumulation_steps": Shared(
-        ("--gradient-accumulation-steps",), click.IntRange(min=1), 1
+        ("--gradient-accumulation-steps",), _shared_number("gradient_accumulation_steps"), 1
     ),
-    "warmup_ratio": Shared(
-        ("--warmup-ratio",), click.FloatRange(0, 1, max_open=True), own_default=True
-    ),
-    "weight_decay": Shared(("--weight-decay",), click.FloatRange(min=0), 0.0),
+    "warmup_ratio": Shared(("--warmup-ratio",), _shared_number("warmup_ratio"), own_default=True),
+    "weight_decay": Shared(("--weight-decay",), _shared_number("weight_decay"), 0.0),
     # transformers' names (TrainingArguments.lr_scheduler_type, save_steps); a method may restrict
     # the scheduler to the ones it implements (a click.Choice)
     "lr_scheduler_type": Shared(
@@ -227,28 +287,28 @@ SHARED: dict[str, Shared] = {
     ),
     "save_steps": Shared(
         ("--save-steps",),
-        click.IntRange(min=0),
+        _shared_number("save_steps"),
         own_default=True,
         own_help=True,
         aliases=("--checkpoint-every",),
     ),
     "resume": Shared(("--resume/--no-resume",), click.BOOL, False, own_help=True),
     "lora": Shared(("--lora/--no-lora",), click.BOOL, False),
-    "lora_rank": Shared(("--lora-rank",), click.IntRange(min=1), 16, aliases=("--lora-r",)),
-    "lora_alpha": Shared(("--lora-alpha",), click.IntRange(min=1), 32),
+    "lora_rank": Shared(("--lora-rank",), _shared_number("lora_rank"), 16, aliases=("--lora-r",)),
+    "lora_alpha": Shared(("--lora-alpha",), _shared_number("lora_alpha"), 32),
     "report_to": Shared(("--report-to",), click.Choice(REPORT_TO), "none"),
     "rollout_backend": Shared(("--rollout-backend",), click.Choice(ROLLOUT_BACKENDS), "auto"),
     # the gold judge of every policy method (farmkit.methods.gold)
     "gold": Shared(("--gold",), click.STRING, metavar="POOL_OR_RM"),
     "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),
-    "gold_size": Shared(("--gold-size",), click.IntRange(min=1), 32),
+    "gold_size": Shared(("--gold-size",), _shared_number("gold_size"), 32),
     # the annotator of farm-annotate and of farm-online-dpo's rounds (judge_options)
-    "flip_rate": Shared(("--flip-rate",), click.FloatRange(0, 0.5)),
+    "flip_rate": Shared(("--flip-rate",), number_type(FLIP_RATE)),  # a pool file's range
     "both_orders": Shared(("--both-orders",), click.BOOL, False, own_help=True, flag=True),
     "judge_models": Shared(("--model",), click.STRING, (), metavar="[TIER=]NAME", multiple=True),
     "cache": Shared(("--cache",), click.Path(dir_okay=False)),
     "no_cache": Shared(("--no-cache",), click.BOOL, False, flag=True),
-    "max_cost": Shared(("--max-cost",), click.FloatRange(min=0), metavar="USD", own_help=True),
+    "max_cost": Shared(("--max-cost",), _shared_number("max_cost"), metavar="USD", own_help=True),
     "prices": Shared(("--prices",), click.Path(exists=True, dir_okay=False)),
 }
 
@@ -422,8 +482,6 @@ output_dir_option = model_dir_option("output")
 # ---------------------------------------------------------------------------------------------
 # Method configs (farmkit.methods.config) as options: defaults < --config FILE.yaml < flags.
 
-_SCALARS = {int: click.INT, float: click.FLOAT, str: click.STRING}
-
 
 def _config_option(field: dataclasses.Field) -> Callable:
     default = field.default if field.default is not dataclasses.MISSING else None
@@ -442,22 +500,29 @@ def _config_option(field: dataclasses.Field) -> Callable:
             more_help=field.metadata.get("more_help", ""),
             param_type=click.Choice(choices) if choices and spec.type is click.STRING else None,
         )
-    kind = method_config._scalar_type(field.type)
     help_text = field.metadata.get("help", "")
     name = field.name.replace("_", "-")
-    if kind is bool:
+    if method_config._scalar_type(field.type) is bool:
         return click.option(
             f"--{name}/--no-{name}", field.name, default=default, show_default=True, help=help_text
         )
-    choices = field.metadata.get("choices")
     return click.option(
         method_config.option_name(field.name),
         field.name,
-        type=click.Choice(choices) if choices else _SCALARS[kind],
+        type=field_type(field),
         default=default,
         show_default=True,
         help=help_text,
     )
+
+
+def field_type(field: dataclasses.Field) -> click.ParamType:
+    """The click type of a config field that is not a flag: its choices, its number, or text."""
+    choices = field.metadata.get("choices")
+    if choices:
+        return click.Choice(choices)
+    declared = method_config.number(field)
+    return number_type(declared) if declared is not None else click.STRING
 
 
 def config_options(
@@ -524,13 +589,13 @@ def load_yaml(path: str, config_class: type) -> dict[str, Any]:
             raise click.BadParameter(
                 f"{path}: {name} must be true or false, not {value!r}", param_hint="--config"
             )
+        if isinstance(value, list | dict):  # every option takes one value; YAML may give many
+            raise click.BadParameter(
+                f"{path}: {name}: expected one value, not {value!r}", param_hint="--config"
+            )
         if value is not None and kind is not bool:
             param = params.get(name)
-            if param is not None:
-                param_type = param.type
-            else:
-                choices = fields[name].metadata.get("choices")
-                param_type = click.Choice(choices) if choices else _SCALARS[kind]
+            param_type = param.type if param is not None else field_type(fields[name])
             try:
                 value = param_type.convert(value, None, None)
             except click.BadParameter as exc:

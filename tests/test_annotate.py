@@ -530,3 +530,26 @@ def test_outputs_without_a_generator_take_the_file_name(tmp_path, caplog):
     ]
     named = read_items([str(samples)], generators=["sft10k"])
     assert named[0].record["generator_1"] == "sft10k"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"flip_rate": float("nan")}, "flip_rate: nan is not a finite number in [0, 0.5]"),
+        ({"flip_rate": "many"}, "flip_rate: 'many' is not a finite number"),
+        ({"settings": {"timeout": float("nan")}}, "settings: timeout: nan is not a finite number"),
+        ({"settings": {"concurrency": 1.5}}, "settings: concurrency: 1.5 is not a whole number"),
+        ({"judge": {"weight": float("inf")}}, "judge 1: weight: inf is not a finite number > 0"),
+        ({"judge": {"temperature": [1]}}, "judge 1: temperature: [1] is not a finite number"),
+        ({"judge": {"batch_size": 17}}, "judge 1: batch_size: 17 is not a whole number in [1, 16]"),
+    ],
+)
+def test_a_pool_files_numbers_are_checked_like_the_flags_that_override_them(change, message):
+    from farmkit.annotate.pools import pool_from_dict
+    from farmkit.core.io import FarmError
+
+    judge = {"name": "g", "backend": "oracle", "reward": "heuristic", **change.pop("judge", {})}
+    data = {"name": "p", "judges": [judge], **change}
+    with pytest.raises(FarmError) as refused:
+        pool_from_dict(data, "my_pool.yaml")
+    assert str(refused.value).startswith(f"my_pool.yaml: {message}")

@@ -4,6 +4,7 @@ warn on stderr, and click stays out of the method configs."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import click
 import pytest
 import tomllib
+from click.testing import CliRunner
 from conftest import ROOT, run_tool
 
 from farmkit import cli as farm_cli
@@ -560,3 +562,161 @@ def test_report_to_tensorboard_writes_event_files_offline(
     assert list(runs.rglob("events.out.tfevents.*")), sorted(runs.rglob("*"))
     assert loss_tag in _scalar_tags(runs)
     assert not list(output.rglob("events.out.tfevents.*"))  # the model folder stays a model folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers: every numeric option of every command goes through farmkit.core.values' one check.
+
+BAD_FLOATS = ("nan", "inf", "-inf", "1e999")
+
+
+def numeric_options(cmd: click.Command) -> list[click.Option]:
+    return [
+        option
+        for option in options(cmd)
+        if isinstance(option.type, click.types._NumberParamTypeBase | farm_cli.SampleCounts)
+    ]
+
+
+def test_every_numeric_option_is_checked_where_it_is_declared():
+    """A float option is a FiniteFloat, an int option a WholeNumber (or a sweep of them): click's
+    own FLOAT, INT and ranges let nan, inf or 1.5 through, so a new option declared with them (or
+    with a bare numeric default, from which click infers FLOAT) fails here."""
+    loose = [
+        f"{tool} {option.opts}: {option.type!r}"
+        for tool, cmd in commands()
+        for option in numeric_options(cmd)
+        if not isinstance(option.type, farm_cli.FiniteFloat | farm_cli.WholeNumber)
+        and not isinstance(option.type, farm_cli.SampleCounts)
+    ]
+    assert loose == []
+    assert sum(len(numeric_options(cmd)) for _, cmd in commands()) > 150  # the walk finds them
+
+
+@pytest.mark.parametrize("tool", sorted(SCRIPTS))
+def test_every_numeric_option_refuses_non_finite_and_fractional_values(tool):
+    """Each float option refuses nan and infinities, each int option 1.5: exit 2, naming the flag
+    and what it takes, before the tool does anything (its arguments are not even given)."""
+    runner = CliRunner()
+    for name, cmd in commands():
+        if name.split()[0] != tool:
+            continue
+        for option in numeric_options(cmd):
+            floats = isinstance(option.type, click.types.FloatParamType)
+            for value in BAD_FLOATS if floats else ("1.5", "nan"):
+                result = runner.invoke(cmd, [option.opts[-1], value])
+                assert result.exit_code == 2, (name, option.opts, value, result.output)
+                error = result.output.split("Error: ", 1)[1]
+                assert error.startswith("Invalid value for ") and f"'{option.opts[-1]}'" in error
+                assert f"{value!r}" in error
+
+
+def config_commands() -> list[tuple[str, click.Command]]:
+    return [
+        (name, cmd)
+        for name, cmd in commands()
+        if any(param.name == "config_file" for param in cmd.params)
+    ]
+
+
+def config_fields() -> set[str]:
+    from farmkit.methods.group import GRPOConfig, RLOOConfig
+    from farmkit.methods.online_dpo import OnlineDPOConfig
+
+    configs = (SFTConfig, RewardConfig, DPOConfig, PPOConfig, QuarkConfig, OnlineDPOConfig)
+    return {
+        field.name
+        for config_class in (*configs, RLOOConfig, GRPOConfig)
+        for field in dataclasses.fields(config_class)
+    }
+
+
+@pytest.mark.parametrize("tool", sorted(name for name, _ in config_commands()))
+def test_every_numeric_config_key_is_checked_like_its_option(tool, tmp_path):
+    """A --config file's numbers go through the same check as the flags: NaN, a list, a string
+    that is not a number and, for a count, 1.5 are usage errors naming the file and the key."""
+    cmd = command(tool)
+    yaml_file = tmp_path / "config.yaml"
+    runner = CliRunner()
+    arguments = [param for param in cmd.params if isinstance(param, click.Argument)]
+    heads = ["x" for param in arguments if param.required] + ["-o", str(tmp_path / "out")]
+    for option in numeric_options(cmd):
+        if option.name not in config_fields():  # farm-online-dpo's annotator: flags only
+            continue
+        floats = isinstance(option.type, click.types.FloatParamType)
+        for value in (".nan", "[1]", "many", ".inf" if floats else "1.5"):
+            yaml_file.write_text(f"{option.name}: {value}\n")
+            result = runner.invoke(cmd, [*heads, "--config", str(yaml_file)])
+            assert result.exit_code == 2, (option.name, value, result.output)
+            assert f"{yaml_file}: {option.name}: " in result.output, result.output
+
+
+def test_the_declared_range_is_in_help_and_in_the_error():
+    cmd = command("farm-dpo")
+    result = CliRunner().invoke(cmd, ["--beta", "0"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--beta': '0' is not a finite number > 0" in result.output
+    help_text = CliRunner().invoke(cmd, ["--help"], terminal_width=200).output
+    assert "--beta FLOAT " in help_text
+    assert "[default: 0.1; x>0]" in help_text.split("--beta FLOAT ", 1)[1].split("\n  -", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("config_class", "values", "message"),
+    [
+        (SFTConfig, {"learning_rate": float("inf")}, "--learning-rate: inf is not a finite"),
+        (DPOConfig, {"beta": float("nan")}, "--beta: nan is not a finite number > 0"),
+        (PPOConfig, {"kl_coef": float("nan")}, "--kl-coef: nan is not a finite number >= 0"),
+        (RewardConfig, {"epochs": 1.5}, "--epochs: 1.5 is not a whole number >= 1"),
+        (QuarkConfig, {"samples_per_prompt": True}, "--num-samples: True is not a whole"),
+        (
+            SFTConfig,
+            {"warmup_ratio": 1.0},
+            r"--warmup-ratio: 1.0 is not a finite number in \[0, 1\)",
+        ),
+    ],
+)
+def test_a_config_built_in_python_is_checked_like_its_options(config_class, values, message):
+    with pytest.raises(ValueError, match=message):
+        config_class(**values)
+
+
+def test_best_of_n_settings_are_checked_too():
+    from farmkit.methods.bon import BestOfNConfig
+
+    with pytest.raises(ValueError, match="--score-batch-size: 0 is not a whole number >= 1"):
+        BestOfNConfig(score_batch_size=0)
+    with pytest.raises(ValueError, match="--temperature: nan is not a finite number"):
+        BestOfNConfig(temperature=float("nan"))
+
+
+def test_method_config_fields_take_the_shared_range():
+    """A field of a shared concept has SHARED's range, so its option and its field check alike."""
+    from farmkit.methods.config import SHARED_NUMBERS, concept, number
+
+    for config_class in (SFTConfig, RewardConfig, DPOConfig, PPOConfig, QuarkConfig):
+        for field in dataclasses.fields(config_class):
+            if concept(field) in SHARED_NUMBERS:
+                assert number(field) == SHARED_NUMBERS[concept(field)], field.name
+
+
+@pytest.mark.parametrize("tool", ["farm-dpo", "farm-ppo", "farm-sft"])
+def test_a_config_key_takes_one_value_not_a_list_or_a_mapping(tool, tmp_path):
+    """A text or file option's key given a list was taken as its text ("[1]") or crashed with a
+    TypeError (a path): now a usage error naming the file and the key, as for numbers."""
+    cmd = command(tool)
+    yaml_file = tmp_path / "config.yaml"
+    arguments = [param for param in cmd.params if isinstance(param, click.Argument)]
+    heads = ["x" for param in arguments if param.required] + ["-o", str(tmp_path / "out")]
+    keys = [
+        option.name
+        for option in options(cmd)
+        if option.name in config_fields() and not option.is_flag and not option.is_bool_flag
+    ]
+    assert {"template", "learning_rate"} <= set(keys)  # text and numbers alike
+    for name in keys:
+        for value in ("[1]", "{a: 1}"):
+            yaml_file.write_text(f"{name}: {value}\n")
+            result = CliRunner().invoke(cmd, [*heads, "--config", str(yaml_file)])
+            assert result.exit_code == 2, (name, value, result.output)
+            assert f"{yaml_file}: {name}: expected one value, not " in result.output

@@ -235,3 +235,11 @@ def test_judge_learned_from_gpt4_beats_length_on_held_out_systems():
     assert judge["systems"] == 12
     assert judge["agreement"] > length["agreement"] + 0.01, (judge, length)
     assert np.isfinite(judge["agreement"])
+
+
+@pytest.mark.parametrize("l2", [float("nan"), float("inf"), -1.0])
+def test_a_learned_judges_ridge_penalty_is_a_finite_number(l2):
+    from farmkit.annotate.learned import JudgeConfig
+
+    with pytest.raises(ValueError, match="l2: .* is not a finite number >= 0"):
+        JudgeConfig(l2=l2)

@@ -403,9 +403,9 @@ def _train_until(model: Path, output: Path, stop_after: int) -> None:
 
 
 def test_config_rejects_nonsense():
-    with pytest.raises(ValueError, match="warmup_ratio"):
+    with pytest.raises(ValueError, match="warmup-ratio"):
         SFTConfig(warmup_ratio=1.5)
-    with pytest.raises(ValueError, match="max_steps"):
+    with pytest.raises(ValueError, match="--epochs: 0 is not a whole number >= 1"):
         SFTConfig(epochs=0)
 
 

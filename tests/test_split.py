@@ -206,3 +206,13 @@ def test_fractions_adding_up_to_one_leave_nothing_out(monkeypatch):
     monkeypatch.setattr(split_module, "position", lambda key, seed: 1 - 2**-53)
     result = assign(instructions(5), parse_sizes("a=0.7,b=0.2,c=0.1"), seed=3)
     assert result.assignment == ["c"] * 5
+
+
+@pytest.mark.parametrize("size", ["nan", "inf", "-inf", "1e999", "0", "-3", "many"])
+def test_a_size_that_is_not_a_positive_finite_number_is_a_usage_error(size):
+    result = CliRunner().invoke(cli, ["--sizes", f"train=0.5,val={size}"], input="")
+    assert result.exit_code == 2
+    assert (
+        f"Invalid value for '--sizes': size of 'val' is '{size}'; expected a positive count or "
+        "fraction" in result.output
+    )

@@ -8,11 +8,13 @@ import logging
 import click
 import orjson
 
+from farmkit.annotate.pools import SETTINGS
 from farmkit.cli import (
     common_options,
     entry_point,
     input_argument,
     judge_options,
+    number_type,
     on_error_option,
     output_option,
     reference_option,
@@ -73,17 +75,17 @@ from farmkit.core.io import RecordWriter, records_stdout
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=number_type(SETTINGS["concurrency"]),
     help="The most requests in flight at once, fewer while the endpoint is slow (pool default: 16).",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=number_type(SETTINGS["timeout"]),
     help="Seconds before a request is abandoned and retried (pool default: 60).",
 )
 @click.option(
     "--max-retries",
-    type=click.IntRange(min=0),
+    type=number_type(SETTINGS["max_retries"]),
     help="Retries of a failed request (pool default: 6).",
 )
 @shared_option("device")  # of the local and reward-model judges

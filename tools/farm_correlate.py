@@ -6,7 +6,15 @@ import itertools
 
 import click
 
-from farmkit.cli import AliasedOption, common_options, entry_point, log, provenance, stamp
+from farmkit.cli import (
+    AliasedOption,
+    WholeNumber,
+    common_options,
+    entry_point,
+    log,
+    provenance,
+    stamp,
+)
 from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
 from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
@@ -53,7 +61,7 @@ def _fields(ctx, param, value):
     "max_labels",
     cls=AliasedOption,
     aliases=("--labels",),  # farm-annotate's --labels is a FILE of verdicts
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     metavar="N",
     help="With --plot: label at most N points. Default: every point up to 25, else 15 (the highest and lowest on each axis, then the largest departures from the trend).",
 )
@@ -103,7 +111,7 @@ def _fields(ctx, param, value):
     "--min-length-difference",
     default=30,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     metavar="CHARS",
     help="p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).",
 )

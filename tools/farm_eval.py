@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from farmkit.cli import (
+    WholeNumber,
     common_options,
     entry_point,
     input_argument,
@@ -68,7 +69,7 @@ TOOL = "farm-eval"
 )
 @click.option(
     "--bootstrap",
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     default=1000,
     show_default=True,
     help="Resamples of the percentile interval of the raw win rate (ci_low, ci_high); 0: none.",

@@ -8,9 +8,11 @@ import logging
 import click
 
 from farmkit.cli import (
+    WholeNumber,
     common_options,
     decoding_options,
     entry_point,
+    field_type,
     input_argument,
     long_prompts_option,
     model_dir_option,
@@ -23,7 +25,7 @@ from farmkit.core.io import FarmError, display_name, read_numbered
 from farmkit.methods.sft import SFTConfig
 
 log = logging.getLogger("farmkit")
-HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fields(SFTConfig)}
+SFT_FIELDS = {field.name: field for field in dataclasses.fields(SFTConfig)}
 
 
 @click.command(name="farm-expiter")
@@ -36,7 +38,7 @@ HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fiel
     "--rounds",
     default=1,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     help="Rounds of best-of-n + SFT, each starting from the previous round's policy.",
 )
 @decoding_options(
@@ -47,11 +49,23 @@ HELP = {field.name: field.metadata.get("help", "") for field in dataclasses.fiel
 )
 @shared_option("rollout_backend")
 @shared_option("reward_batch_size")
-@shared_option("epochs", 1.0)
+@shared_option("epochs", 1)
 @shared_option("max_steps")
 @shared_option("learning_rate", 2e-5)
-@click.option("--batch-size", type=int, default=8, show_default=True, help=HELP["batch_size"])
-@click.option("--max-length", type=int, default=512, show_default=True, help=HELP["max_length"])
+@click.option(
+    "--batch-size",
+    type=field_type(SFT_FIELDS["batch_size"]),
+    default=8,
+    show_default=True,
+    help=SFT_FIELDS["batch_size"].metadata["help"],
+)
+@click.option(
+    "--max-length",
+    type=field_type(SFT_FIELDS["max_length"]),
+    default=512,
+    show_default=True,
+    help=SFT_FIELDS["max_length"].metadata["help"],
+)
 @shared_option("lora")
 @shared_option("lora_rank")
 @shared_option("lora_alpha")

@@ -8,6 +8,8 @@ import logging
 import click
 
 from farmkit.cli import (
+    FiniteFloat,
+    WholeNumber,
     common_options,
     entry_point,
     input_argument,
@@ -42,7 +44,7 @@ ALPACA_EVAL_LICENSE = "CC BY-NC 4.0"
 )
 @click.option(
     "--folds",
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     default=5,
     show_default=True,
     help="Validate holding systems out this many ways (k-fold over generator_2, never over rows); 0 or 1 skips validation.",
@@ -55,11 +57,11 @@ ALPACA_EVAL_LICENSE = "CC BY-NC 4.0"
     help="Hashed word 1-2-grams plus hand features, the hand features alone, or length alone (a baseline).",
 )
 @click.option(
-    "--l2", type=click.FloatRange(min=0), default=3e-6, show_default=True, help="Ridge penalty."
+    "--l2", type=FiniteFloat(min=0), default=3e-6, show_default=True, help="Ridge penalty."
 )
 @click.option(
     "--buckets",
-    type=click.IntRange(min=2),
+    type=WholeNumber(min=2),
     default=2**18,
     show_default=True,
     help="Hashed n-gram features (a power of two); weights.npz holds two bytes per bucket.",

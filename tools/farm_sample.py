@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from farmkit.cli import (
+    WholeNumber,
     common_options,
     config_hash,
     decoding_options,
@@ -67,7 +68,7 @@ TOOL = "farm-sample"
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=8,
     show_default=True,
     help="openai: requests in flight at once.",

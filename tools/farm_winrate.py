@@ -8,6 +8,8 @@ import click
 
 from farmkit.cli import (
     AliasedOption,
+    FiniteFloat,
+    WholeNumber,
     common_options,
     entry_point,
     log,
@@ -66,7 +68,7 @@ FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 )
 @click.option(
     "--bootstrap",
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     default=0,
     show_default=True,
     metavar="N",
@@ -74,7 +76,7 @@ FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 )
 @click.option(
     "--confidence",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=FiniteFloat(0, 1, min_open=True, max_open=True),
     default=0.95,
     show_default=True,
     help="Level of the bootstrap interval.",

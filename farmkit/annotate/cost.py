@@ -101,8 +101,10 @@ class PriceTable:
         if path:
             import yaml
 
+            from farmkit.core.yamltext import safe_yaml
+
             try:
-                loaded = yaml.safe_load(Path(path).read_text())
+                loaded = safe_yaml(Path(path).read_text())
             except (OSError, yaml.YAMLError) as exc:
                 raise FarmError(f"{path}: cannot read the price table ({exc})") from None
             if not isinstance(loaded, dict):

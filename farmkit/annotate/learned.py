@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from farmkit.core.values import NON_NEGATIVE, check_number
+
 KIND = "learned_judge"
 WEIGHTS_FILE = "weights.npz"
 _TOKEN = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
@@ -65,8 +67,10 @@ class JudgeConfig:
             raise ValueError("buckets must be a power of two")
         if self.ngrams < 1:
             raise ValueError("ngrams must be at least 1")
-        if self.l2 < 0:
-            raise ValueError("l2 must be >= 0")
+        try:
+            check_number(self.l2, float, NON_NEGATIVE)
+        except ValueError as exc:
+            raise ValueError(f"l2: {exc}") from None
         if self.features not in FEATURE_SETS:
             raise ValueError(f"features must be one of {', '.join(FEATURE_SETS)}")
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.io import FarmError
+from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Bounds, Number
 
 DEFAULT_SETTINGS = {
     "concurrency": 16,
@@ -34,6 +35,35 @@ DEFAULT_SETTINGS = {
     "backoff": 1.0,
     "parse_retries": 2,
 }
+# The kind and range of each number a pool file holds (farmkit.core.values): farm-annotate's flags
+# that override them (--flip-rate, --concurrency, --timeout, --max-retries) are declared with these.
+FLIP_RATE = Number(float, Bounds(0, 0.5))  # 0.5: every label a coin flip
+SETTINGS = {
+    "concurrency": Number(int, AT_LEAST_ONE),
+    "timeout": Number(float, Bounds(min=0.1)),
+    "connect_timeout": Number(float, Bounds(min=0.1)),
+    "max_retries": Number(int, NON_NEGATIVE),
+    "backoff": Number(float, NON_NEGATIVE),
+    "parse_retries": Number(int, NON_NEGATIVE),
+}
+JUDGE_NUMBERS = {
+    "weight": Number(float, POSITIVE),
+    "temperature": Number(float, NON_NEGATIVE),
+    "batch_size": Number(int, Bounds(1, 16)),
+    "examples": Number(int, NON_NEGATIVE),
+    "max_tokens": Number(int, AT_LEAST_ONE),
+    "top_logprobs": Number(int, NON_NEGATIVE),
+    "length_bias": Number(float),
+    "position_bias": Number(float),
+}
+
+
+def checked(declared: Number, value: Any, where: str) -> int | float:
+    """A pool file's number, or FarmError naming where it is and what it must be."""
+    try:
+        return declared.check(value)
+    except ValueError as exc:
+        raise FarmError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -152,6 +182,8 @@ def load_pool(name_or_path: str) -> Pool:
     """A shipped pool by name, or a pool YAML file."""
     import yaml
 
+    from farmkit.core.yamltext import safe_yaml
+
     shipped = _folder().joinpath(f"{name_or_path}.yaml")
     if shipped.is_file():
         text, source, base = shipped.read_text(encoding="utf-8"), f"pools/{name_or_path}.yaml", None
@@ -166,7 +198,7 @@ def load_pool(name_or_path: str) -> Pool:
             )
         text, source, base = path.read_text(encoding="utf-8"), str(path), path.parent
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml(text)
     except yaml.YAMLError as exc:
         raise FarmError(f"{source}: not valid YAML ({exc})") from None
     return pool_from_dict(data, source, base)
@@ -230,6 +262,8 @@ def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
                 f"{source}: judge {number}: unknown key(s) {', '.join(bad)}; expected some of {', '.join(sorted(judge_fields))}"
             )
         entry = dict(entry)
+        for key in set(entry) & set(JUDGE_NUMBERS):
+            entry[key] = checked(JUDGE_NUMBERS[key], entry[key], f"{source}: judge {number}: {key}")
         entry.setdefault("name", f"judge{number}")
         if entry.get("path") and base is not None and not Path(entry["path"]).is_absolute():
             entry["path"] = str(base / entry["path"])
@@ -244,9 +278,7 @@ def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
     names = [judge.name for judge in judges]
     if len(set(names)) != len(names):
         raise FarmError(f"{source}: judge names must be unique")
-    flip_rate = float(data.get("flip_rate", 0.0))
-    if not 0 <= flip_rate <= 0.5:
-        raise FarmError(f"{source}: flip_rate must be in [0, 0.5] (0.5: every label a coin flip)")
+    flip_rate = checked(FLIP_RATE, data.get("flip_rate", 0.0), f"{source}: flip_rate")
     settings = dict(DEFAULT_SETTINGS)
     settings.update(data.get("settings") or {})
     unknown_settings = sorted(set(settings) - set(DEFAULT_SETTINGS))
@@ -254,6 +286,8 @@ def pool_from_dict(data: Any, source: str, base: Path | None = None) -> Pool:
         raise FarmError(
             f"{source}: unknown setting(s) {', '.join(unknown_settings)}; expected {', '.join(DEFAULT_SETTINGS)}"
         )
+    for key, declared in SETTINGS.items():
+        settings[key] = checked(declared, settings[key], f"{source}: settings: {key}")
     return Pool(
         name=str(data.get("name") or Path(source).stem),
         description=str(data.get("description", "")),
@@ -277,10 +311,6 @@ def _check_judge(judge: Judge, source: str) -> None:
     problem = backend_class(judge.backend).check(judge)
     if problem:
         raise FarmError(f"{where}: {problem}")
-    if judge.weight <= 0 or judge.temperature < 0:
-        raise FarmError(f"{where}: weight must be > 0 and temperature >= 0")
-    if not 1 <= judge.batch_size <= 16:
-        raise FarmError(f"{where}: batch_size must be between 1 and 16")
     if judge.examples:
         from farmkit.annotate.prompts import worked_examples
 

@@ -69,14 +69,14 @@ class Example:
 @functools.cache
 def worked_examples() -> tuple[Example, ...]:
     """The shipped worked examples, in order; those a judge is shown are part of its cache key."""
-    import yaml
+    from farmkit.core.yamltext import safe_yaml
 
     text = (
         importlib.resources.files("farmkit.annotate")
         .joinpath("prompts", "examples.yaml")
         .read_text(encoding="utf-8")
     )
-    rows = yaml.safe_load(text)
+    rows = safe_yaml(text)
     examples = []
     for number, row in enumerate(rows, start=1):
         try:

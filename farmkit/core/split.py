@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farmkit.core.seeds import unit_interval
+from farmkit.core.values import POSITIVE, check_number
 
 DEFAULT_SIZES = {"sft": 10_000, "pref": 10_000, "unlabeled": 20_000, "val": 2_000}
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -69,15 +70,11 @@ def parse_sizes(text: str) -> Sizes:
                 f"{part.strip()!r} is not NAME=SIZE; expected e.g. sft=10000,pref=10000 or train=0.9,val=0.1"
             )
         try:
-            number = float(value)
+            number = check_number(value, float, POSITIVE)
         except ValueError:
             raise ValueError(
-                f"size of {name.strip()!r} is {value!r}; expected a count or a fraction"
-            ) from None
-        if number <= 0:
-            raise ValueError(
                 f"size of {name.strip()!r} is {value!r}; expected a positive count or fraction"
-            )
+            ) from None
         names.append(name.strip())
         values.append(number)
     if len(set(names)) != len(names):

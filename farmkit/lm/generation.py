@@ -14,6 +14,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
+from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds, Number
 
 log = logging.getLogger("farmkit")
 # Characters tokenized per token of room when a prompt may be too long: a window this wide almost
@@ -35,6 +36,17 @@ class Sample:
     finished: bool  # ended with the end-of-sequence token rather than at max_new_tokens
 
 
+# The decoding settings' kinds and ranges (farmkit.core.values); the shared options and config
+# fields of the same names take theirs from here (farmkit.methods.config.SHARED_NUMBERS).
+DECODING_NUMBERS = {
+    "n": Number(int, AT_LEAST_ONE),
+    "temperature": Number(float, NON_NEGATIVE),  # 0: greedy decoding
+    "top_p": Number(float, Bounds(0, 1, min_open=True)),
+    "max_new_tokens": Number(int, AT_LEAST_ONE),
+    "batch_size": Number(int, AT_LEAST_ONE),
+}
+
+
 @dataclass
 class DecodingConfig:
     n: int = 1
@@ -46,16 +58,11 @@ class DecodingConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError("n must be at least 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0 (0 is greedy decoding)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be at least 1")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        for name, declared in DECODING_NUMBERS.items():
+            try:
+                setattr(self, name, declared.check(getattr(self, name)))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
 
     def as_record_fields(self) -> dict[str, Any]:
         return {

@@ -176,11 +176,14 @@ def read_meta(model: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_meta(folder: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Write a model folder's meta.json whole (a reader never sees half of it)."""
+    """Write a model folder's meta.json whole (a reader never sees half of it), and valid JSON: a
+    NaN or infinite number in it (a metric) is written as null."""
     from farmkit.core.io import atomic_path
+    from farmkit.core.values import finite_json
 
+    text = json.dumps(finite_json(meta), indent=2, sort_keys=True, default=str, allow_nan=False)
     with atomic_path(Path(folder) / META_FILE) as tmp:
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(text + "\n")
 
 
 def package_versions() -> dict[str, str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.generation import DecodingConfig, Sample
 from farmkit.methods.config import ModelArgs
 
@@ -28,11 +29,12 @@ class BestOfNConfig(ModelArgs):
     top_p: float = 1.0
     max_new_tokens: int = 300
     batch_size: int = 16  # sequences per generation pass
-    score_batch_size: int = 16
+    score_batch_size: int = field(default=16, metadata={"bounds": AT_LEAST_ONE})
     # what samples: hf, vllm or auto (farmkit.methods.rollout_backends.resolve_backend); farm-expiter's --rollout-backend
     backend: str = "hf"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.ns = tuple(sorted(set(self.ns)))
         if not self.ns or self.ns[0] < 1:
             raise ValueError("every n must be at least 1")

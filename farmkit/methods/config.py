@@ -17,6 +17,15 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.values import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNBOUNDED,
+    Bounds,
+    Number,
+)
+from farmkit.lm.generation import DECODING_NUMBERS
 from farmkit.lm.models import TEMPLATES
 
 # ---------------------------------------------------------------------------------------------
@@ -81,15 +90,44 @@ SHARED_HELP = {
     "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
 }
 
+# The kind and range of every numeric concept several tools share: the options (farmkit.cli.SHARED)
+# and the config fields (shared_field) take them from here, so a flag and a --config key are checked
+# alike (farmkit.core.values).
+SHARED_NUMBERS = {
+    "seed": Number(int),
+    "num_samples": DECODING_NUMBERS["n"],
+    "temperature": DECODING_NUMBERS["temperature"],
+    "top_p": DECODING_NUMBERS["top_p"],
+    "max_new_tokens": DECODING_NUMBERS["max_new_tokens"],
+    "generation_batch_size": DECODING_NUMBERS["batch_size"],
+    "reward_batch_size": Number(int, AT_LEAST_ONE),
+    "epochs": Number(int, AT_LEAST_ONE),
+    "max_steps": Number(int, Bounds(min=-1)),
+    "learning_rate": Number(float, POSITIVE),
+    "gradient_accumulation_steps": Number(int, AT_LEAST_ONE),
+    "warmup_ratio": Number(float, Bounds(0, 1, max_open=True)),
+    "weight_decay": Number(float, NON_NEGATIVE),
+    "save_steps": Number(int, NON_NEGATIVE),
+    "lora_rank": Number(int, AT_LEAST_ONE),
+    "lora_alpha": Number(int, AT_LEAST_ONE),
+    "gold_size": Number(int, AT_LEAST_ONE),
+    "max_cost": Number(float, POSITIVE),
+}
+
 REPORT_TO = ("none", "tensorboard", "wandb")
 ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
 
 
 def help_field(
-    default: Any, help: str, choices: tuple[str, ...] | None = None, **extra: Any
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    bounds: Bounds = UNBOUNDED,
+    **extra: Any,
 ) -> Any:
-    """A dataclass field with its help text (and the allowed values, for a choice)."""
-    metadata: dict[str, Any] = {"help": help, **extra}
+    """A dataclass field with its help text, and the allowed values: a choice's, or a number's
+    range (its kind is the field's type; every number must be finite: check_fields)."""
+    metadata: dict[str, Any] = {"help": help, "bounds": bounds, **extra}
     if choices:
         metadata["choices"] = choices
     return dataclasses.field(default=default, metadata=metadata)
@@ -103,7 +141,8 @@ def shared_field(
     (QuarkConfig.samples_per_prompt is --num-samples): its option and --config key are the
     concept's, the old name a hidden alias."""
     help_text = f"{SHARED_HELP[name]} {more_help}" if more_help else SHARED_HELP[name]
-    return help_field(default, help_text, choices, shared=name, more_help=more_help)
+    bounds = SHARED_NUMBERS[name].bounds if name in SHARED_NUMBERS else UNBOUNDED
+    return help_field(default, help_text, choices, bounds, shared=name, more_help=more_help)
 
 
 def concept(field: dataclasses.Field) -> str:
@@ -111,12 +150,27 @@ def concept(field: dataclasses.Field) -> str:
     return field.metadata.get("shared", field.name)
 
 
-def require_positive(config: Any, *names: str) -> None:
-    """Raise ValueError naming the first of these integer fields (as its option) that is below 1."""
-    fields = field_values(type(config))
-    for name in names:
-        if getattr(config, name) < 1:
-            raise ValueError(f"{concept(fields[name]).replace('_', '-')} must be at least 1")
+def number(field: dataclasses.Field) -> Number | None:
+    """The kind and range of a numeric field (None for a text, a flag or a choice)."""
+    kind = _scalar_type(field.type)
+    if kind not in (int, float):
+        return None
+    return Number(kind, field.metadata.get("bounds", UNBOUNDED))
+
+
+def check_fields(config: Any) -> None:
+    """Check every numeric field of a config against its declaration (farmkit.core.values): the
+    config of a run built in Python is held to what its options and --config keys are. Fields set
+    to None (an optional number left out) are skipped. Raises ValueError naming the option."""
+    for field in dataclasses.fields(config):
+        declared = number(field)
+        value = getattr(config, field.name)
+        if declared is None or value is None:
+            continue
+        try:
+            setattr(config, field.name, declared.check(value))
+        except ValueError as exc:
+            raise ValueError(f"{option_name(concept(field))}: {exc}") from None
 
 
 def _scalar_type(annotation: Any) -> type:
@@ -134,6 +188,10 @@ class ModelArgs:
 
     template: str = shared_field("template", "auto", TEMPLATES)
     seed: int = shared_field("seed", 0)
+
+    def __post_init__(self) -> None:
+        # every method config is one of these: its numbers are checked before its own checks
+        check_fields(self)
 
 
 @dataclasses.dataclass
@@ -186,14 +244,16 @@ class RolloutConfig(ModelArgs):
         1e-5,
         "Epsilon of AdamW (AlpacaFarm: 1e-5, from OpenAI's PPO and Quark's code; torch's default "
         "is 1e-8).",
+        bounds=POSITIVE,
     )
     warmup_steps: int = help_field(
         0,
         "Steps (PPO) or rounds (Quark) over which the learning rate rises linearly from 0 "
         "(AlpacaFarm: 5).",
+        bounds=NON_NEGATIVE,
     )
     max_grad_norm: float = help_field(
-        1.0, "Gradient clipping: largest total gradient norm (AlpacaFarm: 1)."
+        1.0, "Gradient clipping: largest total gradient norm (AlpacaFarm: 1).", bounds=POSITIVE
     )
     # vllm: the policy's weights are pushed into the engine before each rollout
     rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
@@ -201,18 +261,14 @@ class RolloutConfig(ModelArgs):
         0.3,
         "With --rollout-backend vllm on a GPU: the share of the GPU's memory the colocated engine "
         "may take (weights and KV cache); training keeps the rest.",
+        bounds=Bounds(0, 1, min_open=True),
     )
 
     def __post_init__(self) -> None:
-        require_positive(self, "max_new_tokens", "reward_batch_size")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ValueError("vllm-gpu-memory-utilization must lie in (0, 1]")
-        if self.temperature <= 0:
+        super().__post_init__()
+        # the shared range of --temperature allows 0 (greedy decoding), which a trainer cannot use
+        if self.temperature == 0:
             raise ValueError("temperature must be positive")
-        if self.adam_eps <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("adam-eps and max-grad-norm must be positive")
-        if self.warmup_steps < 0:
-            raise ValueError("warmup-steps must be >= 0")
 
 
 @dataclasses.dataclass
@@ -223,20 +279,31 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
     its own way (prompts or responses) and sets its own KL coefficient."""
 
     steps: int = help_field(
-        100, "Steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
+        100,
+        "Steps: each samples one rollout batch and trains `ppo-epochs` passes over it.",
+        bounds=AT_LEAST_ONE,
     )
-    rollout_batch_size: int = help_field(64, "Rollouts sampled per step, over all processes.")
-    minibatch_size: int = help_field(16, "Rollouts per optimizer step, over all processes.")
+    rollout_batch_size: int = help_field(
+        64, "Rollouts sampled per step, over all processes.", bounds=AT_LEAST_ONE
+    )
+    minibatch_size: int = help_field(
+        16, "Rollouts per optimizer step, over all processes.", bounds=AT_LEAST_ONE
+    )
     micro_batch_size: int = help_field(
         4,
         "Rollouts per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
+        bounds=AT_LEAST_ONE,
     )
-    ppo_epochs: int = help_field(2, "Passes over each rollout batch.")
+    ppo_epochs: int = help_field(2, "Passes over each rollout batch.", bounds=AT_LEAST_ONE)
     learning_rate: float = help_field(
-        1e-5, "Peak learning rate (AdamW); decays linearly to 0 by the last step."
+        1e-5, "Peak learning rate (AdamW); decays linearly to 0 by the last step.", bounds=POSITIVE
     )
-    kl_coef: float = help_field(0.05, "Coefficient of the KL penalty to the SFT model.")
-    clip_range: float = help_field(0.2, "Clipping of the probability ratio: 1 +/- this.")
+    kl_coef: float = help_field(
+        0.05, "Coefficient of the KL penalty to the SFT model.", bounds=NON_NEGATIVE
+    )
+    clip_range: float = help_field(
+        0.2, "Clipping of the probability ratio: 1 +/- this.", bounds=POSITIVE
+    )
     checkpoint_every: int = shared_field(
         "save_steps",
         20,
@@ -263,30 +330,14 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "Truncated importance sampling of the rollout engine's mismatch (vllm): each token's loss "
         "weighted by min(pi_trainer / pi_engine, this) of the sampled token (RLOO: of the whole "
         "response). 0: off (TRL and verl cap at 2 when they turn it on).",
+        bounds=NON_NEGATIVE,
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.importance_sampling_cap < 0:
-            raise ValueError("importance-sampling-cap must be >= 0 (0: off)")
-        require_positive(
-            self,
-            "steps",
-            "rollout_batch_size",
-            "minibatch_size",
-            "micro_batch_size",
-            "ppo_epochs",
-            "lora_rank",
-        )
         self.check_rollout()
         if self.rollout_batch_size % self.minibatch_size:
             raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
-        if self.learning_rate <= 0:
-            raise ValueError("learning-rate must be positive")
-        if self.kl_coef < 0 or self.clip_range <= 0:
-            raise ValueError("kl-coef must be >= 0 and clip-range > 0")
-        if self.checkpoint_every < 0:
-            raise ValueError("save-steps must be >= 0")
 
     def check_rollout(self) -> None:
         """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""
@@ -306,8 +357,10 @@ def read_yaml(path: str | Path, config_class: type) -> tuple[dict[str, Any], lis
     not converted yet (farmkit.cli converts them as the options would)."""
     import yaml
 
+    from farmkit.core.yamltext import safe_yaml
+
     try:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        loaded = safe_yaml(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(loaded, dict):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.io import FarmError, atomic_path
+from farmkit.core.values import AT_LEAST_ONE, POSITIVE, Bounds, check_number
 from farmkit.evaluate.metrics import from_trainer_log, write_metrics
 from farmkit.methods.config import (
     GoldArgs,
@@ -55,6 +56,7 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     beta: float = help_field(
         0.1,
         "Strength of the implicit KL constraint to the SFT model (higher: stay closer). For ipo it is the regularization tau.",
+        bounds=POSITIVE,
     )
     loss_type: str = help_field(
         "sigmoid",
@@ -64,16 +66,20 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
         None, "Comma-separated weights, one per loss in --loss-type."
     )
     label_smoothing: float = help_field(
-        0.0, "Assumed label-flip rate for the robust loss (and epsilon of exo_pair)."
+        0.0,
+        "Assumed label-flip rate for the robust loss (and epsilon of exo_pair).",
+        bounds=Bounds(0, 0.5, max_open=True),
     )
-    epochs: float = shared_field("epochs", 2.0)  # AlpacaFarm: 2
+    epochs: int = shared_field("epochs", 2)  # AlpacaFarm: 2
     max_steps: int = shared_field("max_steps", -1)
     learning_rate: float = shared_field("learning_rate", 1e-6)  # AlpacaFarm: 1e-6, linear decay
-    batch_size: int = help_field(8, "Pairs per device per step.")
+    batch_size: int = help_field(8, "Pairs per device per step.", bounds=AT_LEAST_ONE)
     gradient_accumulation_steps: int = shared_field("gradient_accumulation_steps", 1)
     warmup_ratio: float = shared_field("warmup_ratio", 0.0)
     max_length: int = help_field(
-        1024, "Longest prompt + response in tokens; longer pairs are cut from the end."
+        1024,
+        "Longest prompt + response in tokens; longer pairs are cut from the end.",
+        bounds=AT_LEAST_ONE,
     )
     # DPO samples nothing: this bounds the answers the gold judge asks for (--gold)
     max_new_tokens: int = shared_field("max_new_tokens", 300)
@@ -95,6 +101,7 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         losses = self.losses
         unknown = [loss for loss in losses if loss not in LOSS_TYPES]
         if not losses or unknown:
@@ -103,27 +110,10 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
             )
         if self.weights is not None and len(self.weights) != len(losses):
             raise ValueError("--loss-weights needs one weight per loss in --loss-type")
-        if self.beta <= 0:
-            raise ValueError("beta must be positive")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ValueError("label-smoothing must lie in [0, 0.5)")
         if self.label_smoothing and not {"robust", "exo_pair"} & set(losses):
             raise ValueError("label-smoothing only applies to the robust and exo_pair losses")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError("warmup-ratio must lie in [0, 1)")
-        if (
-            self.epochs <= 0
-            or self.learning_rate <= 0
-            or self.batch_size < 1
-            or self.gradient_accumulation_steps < 1
-        ):
-            raise ValueError(
-                "epochs, learning-rate, batch-size and gradient-accumulation-steps must be positive"
-            )
-        if self.max_steps == 0 or self.max_steps < -1:
+        if self.max_steps == 0:
             raise ValueError("max-steps must be a positive number of steps, or -1")
-        if self.save_steps < 0:
-            raise ValueError("save-steps must be >= 0")
 
     @property
     def losses(self) -> list[str]:
@@ -134,10 +124,10 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
         if self.loss_weights is None:
             return None
         try:
-            return [float(weight) for weight in self.loss_weights.split(",")]
+            return [check_number(weight, float) for weight in self.loss_weights.split(",")]
         except ValueError:
             raise ValueError(
-                f"--loss-weights {self.loss_weights!r}: expected comma-separated numbers"
+                f"--loss-weights {self.loss_weights!r}: expected comma-separated finite numbers"
             ) from None
 
 

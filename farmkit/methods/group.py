@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from farmkit.core.io import FarmError
+from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE
 from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
@@ -77,6 +78,7 @@ class GroupConfig(OnPolicyConfig):
     rollout_batch_size: int = help_field(
         64,
         "Responses sampled per step, over all processes: rollout-batch-size / num-samples prompts, num-samples responses to each.",
+        bounds=AT_LEAST_ONE,
     )
     samples_per_prompt: int = shared_field(
         "num_samples",
@@ -84,14 +86,17 @@ class GroupConfig(OnPolicyConfig):
         more_help="k: the group whose scores give each other their baseline (at least 2).",
     )
     minibatch_size: int = help_field(
-        16, "Responses per optimizer step, over all processes (groups may be split)."
+        16,
+        "Responses per optimizer step, over all processes (groups may be split).",
+        bounds=AT_LEAST_ONE,
     )
     micro_batch_size: int = help_field(
         4,
         "Responses per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
+        bounds=AT_LEAST_ONE,
     )
-    ppo_epochs: int = help_field(2, PPO_EPOCHS_HELP)
-    kl_coef: float = help_field(0.05, KL_COEF_HELP)
+    ppo_epochs: int = help_field(2, PPO_EPOCHS_HELP, bounds=AT_LEAST_ONE)
+    kl_coef: float = help_field(0.05, KL_COEF_HELP, bounds=NON_NEGATIVE)
     kl_in: str = help_field("reward", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k1", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
 
@@ -168,7 +173,9 @@ class GRPOConfig(GroupConfig):
     tool: ClassVar[str] = "farm-grpo"
 
     preset: str | None = preset_field(GRPO_PRESETS)
-    kl_coef: float = help_field(0.04, KL_COEF_HELP + " GRPO's paper: 0.04; Dr.GRPO's: 0.")
+    kl_coef: float = help_field(
+        0.04, KL_COEF_HELP + " GRPO's paper: 0.04; Dr.GRPO's: 0.", bounds=NON_NEGATIVE
+    )
     kl_in: str = help_field("loss", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k3", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
     dr_grpo: bool = help_field(

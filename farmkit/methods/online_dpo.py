@@ -34,6 +34,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError, RecordWriter, atomic_path, read_records
 from farmkit.core.seeds import derive_seed, stable_hash
+from farmkit.core.values import AT_LEAST_ONE
 from farmkit.evaluate.metrics import metrics_row, write_metrics
 from farmkit.lm.models import META_FILE
 from farmkit.methods.config import ROLLOUT_BACKENDS, config_dict, help_field, shared_field
@@ -52,16 +53,20 @@ DEFAULT_POOL = "sim_ann_offline"
 @dataclass
 class OnlineDPOConfig(DPOConfig):
     rounds: int = help_field(
-        3, "Rounds of sample -> label -> train; a rerun with more rounds continues the run."
+        3,
+        "Rounds of sample -> label -> train; a rerun with more rounds continues the run.",
+        bounds=AT_LEAST_ONE,
     )
     prompts_per_round: int = help_field(
-        64, "Prompts sampled per round (two answers each: one pair to label per prompt)."
+        64,
+        "Prompts sampled per round (two answers each: one pair to label per prompt).",
+        bounds=AT_LEAST_ONE,
     )
     # sampling temperature of the two answers: above 0, or the two would mostly agree
     temperature: float = shared_field("temperature", 1.0)
     max_new_tokens: int = shared_field("max_new_tokens", 300)
     generation_batch_size: int = shared_field("generation_batch_size", 32)
-    epochs: float = shared_field("epochs", 1.0)  # passes over each round's pairs
+    epochs: int = shared_field("epochs", 1)  # passes over each round's pairs
     # each round samples the previous round's saved policy: a vLLM engine loads that folder
     rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
     fresh_optimizer_each_round: bool = help_field(
@@ -84,12 +89,10 @@ class OnlineDPOConfig(DPOConfig):
                 "save-steps and resume are not online DPO's: its rounds are the checkpoints, and "
                 "running the same command again resumes it"
             )
-        if self.rounds < 1 or self.prompts_per_round < 1:
-            raise ValueError("rounds and prompts-per-round must be at least 1")
         if self.temperature <= 0:
             raise ValueError("temperature must be positive: two greedy answers are the same answer")
-        if self.max_new_tokens < 1 or self.generation_batch_size < 2:
-            raise ValueError("max-new-tokens must be >= 1 and generation-batch-size >= 2")
+        if self.generation_batch_size < 2:
+            raise ValueError("generation-batch-size must be >= 2 (two answers to a prompt)")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.io import FarmError
+from farmkit.core.values import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE
 from farmkit.methods.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
@@ -75,19 +76,24 @@ PPO_PRESETS = {
 class PPOConfig(OnPolicyConfig):
     preset: str | None = preset_field(PPO_PRESETS)
     steps: int = help_field(
-        100, "PPO steps: each samples one rollout batch and trains `ppo-epochs` passes over it."
+        100,
+        "PPO steps: each samples one rollout batch and trains `ppo-epochs` passes over it.",
+        bounds=AT_LEAST_ONE,
     )
     rollout_batch_size: int = help_field(
-        64, "Prompts sampled per step, over all processes (AlpacaFarm: 512)."
+        64, "Prompts sampled per step, over all processes (AlpacaFarm: 512).", bounds=AT_LEAST_ONE
     )
     minibatch_size: int = help_field(
-        16, "Rollouts per optimizer step, over all processes (AlpacaFarm: 256)."
+        16,
+        "Rollouts per optimizer step, over all processes (AlpacaFarm: 256).",
+        bounds=AT_LEAST_ONE,
     )
     # of the policy and the value model; decays linearly to 0 by the last step
     learning_rate: float = shared_field("learning_rate", 1e-5)
     kl_coef: float = help_field(
         0.0067,
         "Fixed coefficient of the per-token KL penalty to the SFT model (AlpacaFarm: 0.002-0.0067 with simulated preferences, 0.02 with human ones, at temperature 1).",
+        bounds=NON_NEGATIVE,
     )
     kl_estimator: str = help_field(
         "k1",
@@ -103,24 +109,21 @@ class PPOConfig(OnPolicyConfig):
         "Head of the value model, whose body is the reward model: 'reward' reuses the reward model's scoring head (values start at its scores); 'zero' starts a zero head (AlpacaFarm).",
         VALUE_HEADS,
     )
-    gamma: float = help_field(1.0, "Discount of GAE (AlpacaFarm: 1).")
-    lam: float = help_field(1.0, "Lambda of GAE (AlpacaFarm: 1).")
-    clip_range: float = help_field(0.2, "PPO clipping of the probability ratio: 1 +/- this.")
-    value_clip_range: float = help_field(
-        0.2, "Clipping of the value prediction around its rollout value."
+    gamma: float = help_field(1.0, "Discount of GAE (AlpacaFarm: 1).", bounds=FRACTION)
+    lam: float = help_field(1.0, "Lambda of GAE (AlpacaFarm: 1).", bounds=FRACTION)
+    clip_range: float = help_field(
+        0.2, "PPO clipping of the probability ratio: 1 +/- this.", bounds=POSITIVE
     )
-    value_loss_coef: float = help_field(0.1, "Weight of the value loss in the total loss.")
+    value_clip_range: float = help_field(
+        0.2, "Clipping of the value prediction around its rollout value.", bounds=POSITIVE
+    )
+    value_loss_coef: float = help_field(
+        0.1, "Weight of the value loss in the total loss.", bounds=NON_NEGATIVE
+    )
     offload_frozen: bool = help_field(
         False,
         "Keep the frozen reference and reward models in CPU memory and copy each layer's weights to the GPU only while it runs (accelerate's cpu_offload): they then take about one layer of GPU memory each, at the price of copying their weights in every forward pass (see docs/scaling.md).",
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.value_clip_range <= 0:
-            raise ValueError("value-clip-range must be > 0")
-        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError("gamma and lam must lie in [0, 1]")
 
 
 class PPOMethod(OnPolicyMethod):

@@ -25,6 +25,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
+from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
 from farmkit.evaluate.metrics import metrics_row, write_metrics
 from farmkit.methods.config import (
     GoldArgs,
@@ -34,7 +35,6 @@ from farmkit.methods.config import (
     config_dict,
     help_field,
     preset_field,
-    require_positive,
     shared_field,
 )
 
@@ -83,15 +83,20 @@ def quantile_token(quantile: int) -> str:
 class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     preset: str | None = preset_field(QUARK_PRESETS)
     rounds: int = help_field(
-        4, "Rounds of sample, score, rank, train; the rollout pool is reset every round."
+        4,
+        "Rounds of sample, score, rank, train; the rollout pool is reset every round.",
+        bounds=AT_LEAST_ONE,
     )
     prompts_per_round: int = help_field(
-        64, "Prompts sampled per round, over all processes (AlpacaFarm: 512, one sample each)."
+        64,
+        "Prompts sampled per round, over all processes (AlpacaFarm: 512, one sample each).",
+        bounds=AT_LEAST_ONE,
     )
     samples_per_prompt: int = shared_field("num_samples", 4, more_help="Sampled every round.")
     num_quantiles: int = help_field(
         5,
         "Reward quantiles the responses of a round are ranked into (the Quark paper's 5; AlpacaFarm: 4, its num_reward_tokens default).",
+        bounds=Bounds(min=2),
     )
     keep: str = help_field(
         "top",
@@ -104,11 +109,14 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
         CONTROL,
     )
     epochs_per_round: int = help_field(
-        2, "Passes over a round's kept responses (when steps-per-round is 0)."
+        2,
+        "Passes over a round's kept responses (when steps-per-round is 0).",
+        bounds=AT_LEAST_ONE,
     )
     steps_per_round: int = help_field(
         0,
         "Optimizer steps per round, each on batch-size kept responses drawn in a shuffled cycle (AlpacaFarm: 1 step of 256); 0: epochs-per-round passes instead.",
+        bounds=NON_NEGATIVE,
     )
     learning_rate: float = shared_field("learning_rate", 1e-5)
     lr_schedule: str = shared_field(
@@ -117,9 +125,13 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
         LR_SCHEDULES,
         more_help="Over the rounds: 'linear' decays it to 0 by the end, after warmup-steps rounds of warm-up (AlpacaFarm); 'constant' keeps it.",
     )
-    batch_size: int = help_field(8, "Responses per optimizer step, over all processes.")
+    batch_size: int = help_field(
+        8, "Responses per optimizer step, over all processes.", bounds=AT_LEAST_ONE
+    )
     kl_coef: float = help_field(
-        0.05, "Weight of the per-token KL(policy || SFT) penalty (AlpacaFarm's script: 0.05)."
+        0.05,
+        "Weight of the per-token KL(policy || SFT) penalty (AlpacaFarm's script: 0.05).",
+        bounds=NON_NEGATIVE,
     )
     generation_batch_size: int = shared_field("generation_batch_size", 16)
     device: str = shared_field("device", "auto")
@@ -142,27 +154,10 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive(
-            self,
-            "rounds",
-            "prompts_per_round",
-            "samples_per_prompt",
-            "epochs_per_round",
-            "batch_size",
-            "generation_batch_size",
-            "lora_rank",
-            "lora_alpha",
-        )
-        if self.num_quantiles < 2:
-            raise ValueError("num-quantiles must be at least 2")
         if self.prompts_per_round * self.samples_per_prompt < self.num_quantiles:
             raise ValueError(
                 "a round needs at least one response per quantile: raise prompts-per-round or num-samples"
             )
-        if self.learning_rate <= 0 or self.kl_coef < 0 or self.steps_per_round < 0:
-            raise ValueError("learning-rate must be positive, kl-coef and steps-per-round >= 0")
-        if self.save_steps < 0:
-            raise ValueError("save-steps must be >= 0")
         if self.control_token == "none" and self.keep == "all":
             raise ValueError(
                 "--keep all trains each quantile behind its own control token: it needs --control-token condition"

@@ -21,6 +21,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
+from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
 from farmkit.evaluate.metrics import MetricsWriter
 from farmkit.lm.models import PromptFormat, read_meta, resolve, response_end
 from farmkit.methods import tracking
@@ -37,20 +38,25 @@ class RewardConfig(ModelArgs, TrackingArgs):
     eval_fraction: float = help_field(
         0.1,
         "Share of prompts held out to report pairwise accuracy (every pair of a held-out prompt goes with it).",
+        bounds=Bounds(0, 1, max_open=True),
     )
     ties: str = help_field(
         "drop",
         "Ties (preference 1.5): drop them, or train on them with target 0.5.",
         choices=("drop", "half"),
     )
-    epochs: float = shared_field("epochs", 1.0)
+    epochs: int = shared_field("epochs", 1)
     max_steps: int = shared_field("max_steps", -1)
     learning_rate: float = shared_field("learning_rate", 1e-5)  # linear warmup, linear decay to 0
     batch_size: int = help_field(
-        8, "Pairs per optimizer step per process (each pair is two sequences)."
+        8,
+        "Pairs per optimizer step per process (each pair is two sequences).",
+        bounds=AT_LEAST_ONE,
     )
     max_length: int = help_field(
-        512, "Tokens per text; a longer text loses its beginning, never the response end."
+        512,
+        "Tokens per text; a longer text loses its beginning, never the response end.",
+        bounds=Bounds(min=8),
     )
     warmup_ratio: float = shared_field("warmup_ratio", 0.03)
     weight_decay: float = shared_field("weight_decay", 0.0)
@@ -60,8 +66,11 @@ class RewardConfig(ModelArgs, TrackingArgs):
     train_layers: int = help_field(
         -1,
         "Train only the head and the top K transformer blocks (0: the head alone; -1: every weight).",
+        bounds=Bounds(min=-1),
     )
-    eval_every: int = help_field(0, "Held-out evaluation every K steps (0: at the end only).")
+    eval_every: int = help_field(
+        0, "Held-out evaluation every K steps (0: at the end only).", bounds=NON_NEGATIVE
+    )
     save_steps: int = shared_field(
         "save_steps",
         0,
@@ -76,27 +85,12 @@ class RewardConfig(ModelArgs, TrackingArgs):
     device: str = shared_field("device", "auto")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.eval_fraction < 1:
-            raise ValueError("eval_fraction must be in [0, 1)")
+        super().__post_init__()
         if self.ties not in ("drop", "half"):
             raise ValueError("ties must be 'drop' or 'half'")
-        if self.epochs <= 0 and self.max_steps <= 0:
-            raise ValueError("give epochs > 0 or max_steps > 0")
         if self.lora and self.train_layers >= 0:
             raise ValueError(
                 "--lora and --train-layers are two ways of training fewer weights; pick one"
-            )
-        if self.learning_rate <= 0 or self.batch_size < 1 or self.max_length < 8:
-            raise ValueError("learning_rate must be > 0, batch_size >= 1 and max_length >= 8")
-        if (
-            self.train_layers < -1
-            or self.eval_every < 0
-            or self.save_steps < 0
-            or self.lora_rank < 1
-            or not 0 <= self.warmup_ratio < 1
-        ):
-            raise ValueError(
-                "train_layers must be >= -1, eval_every and save-steps >= 0, lora-rank >= 1 and warmup_ratio in [0, 1)"
             )
 
 

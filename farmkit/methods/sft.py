@@ -23,8 +23,9 @@ from typing import Any
 from farmkit.core import distributed
 from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
+from farmkit.core.values import AT_LEAST_ONE, Bounds
 from farmkit.evaluate.metrics import METRICS_FILE, from_trainer_log, write_metrics
-from farmkit.methods.config import ModelArgs, TrackingArgs, shared_field
+from farmkit.methods.config import ModelArgs, TrackingArgs, help_field, shared_field
 
 log = logging.getLogger("farmkit")
 
@@ -37,10 +38,10 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 class SFTConfig(ModelArgs, TrackingArgs):
     """Every setting of an SFT run; farm-sft's options carry the same help text."""
 
-    epochs: float = shared_field("epochs", 3.0)  # AlpacaFarm's SFT: 3
+    epochs: int = shared_field("epochs", 3)  # AlpacaFarm's SFT: 3
     max_steps: int = shared_field("max_steps", -1)
     learning_rate: float = shared_field("learning_rate", 2e-5)  # AlpacaFarm's SFT: 2e-5
-    batch_size: int = field(default=8, metadata={"help": "Sequences per device per forward pass."})
+    batch_size: int = help_field(8, "Sequences per device per forward pass.", bounds=AT_LEAST_ONE)
     gradient_accumulation_steps: int = shared_field("gradient_accumulation_steps", 1)
     warmup_ratio: float = shared_field("warmup_ratio", 0.03)
     lr_scheduler: str = shared_field(
@@ -49,17 +50,16 @@ class SFTConfig(ModelArgs, TrackingArgs):
         more_help="A transformers scheduler name: cosine, linear, constant...",
     )
     weight_decay: float = shared_field("weight_decay", 0.0)
-    max_length: int = field(
-        default=512,
-        metadata={
-            "help": "Longest training sequence in tokens (prompt + response); longer ones are cut at the end."
-        },
+    max_length: int = help_field(
+        512,
+        "Longest training sequence in tokens (prompt + response); longer ones are cut at the end.",
+        bounds=Bounds(min=8),
     )
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
-    lora_dropout: float = field(
-        default=0.05, metadata={"help": "Dropout on the LoRA adapter's input."}
+    lora_dropout: float = help_field(
+        0.05, "Dropout on the LoRA adapter's input.", bounds=Bounds(0, 1, max_open=True)
     )
     save_steps: int = shared_field(
         "save_steps",
@@ -72,11 +72,10 @@ class SFTConfig(ModelArgs, TrackingArgs):
         more_help="From the newest complete checkpoint in DIR-checkpoints/; "
         "with none (killed before its first save), the run starts from the beginning.",
     )
-    logging_steps: int = field(
-        default=10,
-        metadata={
-            "help": "Log the training loss every this many steps (a short run more often: at least every steps/10, and the last step)."
-        },
+    logging_steps: int = help_field(
+        10,
+        "Log the training loss every this many steps (a short run more often: at least every steps/10, and the last step).",
+        bounds=AT_LEAST_ONE,
     )
     device: str = shared_field("device", "auto")
     deepspeed: str | None = field(
@@ -87,22 +86,9 @@ class SFTConfig(ModelArgs, TrackingArgs):
     )
 
     def __post_init__(self) -> None:
-        if self.epochs <= 0 and self.max_steps <= 0:
-            raise ValueError("give a positive epochs or max_steps")
-        if self.learning_rate <= 0:
-            raise ValueError("learning_rate must be positive")
-        if self.batch_size < 1 or self.gradient_accumulation_steps < 1:
-            raise ValueError("batch_size and gradient_accumulation_steps must be at least 1")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError("warmup_ratio must be in [0, 1)")
-        if self.max_length < 8:
-            raise ValueError("max_length must be at least 8 tokens")
+        super().__post_init__()
         if self.template not in ("auto", "chat", "alpaca"):
             raise ValueError("template must be auto, chat or alpaca")
-        if self.save_steps < 0:
-            raise ValueError("save_steps must be >= 0")
-        if self.lora and self.lora_rank < 1:
-            raise ValueError("lora-rank must be at least 1")
 
 
 # ---------------------------------------------------------------------------------------------
