@@ -412,7 +412,12 @@ def test_config_rejects_nonsense():
 def test_options_carry_the_config_help_and_read_a_yaml_file(tmp_path, monkeypatch):
     from dataclasses import fields
 
-    help_text = " ".join(CliRunner().invoke(sft_cli, ["--help"]).output.split())
+    # wide enough that no help text wraps (a wrap may break a hyphenated word such as DIR-checkpoints)
+    help_text = " ".join(
+        CliRunner()
+        .invoke(sft_cli, ["--help"], terminal_width=10_000, max_content_width=10_000)
+        .output.split()
+    )
     for item in fields(SFTConfig):
         assert " ".join(item.metadata["help"].split()) in help_text, item.name
     config = tmp_path / "sft.yaml"
