@@ -88,12 +88,10 @@ class Run:
                     f"--max-cost cannot hold: no price is known for {', '.join(unpriced)}; give one with "
                     "--prices FILE (MODEL: {prompt: USD per 1M tokens, completion: USD per 1M tokens})"
                 )
+        # whether any pair reaches the endpoint depends on the seed's draws (noise, ties, the judge
+        # drawn) and on the cache: a missing endpoint is the pool's fault, said for any input
+        require_endpoint(self.pool)
         plan = self.annotator.plan(items)
-        if plan.requests and any(
-            backend_class(self.pool.judges[r[0].judge].backend).needs_endpoint
-            for r in plan.requests
-        ):
-            require_endpoint(self.pool)
         if self.max_cost is not None:
             expected = self.annotator.estimate(items, plan)["price"]
             if expected > self.max_cost:
