@@ -425,3 +425,69 @@ def test_a_board_goes_to_a_file_as_csv(tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0].startswith("rank,generator,length_controlled_win_rate,")
     assert len(lines) == 5 and any(",mine," in line and "farm-eval" in line for line in lines)
+
+
+def test_labels_that_miss_most_pairs_are_an_error_not_a_row(tmp_path):
+    """Verdicts for 1 of 6 pairs made a row (win rate on n_total 1) with stderr saying the replies
+    could not be parsed and that a rerun would ask again: the run now stops, saying why."""
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference[:1], model[:1], [2.0]))
+    args = [
+        _jsonl(tmp_path / "m.jsonl", model),
+        "--reference",
+        _jsonl(tmp_path / "r.jsonl", reference),
+    ]
+    args += ["--labels", labels, "--no-cache", "--bootstrap", "0"]
+    done = run_tool("farm-eval", *args)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and done.stdout == b"", stderr
+    assert stderr.splitlines()[-1] == (
+        f"farm-eval: error: mine: 5 of 6 pairs have no verdict (no label for this pair in {labels}: "
+        "5); a win rate on the other 1 would not stand for the model. Give verdicts that cover its "
+        "outputs, or --min-verdicts 0.17 to accept it (now 0.9)"
+    )
+    assert (
+        f"farm-annotate: 5 of 6 pair(s) have no verdict (preference null): no label for this pair in {labels}"
+        in stderr
+    )
+    assert "could not be parsed" not in stderr and "rerun" not in stderr
+    accepted = run_tool("farm-eval", *args, "--min-verdicts", "0.1")
+    assert accepted.returncode == 0, accepted.stderr.decode()
+    [row] = _rows(accepted.stdout)
+    assert row["n_total"] == 1 and row["win_rate"] == 100.0
+
+
+def test_the_sampling_options_reach_farm_sample(tmp_path, tiny_model_path, monkeypatch):
+    """--device, --template and the decoding options are farm-sample's own (the same bundles),
+    passed through to the sampling of a model folder (a spy stands in for farm-sample)."""
+    from farmkit.tools import farm_sample
+    from farmkit.tools.farm_eval import main as eval_main
+
+    reference = _outputs("ref", "moon")[:2]
+    seen: list[list[str]] = []
+
+    def spy(args, standalone_mode):
+        seen.append(args)
+        answers = [{**record, "output": "tides", "generator": "spy"} for record in reference]
+        _jsonl(tmp_path / args[args.index("-o") + 1], answers)
+
+    monkeypatch.setattr(farm_sample.cli, "main", spy)
+    argv = [str(tiny_model_path), "--reference", _jsonl(tmp_path / "ref.jsonl", reference)]
+    argv += ["--pool", "gold", "--no-cache", "--bootstrap", "0", "--device", "cpu"]
+    argv += ["--template", "alpaca", "--temperature", "0", "--top-p", "0.9"]
+    argv += ["--max-new-tokens", "7", "--generation-batch-size", "3", "-q"]
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(argv)
+    assert exit_info.value.code == 0
+    [args] = seen
+    assert args[:4] == [str(tiny_model_path), str(tmp_path / "ref.jsonl"), "-n", "1"]
+    given = {
+        "--template": "alpaca",
+        "--device": "cpu",
+        "--temperature": "0.0",
+        "--top-p": "0.9",
+        "--max-new-tokens": "7",
+        "--generation-batch-size": "3",
+    }
+    assert {flag: args[args.index(flag) + 1] for flag in given} == given

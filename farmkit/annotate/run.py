@@ -156,11 +156,19 @@ class Run:
             f"{time.perf_counter() - stats.started:.1f} s",
         ]
         log.info("farm-annotate: %s", ", ".join(parts))
-        if stats.failures > stats.skipped_budget:
+        unanswered = sum(stats.unanswered.values())
+        if stats.failures > stats.skipped_budget + unanswered:
             log.warning(
                 "farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
                 "same command to ask them again: verdicts already given are cached",
-                stats.failures - stats.skipped_budget,
+                stats.failures - stats.skipped_budget - unanswered,
+            )
+        for reason, count in sorted(stats.unanswered.items()):
+            log.warning(
+                "farm-annotate: %d of %d pair(s) have no verdict (preference null): %s",
+                count,
+                stats.items,
+                reason,
             )
         if stats.skipped_budget:
             log.warning(
