@@ -491,3 +491,18 @@ def test_the_sampling_options_reach_farm_sample(tmp_path, tiny_model_path, monke
         "--generation-batch-size": "3",
     }
     assert {flag: args[args.index(flag) + 1] for flag in given} == given
+
+
+def test_one_models_lc_standard_error_is_blank_not_rounding_noise(tmp_path):
+    """Without instruction difficulties (one model) the controlled win rate is the same on every
+    instruction: its standard error is not estimable, blank as AlpacaEval leaves it, not 1e-17."""
+    written = tmp_path / "board.csv"
+    done = _merge_with_board(tmp_path, 1.25, "--format", "alpaca-eval", "-o", str(written))
+    assert done.returncode == 0, done.stderr.decode()
+    [mine] = [line for line in written.read_text().splitlines() if line.startswith("mine,")]
+    *_, lc, lc_standard_error = mine.split(",")
+    assert float(lc) > 0 and lc_standard_error == "", mine
+    rows = _rows(_merge_with_board(tmp_path, 1.25).stdout)
+    [row] = [row for row in rows if row["generator"] == "mine"]
+    assert row["length_controlled_win_rate"] == pytest.approx(float(lc))
+    assert row["lc_standard_error"] is None
