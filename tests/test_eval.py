@@ -506,3 +506,49 @@ def test_one_models_lc_standard_error_is_blank_not_rounding_noise(tmp_path):
     [row] = [row for row in rows if row["generator"] == "mine"]
     assert row["length_controlled_win_rate"] == pytest.approx(float(lc))
     assert row["lc_standard_error"] is None
+
+
+@pytest.mark.parametrize("missing", ["outputs", "reference", "leaderboard", "labels"])
+def test_a_missing_input_file_is_a_usage_error_whichever_it_is(tmp_path, missing):
+    """A missing --leaderboard was exit 2 (click), a missing OUTPUTS exit 1: the same mistake, the
+    same exit code (2) and a message naming the path."""
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    files = {
+        "outputs": _jsonl(tmp_path / "m.jsonl", model),
+        "reference": _jsonl(tmp_path / "r.jsonl", reference),
+        "leaderboard": str(tmp_path / "board.csv"),
+        "labels": _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [2.0] * 6)),
+    }
+    (tmp_path / "board.csv").write_text(BOARD)
+    gone = tmp_path / f"no-{missing}.jsonl"
+    files[missing] = str(gone)
+    done = run_tool(
+        "farm-eval",
+        files["outputs"],
+        *("--reference", files["reference"], "--labels", files["labels"]),
+        *("--leaderboard", files["leaderboard"], "--no-cache", "--bootstrap", "0"),
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and done.stdout == b"", stderr
+    assert str(gone) in stderr and "Traceback" not in stderr
+
+
+def test_a_missing_input_file_exits_2_in_the_other_tools_too(tmp_path):
+    gone = str(tmp_path / "gone.jsonl")
+    for argv in (["farm-winrate", gone], ["farm-annotate", "--pool", "gold", gone]):
+        done = run_tool(*argv)
+        assert done.returncode == 2, done.stderr.decode()
+        assert (
+            done.stderr.decode()
+            == f"{argv[0]}: error: {gone}: cannot open: No such file or directory\n"
+        )
+
+
+def test_empty_input_is_said_on_stderr(tmp_path):
+    reference = _jsonl(tmp_path / "r.jsonl", _outputs("ref", "The moon pulls the sea."))
+    done = run_tool(
+        "farm-eval", "--reference", reference, "--pool", "gold", "--no-cache", input=b""
+    )
+    assert done.returncode == 0 and done.stdout == b""  # the contract of every tool's empty input
+    assert "farm-eval: no output records in <stdin>; nothing to evaluate" in done.stderr.decode()

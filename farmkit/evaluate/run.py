@@ -103,7 +103,11 @@ def annotate(
     from farmkit.annotate.run import Run
 
     items = read_items(outputs, reference, (), skip_missing)
-    if not items:
+    if not items:  # exit 0 as every tool's empty input, but said: an empty pipe is easy to miss
+        log.warning(
+            "farm-eval: no output records in %s; nothing to evaluate",
+            ", ".join(display_name(path) for path in outputs),
+        )
         return []
     with Run(
         pool,

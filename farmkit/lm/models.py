@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.formats import chat_content  # its home is the plumbing; named here too
-from farmkit.core.io import FarmError
+from farmkit.core.io import FarmError, MissingInput
 
 # meta.json's reading and writing live in farmkit.lm.modelio (the one model-folder writer); named here too
 from farmkit.lm.modelio import META_FILE as META_FILE
@@ -85,7 +85,7 @@ def resolve(model: str | os.PathLike) -> str:
         raise FarmError(f"{text}: not a model folder or a .gguf file")
     expected = "expected a folder, a .gguf file, 'embedded' or a hub id"
     if text.startswith((".", "/", "~")) or text.count("/") > 1:
-        raise FarmError(f"{text}: no such model folder{_did_you_mean(text)}; {expected}")
+        raise MissingInput(f"{text}: no such model folder{_did_you_mean(text)}; {expected}")
     _check_hub_id(text, expected)
     return text  # a hub id; transformers reports it if it cannot be fetched
 
