@@ -460,9 +460,12 @@ def test_labels_that_miss_most_pairs_are_an_error_not_a_row(tmp_path):
 
 def test_the_sampling_options_reach_farm_sample(tmp_path, tiny_model_path, monkeypatch):
     """--device, --template and the decoding options are farm-sample's own (the same bundles),
-    passed through to the sampling of a model folder (a spy stands in for farm-sample)."""
+    passed through to the sampling of a model folder (a spy stands in for farm-sample), and
+    --device to the judges too."""
     from farmkit.tools import farm_sample
     from farmkit.tools.farm_eval import main as eval_main
+
+    from farmkit.annotate import run as annotate_run
 
     reference = _outputs("ref", "moon")[:2]
     seen: list[list[str]] = []
@@ -473,6 +476,14 @@ def test_the_sampling_options_reach_farm_sample(tmp_path, tiny_model_path, monke
         _jsonl(tmp_path / args[args.index("-o") + 1], answers)
 
     monkeypatch.setattr(farm_sample.cli, "main", spy)
+    judged_on: list[str] = []  # --device is also the local judges' (as farm-annotate's)
+    start_run = annotate_run.Run.__init__
+
+    def run_on(self, *args, **kwargs):
+        judged_on.append(kwargs.get("device"))
+        start_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(annotate_run.Run, "__init__", run_on)
     argv = [str(tiny_model_path), "--reference", _jsonl(tmp_path / "ref.jsonl", reference)]
     argv += ["--pool", "gold", "--no-cache", "--bootstrap", "0", "--device", "cpu"]
     argv += ["--template", "alpaca", "--temperature", "0", "--top-p", "0.9"]
@@ -491,6 +502,7 @@ def test_the_sampling_options_reach_farm_sample(tmp_path, tiny_model_path, monke
         "--generation-batch-size": "3",
     }
     assert {flag: args[args.index(flag) + 1] for flag in given} == given
+    assert judged_on == ["cpu"]
 
 
 def test_one_models_lc_standard_error_is_blank_not_rounding_noise(tmp_path):

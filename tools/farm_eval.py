@@ -91,7 +91,7 @@ TOOL = "farm-eval"
     help="The fraction of a model's pairs that must have a verdict: fewer is an error (exit 1) "
     "naming how many lack one and why (labels that do not cover the outputs), not a row.",
 )
-@model_options  # of a model that answers first, as farm-sample reads them
+@model_options  # --device: also the local and reward-model judges', as in farm-annotate
 @decoding_options(temperature=0.7, generation_batch_size=32)
 @output_option
 @seed_option
@@ -186,6 +186,7 @@ def cli(
             cache=cache,
             prices=prices,
             max_cost=max_cost,
+            device=device,
         )
     evaluate.check_verdicts(preferences, min_verdicts)
     rows = evaluate.leaderboard(

@@ -96,9 +96,10 @@ def annotate(
     prices: str | None = None,
     max_cost: float | None = None,
     skip_missing: bool = False,
+    device: str = "auto",
 ) -> list[dict[str, Any]]:
     """farm-annotate OUTPUTS --reference REFERENCE: the preference records of every output against
-    the reference's output for its instruction."""
+    the reference's output for its instruction (`device`: of the local and reward-model judges)."""
     from farmkit.annotate.pairs import read_items
     from farmkit.annotate.run import Run
 
@@ -116,6 +117,7 @@ def annotate(
         cache_path=cache,
         prices_path=prices,
         max_cost=max_cost,
+        device=device,
     ) as run:
         records = list(run.records(items))
     run.summary()
