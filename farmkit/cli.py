@@ -750,7 +750,8 @@ def entry_point(command: click.Command) -> Callable[[], None]:
 
     Every command also takes -h (as --help) and --version.
     Exit 0 success, 1 data/runtime error (FarmError, OSError: one line, no traceback unless -v),
-    2 usage error (click), 130 interrupted. A closed stdout (`| head`) ends quietly.
+    2 usage error (click, or a FarmError that is one: an input path that does not exist),
+    130 interrupted. A closed stdout (`| head`) ends quietly.
     """
 
     command.context_settings.setdefault("help_option_names", ["-h", "--help"])
@@ -803,7 +804,7 @@ def entry_point(command: click.Command) -> Callable[[], None]:
             else:
                 message = f"{type(exc).__name__}: {exc} (run with -v for the traceback)"
             click.echo(f"{command.name}: error: {_redacted(message)}", err=True)
-            code = 1
+            code = exc.exit_code if isinstance(exc, FarmError) else 1
         try:
             sys.stdout.flush()
         except BrokenPipeError:

@@ -475,6 +475,34 @@ def test_file_labels_keep_a_fractional_verdict(tmp_path):
     assert [r["preference"] for r in _records(result.stdout)] == [1.7328, 1.75]
 
 
+@pytest.mark.parametrize("pairs", ["noised", "tied"])
+def test_a_missing_endpoint_is_refused_even_when_no_pair_would_reach_it(tmp_path, pairs):
+    # --flip-rate 0.5 noises every pair (decided before any request); a tie is never asked: the run
+    # still needs the key its pool names, whatever the draws
+    env = {"OPENAI_BASE_URL": "", "OPENAI_API_KEY": ""}
+    records = _pairs(2)
+    if pairs == "tied":
+        records = [{**record, "output_2": record["output_1"]} for record in records]
+    output = tmp_path / "prefs.jsonl"
+    result = run_tool(
+        "farm-annotate",
+        "--pool",
+        "sim_ann",
+        "--flip-rate",
+        "0.5" if pairs == "noised" else "0",
+        "--no-cache",
+        "-o",
+        str(output),
+        input=_jsonl(records),
+        env=env,
+    )
+    assert result.returncode == 1 and result.stdout == b"", result.stderr.decode()
+    assert "pool sim_ann asks an OpenAI-compatible endpoint and none is configured" in (
+        result.stderr.decode()
+    )
+    assert not output.exists()
+
+
 def test_a_pool_that_needs_an_endpoint_fails_before_any_work_and_names_offline_pools(tmp_path):
     env = {"OPENAI_BASE_URL": "", "OPENAI_API_KEY": ""}
     result = run_tool(

@@ -425,3 +425,142 @@ def test_a_board_goes_to_a_file_as_csv(tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0].startswith("rank,generator,length_controlled_win_rate,")
     assert len(lines) == 5 and any(",mine," in line and "farm-eval" in line for line in lines)
+
+
+def test_labels_that_miss_most_pairs_are_an_error_not_a_row(tmp_path):
+    """Verdicts for 1 of 6 pairs made a row (win rate on n_total 1) with stderr saying the replies
+    could not be parsed and that a rerun would ask again: the run now stops, saying why."""
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    labels = _jsonl(tmp_path / "a.jsonl", _labels(reference[:1], model[:1], [2.0]))
+    args = [
+        _jsonl(tmp_path / "m.jsonl", model),
+        "--reference",
+        _jsonl(tmp_path / "r.jsonl", reference),
+    ]
+    args += ["--labels", labels, "--no-cache", "--bootstrap", "0"]
+    done = run_tool("farm-eval", *args)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1 and done.stdout == b"", stderr
+    assert stderr.splitlines()[-1] == (
+        f"farm-eval: error: mine: 5 of 6 pairs have no verdict (no label for this pair in {labels}: "
+        "5); a win rate on the other 1 would not stand for the model. Give verdicts that cover its "
+        "outputs, or --min-verdicts 0.17 to accept it (now 0.9)"
+    )
+    assert (
+        f"farm-annotate: 5 of 6 pair(s) have no verdict (preference null): no label for this pair in {labels}"
+        in stderr
+    )
+    assert "could not be parsed" not in stderr and "rerun" not in stderr
+    accepted = run_tool("farm-eval", *args, "--min-verdicts", "0.1")
+    assert accepted.returncode == 0, accepted.stderr.decode()
+    [row] = _rows(accepted.stdout)
+    assert row["n_total"] == 1 and row["win_rate"] == 100.0
+
+
+def test_the_sampling_options_reach_farm_sample(tmp_path, tiny_model_path, monkeypatch):
+    """--device, --template and the decoding options are farm-sample's own (the same bundles),
+    passed through to the sampling of a model folder (a spy stands in for farm-sample), and
+    --device to the judges too."""
+    from farmkit.tools import farm_sample
+    from farmkit.tools.farm_eval import main as eval_main
+
+    from farmkit.annotate import run as annotate_run
+
+    reference = _outputs("ref", "moon")[:2]
+    seen: list[list[str]] = []
+
+    def spy(args, standalone_mode):
+        seen.append(args)
+        answers = [{**record, "output": "tides", "generator": "spy"} for record in reference]
+        _jsonl(tmp_path / args[args.index("-o") + 1], answers)
+
+    monkeypatch.setattr(farm_sample.cli, "main", spy)
+    judged_on: list[str] = []  # --device is also the local judges' (as farm-annotate's)
+    start_run = annotate_run.Run.__init__
+
+    def run_on(self, *args, **kwargs):
+        judged_on.append(kwargs.get("device"))
+        start_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(annotate_run.Run, "__init__", run_on)
+    argv = [str(tiny_model_path), "--reference", _jsonl(tmp_path / "ref.jsonl", reference)]
+    argv += ["--pool", "gold", "--no-cache", "--bootstrap", "0", "--device", "cpu"]
+    argv += ["--template", "alpaca", "--temperature", "0", "--top-p", "0.9"]
+    argv += ["--max-new-tokens", "7", "--generation-batch-size", "3", "-q"]
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(argv)
+    assert exit_info.value.code == 0
+    [args] = seen
+    assert args[:4] == [str(tiny_model_path), str(tmp_path / "ref.jsonl"), "-n", "1"]
+    given = {
+        "--template": "alpaca",
+        "--device": "cpu",
+        "--temperature": "0.0",
+        "--top-p": "0.9",
+        "--max-new-tokens": "7",
+        "--generation-batch-size": "3",
+    }
+    assert {flag: args[args.index(flag) + 1] for flag in given} == given
+    assert judged_on == ["cpu"]
+
+
+def test_one_models_lc_standard_error_is_blank_not_rounding_noise(tmp_path):
+    """Without instruction difficulties (one model) the controlled win rate is the same on every
+    instruction: its standard error is not estimable, blank as AlpacaEval leaves it, not 1e-17."""
+    written = tmp_path / "board.csv"
+    done = _merge_with_board(tmp_path, 1.25, "--format", "alpaca-eval", "-o", str(written))
+    assert done.returncode == 0, done.stderr.decode()
+    [mine] = [line for line in written.read_text().splitlines() if line.startswith("mine,")]
+    *_, lc, lc_standard_error = mine.split(",")
+    assert float(lc) > 0 and lc_standard_error == "", mine
+    rows = _rows(_merge_with_board(tmp_path, 1.25).stdout)
+    [row] = [row for row in rows if row["generator"] == "mine"]
+    assert row["length_controlled_win_rate"] == pytest.approx(float(lc))
+    assert row["lc_standard_error"] is None
+
+
+@pytest.mark.parametrize("missing", ["outputs", "reference", "leaderboard", "labels"])
+def test_a_missing_input_file_is_a_usage_error_whichever_it_is(tmp_path, missing):
+    """A missing --leaderboard was exit 2 (click), a missing OUTPUTS exit 1: the same mistake, the
+    same exit code (2) and a message naming the path."""
+    reference = _outputs("ref", "The moon pulls the sea.")
+    model = _outputs("mine", "Tides come from the moon")
+    files = {
+        "outputs": _jsonl(tmp_path / "m.jsonl", model),
+        "reference": _jsonl(tmp_path / "r.jsonl", reference),
+        "leaderboard": str(tmp_path / "board.csv"),
+        "labels": _jsonl(tmp_path / "a.jsonl", _labels(reference, model, [2.0] * 6)),
+    }
+    (tmp_path / "board.csv").write_text(BOARD)
+    gone = tmp_path / f"no-{missing}.jsonl"
+    files[missing] = str(gone)
+    done = run_tool(
+        "farm-eval",
+        files["outputs"],
+        *("--reference", files["reference"], "--labels", files["labels"]),
+        *("--leaderboard", files["leaderboard"], "--no-cache", "--bootstrap", "0"),
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and done.stdout == b"", stderr
+    assert str(gone) in stderr and "Traceback" not in stderr
+
+
+def test_a_missing_input_file_exits_2_in_the_other_tools_too(tmp_path):
+    gone = str(tmp_path / "gone.jsonl")
+    for argv in (["farm-winrate", gone], ["farm-annotate", "--pool", "gold", gone]):
+        done = run_tool(*argv)
+        assert done.returncode == 2, done.stderr.decode()
+        assert (
+            done.stderr.decode()
+            == f"{argv[0]}: error: {gone}: cannot open: No such file or directory\n"
+        )
+
+
+def test_empty_input_is_said_on_stderr(tmp_path):
+    reference = _jsonl(tmp_path / "r.jsonl", _outputs("ref", "The moon pulls the sea."))
+    done = run_tool(
+        "farm-eval", "--reference", reference, "--pool", "gold", "--no-cache", input=b""
+    )
+    assert done.returncode == 0 and done.stdout == b""  # the contract of every tool's empty input
+    assert "farm-eval: no output records in <stdin>; nothing to evaluate" in done.stderr.decode()

@@ -58,7 +58,7 @@ def test_stdin_status_and_errors_are_the_tools_own(server, tmp_path):
     missing = str(tmp_path / "missing.jsonl")
     fresh = _fresh("farm-winrate", missing)
     forked = server.run([str(BIN / "farm-winrate"), missing], None, dict(os.environ), 60)
-    assert fresh.returncode == forked.returncode == 1
+    assert fresh.returncode == forked.returncode == 2  # a missing input: a usage error
     assert forked.stderr == fresh.stderr and missing.encode() in forked.stderr
 
 

@@ -374,3 +374,72 @@ def test_farm_score_reads_a_records_finished_flag(keyword_rm, tmp_path):
     assert rewards == pytest.approx(expected, abs=1e-5) and expected[2] != pytest.approx(
         expected[0], abs=1e-4
     )
+
+
+# -- a folder that is not a reward model is refused before any work ----------------------------
+
+
+def _prompts(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "outputs.jsonl", [{"instruction": "Say hi", "output": "hi"}])
+
+
+def test_farm_score_refuses_a_causal_lm_folder_naming_it(tiny_model_path, tmp_path, capfd):
+    # transformers would give the causal LM a random score head: rewards that change run to run
+    target = tmp_path / "scored.jsonl"
+    code = run_main(score_main, [str(tiny_model_path), str(_prompts(tmp_path)), "-o", str(target)])
+    out, err = capfd.readouterr()
+    assert code == 1 and out == "" and not target.exists()
+    error = err.splitlines()[-1]  # after the input's note on stderr
+    assert error.startswith(
+        f"farm-score: error: {tiny_model_path}: not a reward model (config.json: "
+    )
+    assert "architectures LlamaForCausalLM, num_labels 2" in error
+    assert "a folder written by farm-rm-train" in error and "Traceback" not in err
+
+
+@pytest.mark.parametrize("tool", ["farm-ppo", "farm-rloo"])
+def test_an_rl_trainer_refuses_a_causal_lm_as_its_reward_model(
+    tiny_model_path, tmp_path, capfd, monkeypatch, tool
+):
+    import importlib
+
+    from farmkit.methods import rollouts
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the policy was loaded before the reward model was checked")
+
+    monkeypatch.setattr(rollouts, "load_policy_and_reference", loaded)
+    main = importlib.import_module(f"farmkit.tools.{tool.replace('-', '_')}").main
+    output = tmp_path / "policy"
+    argv = [str(tiny_model_path), str(tiny_model_path), str(_prompts(tmp_path)), "-o", str(output)]
+    code = run_main(main, argv)
+    err = capfd.readouterr().err
+    assert code == 1 and not output.exists()
+    assert err.splitlines()[-1].startswith(f"{tool}: error: {tiny_model_path}: not a reward model")
+
+
+def test_a_checkpoint_without_its_score_head_is_refused(tiny_model_path, tmp_path):
+    # a config that claims a classifier over a causal LM's weights: the head would be random
+    import shutil
+
+    from farmkit.core.io import FarmError
+    from farmkit.lm.models import load_reward_model
+
+    folder = tmp_path / "headless"
+    shutil.copytree(tiny_model_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(architectures=["LlamaForSequenceClassification"], id2label={"0": "LABEL_0"})
+    config["label2id"] = {"LABEL_0": 0}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        FarmError, match=r"lacks 1 weight\(s\) of the reward model \(score\.weight\)"
+    ):
+        load_reward_model(folder, device="cpu")
+
+
+def test_a_reward_model_folder_passes_the_check(keyword_rm):
+    from farmkit.lm.models import check_reward_model, load_reward_model
+
+    assert check_reward_model(keyword_rm) == str(keyword_rm)
+    network, _ = load_reward_model(keyword_rm, device="cpu")
+    assert network.config.num_labels == 1

@@ -113,6 +113,9 @@ def cli(
     records = screen_long_prompts(policy, numbered, template, max_new_tokens, long_prompts)
     if not records:
         raise FarmError(f"{display_name(prompts)}: every prompt is over-long; nothing to sample")
+    from farmkit.lm.models import check_reward_model
+
+    check_reward_model(rm)  # before any work: any other model scores at random
     from farmkit.core.seeds import derive_seed
     from farmkit.evaluate.metrics import write_metrics
     from farmkit.lm.sampling import generator_name

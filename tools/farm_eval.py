@@ -9,20 +9,22 @@ from pathlib import Path
 import click
 
 from farmkit.cli import (
+    FiniteFloat,
     WholeNumber,
     common_options,
+    decoding_options,
     entry_point,
     input_argument,
     judge_options,
+    model_options,
     on_error_option,
     output_option,
     reference_option,
     seed_option,
-    shared_option,
     split_option,
     verdict_cache,
 )
-from farmkit.evaluate.run import DEFAULT_POOL, SORT_BY
+from farmkit.evaluate.run import DEFAULT_POOL, MIN_VERDICTS, SORT_BY
 
 TOOL = "farm-eval"
 
@@ -83,7 +85,16 @@ TOOL = "farm-eval"
     help="jsonl: rows (records); table, csv, markdown: for people and spreadsheets; alpaca-eval: the "
     "CSV AlpacaEval publishes its leaderboards in (its columns and order; farm-winrate's).",
 )
-@shared_option("max_new_tokens")  # of a model that answers first
+@click.option(
+    "--min-verdicts",
+    type=FiniteFloat(0, 1),
+    default=MIN_VERDICTS,
+    show_default=True,
+    help="The fraction of a model's pairs that must have a verdict: fewer is an error (exit 1) "
+    "naming how many lack one and why (labels that do not cover the outputs), not a row.",
+)
+@model_options  # --device: also the local and reward-model judges', as in farm-annotate
+@decoding_options(temperature=0.7, generation_batch_size=32)
 @output_option
 @seed_option
 @judge_options(
@@ -104,7 +115,13 @@ def cli(
     context,
     bootstrap,
     fmt,
+    min_verdicts,
+    template,
+    device,
+    temperature,
+    top_p,
     max_new_tokens,
+    generation_batch_size,
     output,
     seed,
     flip_rate,
@@ -146,7 +163,20 @@ def cli(
         for index, path in enumerate(outputs or ("-",)):
             if evaluate.is_model(path):
                 sampled = str(Path(folder) / f"outputs-{index}.jsonl")
-                evaluate.sample(path, reference, sampled, seed=seed, max_new_tokens=max_new_tokens)
+                evaluate.sample(
+                    path,
+                    reference,
+                    sampled,
+                    seed=seed,
+                    settings={
+                        "--template": template,
+                        "--device": device,
+                        "--temperature": temperature,
+                        "--top-p": top_p,
+                        "--max-new-tokens": max_new_tokens,
+                        "--generation-batch-size": generation_batch_size,
+                    },
+                )
                 path = sampled
             inputs.append(path)
         preferences = evaluate.annotate(
@@ -158,7 +188,9 @@ def cli(
             cache=cache,
             prices=prices,
             max_cost=max_cost,
+            device=device,
         )
+    evaluate.check_verdicts(preferences, min_verdicts)
     rows = evaluate.leaderboard(
         preferences,
         difficulty=instruction_difficulty,

@@ -132,6 +132,9 @@ def cli(
     records = screen_long_prompts(policy, numbered, template, max_new_tokens, long_prompts)
     if not records:
         raise FarmError(f"{name}: every prompt is over-long; nothing to sample")
+    from farmkit.lm.models import check_reward_model
+
+    check_reward_model(rm)  # before any work: any other model scores at random
     from farmkit.methods.bon import BestOfNConfig
     from farmkit.methods.expiter import expert_iteration
     from farmkit.methods.tracking import check

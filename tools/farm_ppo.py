@@ -55,6 +55,9 @@ def cli(
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    from farmkit.lm.models import check_reward_model
+
+    check_reward_model(reward_model)  # before any work: any other model scores at random
     from farmkit.methods.ppo import train_ppo
 
     last = train_ppo(sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts])

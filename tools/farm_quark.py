@@ -56,6 +56,9 @@ def cli(
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    from farmkit.lm.models import check_reward_model
+
+    check_reward_model(reward_model)  # before any work: any other model scores at random
     from farmkit.methods.quark import train_quark
 
     history = train_quark(

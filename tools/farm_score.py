@@ -37,6 +37,9 @@ def cli(rm, outputs, output, batch_size, device):
     records = list(read_records(outputs, "output"))
     if not records:
         return
+    from farmkit.lm.models import check_reward_model
+
+    check_reward_model(rm)  # before any work: any other model scores at random
     from farmkit.methods.reward import RewardScorer
 
     scorer = RewardScorer(rm, device=device, batch_size=batch_size)

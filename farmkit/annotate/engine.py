@@ -98,6 +98,8 @@ class Stats:
     parse_failures: dict[str, int] = field(
         default_factory=dict
     )  # judge -> replies that could not be read
+    # reason -> pairs a judge that is not asked (a labels file) had no verdict for
+    unanswered: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -633,14 +635,15 @@ class Annotator:
                 self._pay(verdict.price)
             for ask, verdict in zip(pending, verdicts, strict=True):
                 self.stats.replies[judge.name] = self.stats.replies.get(judge.name, 0) + 1
-                if verdict.choice is None:
+                # a backend that reads no text (labels from a file) had no verdict to give: asking
+                # again gives the same answer, and nothing failed to parse
+                unparsed = verdict.choice is None and backend.parses
+                if unparsed:
                     ask.unparsed += 1
                     self.stats.parse_failures[judge.name] = (
                         self.stats.parse_failures.get(judge.name, 0) + 1
                     )
-                if verdict.choice is not None or attempt == int(
-                    self.pool.settings["parse_retries"]
-                ):
+                if not unparsed or attempt == int(self.pool.settings["parse_retries"]):
                     self._settle(
                         ask,
                         dataclasses.replace(
@@ -732,6 +735,9 @@ class Annotator:
             if reasons:
                 preference, reason = None, "; ".join(dict.fromkeys(reasons))
                 self.stats.failures += 1
+                if not self._classes[asks[0].judge].cacheable:
+                    # answered from what the judge holds (a labels file): a rerun answers the same
+                    self.stats.unanswered[reason] = self.stats.unanswered.get(reason, 0) + 1
             elif all(v.soft is not None for v in verdicts):
                 # soft labels, P(shown second better): undone, and averaged when asked in both orders
                 undone = [

@@ -88,12 +88,10 @@ class Run:
                     f"--max-cost cannot hold: no price is known for {', '.join(unpriced)}; give one with "
                     "--prices FILE (MODEL: {prompt: USD per 1M tokens, completion: USD per 1M tokens})"
                 )
+        # whether any pair reaches the endpoint depends on the seed's draws (noise, ties, the judge
+        # drawn) and on the cache: a missing endpoint is the pool's fault, said for any input
+        require_endpoint(self.pool)
         plan = self.annotator.plan(items)
-        if plan.requests and any(
-            backend_class(self.pool.judges[r[0].judge].backend).needs_endpoint
-            for r in plan.requests
-        ):
-            require_endpoint(self.pool)
         if self.max_cost is not None:
             expected = self.annotator.estimate(items, plan)["price"]
             if expected > self.max_cost:
@@ -158,11 +156,19 @@ class Run:
             f"{time.perf_counter() - stats.started:.1f} s",
         ]
         log.info("farm-annotate: %s", ", ".join(parts))
-        if stats.failures > stats.skipped_budget:
+        unanswered = sum(stats.unanswered.values())
+        if stats.failures > stats.skipped_budget + unanswered:
             log.warning(
                 "farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
                 "same command to ask them again: verdicts already given are cached",
-                stats.failures - stats.skipped_budget,
+                stats.failures - stats.skipped_budget - unanswered,
+            )
+        for reason, count in sorted(stats.unanswered.items()):
+            log.warning(
+                "farm-annotate: %d of %d pair(s) have no verdict (preference null): %s",
+                count,
+                stats.items,
+                reason,
             )
         if stats.skipped_budget:
             log.warning(

@@ -31,6 +31,15 @@ log = logging.getLogger("farmkit")
 class FarmError(Exception):
     """A data or runtime problem the user can fix; reported without a traceback, exit 1."""
 
+    exit_code = 1
+
+
+class MissingInput(FarmError):
+    """An input path given that does not exist: a usage error (exit 2), as click reports a missing
+    path given to an option that must exist, so the same mistake exits the same in every tool."""
+
+    exit_code = 2
+
 
 class RecordError(FarmError):
     """A record that is not what the tool expects, with where it is."""
@@ -112,6 +121,8 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
     else:
         try:
             raw = open(path, "rb")
+        except FileNotFoundError as exc:
+            raise MissingInput(f"{path}: cannot open: {exc.strerror}") from None
         except OSError as exc:
             raise FarmError(f"{path}: cannot open: {exc.strerror}") from None
     buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]

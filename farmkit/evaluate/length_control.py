@@ -141,6 +141,9 @@ def _lookup(difficulty: np.ndarray, items: np.ndarray) -> np.ndarray:
     return np.where(items >= 0, difficulty[np.maximum(items, 0)] if len(difficulty) else 0.0, 0.0)
 
 
+CONSTANT_TOLERANCE = 1e-12  # controlled win rates (probabilities) that differ by less are equal
+
+
 def glm_win_rate(
     length_term: np.ndarray,
     difficulty: np.ndarray,
@@ -168,10 +171,14 @@ def glm_win_rate(
         c = 1.0
     theta_phi_psi = l1_logistic(features, x, weights, c, prior=prior)
     controlled = _sigmoid(features[:, 1:] @ theta_phi_psi[1:])
+    # the same controlled win rate on every instruction (no difficulty term: one model, no
+    # --instruction-difficulty) has no spread to estimate an error from; its std is rounding noise
+    # (1e-17), which AlpacaEval leaves blank
+    spread = float(np.ptp(controlled)) if len(x) > 1 else 0.0
     return {
         "length_controlled_win_rate": 100 * float(controlled.mean()),
         "lc_standard_error": 100 * float(controlled.std(ddof=1) / math.sqrt(len(x)))
-        if len(x) > 1
+        if spread > CONSTANT_TOLERANCE
         else None,
         "length_coefficient": float(theta_phi_psi[0]),
     }

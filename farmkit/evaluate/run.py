@@ -96,14 +96,19 @@ def annotate(
     prices: str | None = None,
     max_cost: float | None = None,
     skip_missing: bool = False,
+    device: str = "auto",
 ) -> list[dict[str, Any]]:
     """farm-annotate OUTPUTS --reference REFERENCE: the preference records of every output against
-    the reference's output for its instruction."""
+    the reference's output for its instruction (`device`: of the local and reward-model judges)."""
     from farmkit.annotate.pairs import read_items
     from farmkit.annotate.run import Run
 
     items = read_items(outputs, reference, (), skip_missing)
-    if not items:
+    if not items:  # exit 0 as every tool's empty input, but said: an empty pipe is easy to miss
+        log.warning(
+            "farm-eval: no output records in %s; nothing to evaluate",
+            ", ".join(display_name(path) for path in outputs),
+        )
         return []
     with Run(
         pool,
@@ -112,10 +117,39 @@ def annotate(
         cache_path=cache,
         prices_path=prices,
         max_cost=max_cost,
+        device=device,
     ) as run:
         records = list(run.records(items))
     run.summary()
     return records
+
+
+MIN_VERDICTS = (
+    0.9  # of a model's pairs; a pool's few failed requests pass, a labels file's gaps not
+)
+
+
+def check_verdicts(preferences: list[dict[str, Any]], minimum: float = MIN_VERDICTS) -> None:
+    """Refuse a board row that would stand on too few verdicts: a model with verdicts for fewer than
+    `minimum` of its pairs (labels that do not cover its outputs, a judge that failed) is an error
+    naming how many pairs lack one and why (their preference_reason), not a win rate on the rest."""
+    from collections import Counter
+
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for record in preferences:
+        by_model.setdefault(str(record.get("generator_2")), []).append(record)
+    for model, records in by_model.items():
+        missing = [record for record in records if record.get("preference") is None]
+        judged = len(records) - len(missing)
+        if missing and judged < minimum * len(records):
+            reasons = Counter(record.get("preference_reason") or "no reason" for record in missing)
+            why = "; ".join(f"{reason}: {count}" for reason, count in reasons.most_common(3))
+            raise FarmError(
+                f"{model}: {len(missing)} of {len(records)} pairs have no verdict ({why}); a win "
+                f"rate on the other {judged} would not stand for the model. Give verdicts that "
+                f"cover its outputs, or --min-verdicts {judged / len(records):.2f} to accept it "
+                f"(now {minimum:g})"
+            )
 
 
 def leaderboard(
@@ -290,11 +324,10 @@ TABLE_COLUMNS = (
 )
 
 
-def sample(
-    model: str, reference: str, output: str, *, seed: int, max_new_tokens: int | None
-) -> None:
+def sample(model: str, reference: str, output: str, *, seed: int, settings: dict[str, Any]) -> None:
     """farm-sample MODEL REFERENCE -n 1 -o OUTPUT: the model's outputs for the reference's
-    instructions, by farm-sample's own command (run in this process)."""
+    instructions, by farm-sample's own command (run in this process). `settings`: farm-sample's
+    options by flag (--device, --temperature, ...); None leaves farm-sample's default."""
     import farmkit.core.io as farm_io
     from farmkit.tools.farm_sample import cli as sample_cli
 
@@ -302,8 +335,9 @@ def sample(
     args = [model, reference, "-n", "1", "-o", output, "--seed", str(seed)]
     if split is not None:
         args += ["--split", split]
-    if max_new_tokens is not None:
-        args += ["--max-new-tokens", str(max_new_tokens)]
+    for flag, value in settings.items():
+        if value is not None:
+            args += [flag, str(value)]
     if not log.isEnabledFor(logging.WARNING):
         args.append("-q")
     log.info("farm-eval: farm-sample %s", " ".join(args))

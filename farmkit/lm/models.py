@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.formats import chat_content  # its home is the plumbing; named here too
-from farmkit.core.io import FarmError
+from farmkit.core.io import FarmError, MissingInput
 
 # meta.json's reading and writing live in farmkit.lm.modelio (the one model-folder writer); named here too
 from farmkit.lm.modelio import META_FILE as META_FILE
@@ -85,7 +85,7 @@ def resolve(model: str | os.PathLike) -> str:
         raise FarmError(f"{text}: not a model folder or a .gguf file")
     expected = "expected a folder, a .gguf file, 'embedded' or a hub id"
     if text.startswith((".", "/", "~")) or text.count("/") > 1:
-        raise FarmError(f"{text}: no such model folder{_did_you_mean(text)}; {expected}")
+        raise MissingInput(f"{text}: no such model folder{_did_you_mean(text)}; {expected}")
     _check_hub_id(text, expected)
     return text  # a hub id; transformers reports it if it cannot be fetched
 
@@ -470,20 +470,63 @@ def load_causal_lm(
     return network.to(device), tokenizer
 
 
+REWARD_MODEL_EXPECTED = (
+    "expected a reward model: a folder written by farm-rm-train (or a hub id of one), a sequence "
+    "classifier with one output (config.json: architectures *ForSequenceClassification, num_labels 1) "
+    "whose checkpoint holds its score head"
+)
+
+
+def check_reward_model(model: str | os.PathLike) -> str:
+    """The resolved path of `model` when its config is a reward model's, else a FarmError naming it.
+
+    Any causal LM (an SFT or base model folder, `embedded`) loads as a sequence classifier too,
+    with a score head initialised at random: its "rewards" are noise that differs from run to run.
+    Its config says what it is (architectures, num_labels), so this costs no weights and runs before
+    any work; load_reward_model also refuses a checkpoint that lacks the head's weights."""
+    from transformers import AutoConfig
+
+    path = resolve(model)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise FarmError(
+            f"{model}: cannot read the model's config ({exc}); {REWARD_MODEL_EXPECTED}"
+        ) from None
+    architectures = list(config.architectures or [])
+    classifier = any(name.endswith("ForSequenceClassification") for name in architectures)
+    if not classifier or config.num_labels != 1:
+        raise FarmError(
+            f"{model}: not a reward model (config.json: architectures "
+            f"{', '.join(architectures) or 'none'}, num_labels {config.num_labels}); scoring with it "
+            f"would read a randomly initialised head; {REWARD_MODEL_EXPECTED}"
+        )
+    return path
+
+
 def load_reward_model(
     model: str | os.PathLike, device: str = "auto", dtype: str = "auto"
 ) -> tuple[Any, Any]:
-    """Load (reward model, tokenizer): a sequence classifier with one output read at the last token."""
+    """Load (reward model, tokenizer): a sequence classifier with one output read at the last token.
+    A model that is not one is refused (check_reward_model), and so is a checkpoint without every
+    weight the classifier needs, which transformers would otherwise initialise at random."""
     from transformers import AutoModelForSequenceClassification
 
-    path = resolve(model)
+    path = check_reward_model(model)
     device = choose_device(device)
     tokenizer = load_tokenizer(path, padding_side="right")
     try:
-        network = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, dtype=choose_dtype(device, dtype)
+        network, loading = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=choose_dtype(device, dtype), output_loading_info=True
         )
     except OSError as exc:
         raise FarmError(f"{model}: cannot load the reward model ({exc})") from None
+    missing = sorted(loading["missing_keys"])
+    if missing:
+        raise FarmError(
+            f"{model}: the checkpoint lacks {len(missing)} weight(s) of the reward model "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), which would be "
+            f"initialised at random; {REWARD_MODEL_EXPECTED}"
+        )
     network.config.pad_token_id = tokenizer.pad_token_id
     return network.to(device), tokenizer

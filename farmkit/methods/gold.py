@@ -88,26 +88,19 @@ def choose_prompts(
 
 def judge_kind(spec: str) -> str:
     """'reward_model' for a reward model folder, 'pool' for an annotator pool (name or YAML file)."""
-    from farmkit.lm.models import read_meta
+    from farmkit.lm.models import check_reward_model, read_meta
 
     path = Path(spec)
     if path.is_dir():
-        meta = read_meta(path)
-        if meta.get("kind") == "learned_judge":
+        if read_meta(path).get("kind") == "learned_judge":
             return "pool"  # load_pool reads it as a one-judge oracle pool
-        config = path / "config.json"
-        architectures = (
-            json.loads(config.read_text()).get("architectures", []) if config.is_file() else []
-        )
-        if meta.get("kind") == "reward_model" or any(
-            name.endswith("ForSequenceClassification") for name in architectures
-        ):
-            return "reward_model"
-        raise FarmError(
-            f"--gold {spec}: a folder, but not a reward model (its meta.json kind is "
-            f"{meta.get('kind')!r}); give a reward model folder, a learned judge folder "
-            "(farm-judge-train) or an annotator pool"
-        )
+        try:
+            check_reward_model(path)
+        except FarmError as exc:
+            raise FarmError(
+                f"--gold {exc}; or a learned judge folder (farm-judge-train) or an annotator pool"
+            ) from None
+        return "reward_model"
     from farmkit.annotate.pools import load_pool
 
     try:

@@ -286,10 +286,12 @@ def train_group(*args: Any, **kwargs: Any) -> dict[str, Any]:
 def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, output: str) -> None:
     """What farm-rloo and farm-grpo do once their options are read into `config`."""
     from farmkit.core.io import display_name, read_records
+    from farmkit.lm.models import check_reward_model
 
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    check_reward_model(reward_model)  # before any work: any other model scores at random
     last = train_group(
         sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts]
     )
