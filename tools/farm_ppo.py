@@ -56,7 +56,9 @@ def cli(
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
     from farmkit.lm.models import check_reward_model
+    from farmkit.methods.launch import check_device
 
+    check_device(config.device)  # a device that is not there is said first, as every trainer says it
     check_reward_model(reward_model)  # before any work: any other model scores at random
     from farmkit.methods.ppo import train_ppo
 

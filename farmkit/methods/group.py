@@ -287,10 +287,12 @@ def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, outp
     """What farm-rloo and farm-grpo do once their options are read into `config`."""
     from farmkit.core.io import display_name, read_records
     from farmkit.lm.models import check_reward_model
+    from farmkit.methods.launch import check_device
 
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    check_device(config.device)  # a device that is not there is said first, as every trainer says it
     check_reward_model(reward_model)  # before any work: any other model scores at random
     last = train_group(
         sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts]
