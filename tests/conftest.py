@@ -112,7 +112,7 @@ MODEL_FIXTURES = {"embedded_path", "tiny_model_path"}
 
 # seconds each file took in one run of the suite under two workers (2026-11-26), for the order above
 LONGEST_FILES = {
-    "test_checkpoints.py": 110,  # measured alone on the shared 2 cores (2026-11-28)
+    "test_checkpoints.py": 67,  # measured alone (2026-11-28)
     "test_trainer_options.py": 78,
     "test_ppo.py": 56,
     "test_quark.py": 52,

@@ -157,22 +157,19 @@ def command(trainer: str, inputs: dict[str, Path], output: Path, *extra: str) ->
     }[trainer]
     # farm-expiter's rounds are its checkpoints: every one but the last
     saves = [] if trainer == "farm-expiter" else ["--save-steps", "1"]
-    tool = str(Path(sys.executable).parent / trainer)
-    return [tool, *steps, "-o", str(output), *saves, "--seed", "0", "--device", "cpu", *extra]
-
-
-def run(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        argv, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=600
-    )
+    return [trainer, *steps, "-o", str(output), *saves, "--seed", "0", "--device", "cpu", *extra]
 
 
 def kill_at_file(argv: list[str], checkpoints: Path, k: int, after_complete: bool) -> int:
     """Start the trainer and SIGKILL it once the k-th file (counting every file ever seen) has
     appeared under `checkpoints`, counting from the moment the first checkpoint is complete
     (after_complete) or from the start; its exit status (-9 when killed)."""
+    tool = str(Path(sys.executable).parent / argv[0])
     process = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ENV}
+        [tool, *argv[1:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **ENV},
     )
     seen: set[Path] = set()
     counting = not after_complete
@@ -218,10 +215,25 @@ DETERMINISTIC = {
 
 
 def killed_and_resumed(
-    trainer: str, inputs: dict[str, Path], tmp_path: Path, seed: int, after_complete: bool
+    trainer: str,
+    inputs: dict[str, Path],
+    tmp_path: Path,
+    seed: int,
+    after_complete: bool,
+    run_farm,
 ) -> None:
     """Kill the trainer at a seeded random moment: from the first complete checkpoint to the middle
-    of the next save (after_complete), or during the first save; rerun it with --resume."""
+    of the next save (after_complete), or during the first save; rerun it with --resume. The killed
+    run starts as a process of its own (the test SIGKILLs its pid); the resumed and the unbroken
+    runs go through run_farm (forked from a process that imported torch already)."""
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        # OMP_NUM_THREADS alone: make test sets it too, so the fork server is used (a variable of
+        # the server's imports that differs, TOKENIZERS_PARALLELISM say, makes it start afresh)
+        done = run_farm(*argv, env={"OMP_NUM_THREADS": "1"})
+        done.stderr = done.stderr.decode()
+        return done
+
     output = tmp_path / "out"
     checkpoints = Path(f"{output}-checkpoints")
     argv = command(trainer, inputs, output)
@@ -253,21 +265,23 @@ def killed_and_resumed(
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_a_kill_during_a_save_resumes_from_a_complete_checkpoint(trainer, inputs, tmp_path):
-    killed_and_resumed(trainer, inputs, tmp_path, seed=0, after_complete=True)
+def test_a_kill_during_a_save_resumes_from_a_complete_checkpoint(
+    trainer, inputs, tmp_path, run_farm
+):
+    killed_and_resumed(trainer, inputs, tmp_path, 0, True, run_farm)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("trainer", TRAINERS + ON_POLICY)
-def test_kills_at_more_moments_of_the_saves(trainer, seed, inputs, tmp_path):
-    killed_and_resumed(trainer, inputs, tmp_path, seed, after_complete=True)
+def test_kills_at_more_moments_of_the_saves(trainer, seed, inputs, tmp_path, run_farm):
+    killed_and_resumed(trainer, inputs, tmp_path, seed, True, run_farm)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", TRAINERS + ON_POLICY)
-def test_a_kill_during_the_first_save_starts_over(trainer, inputs, tmp_path):
-    killed_and_resumed(trainer, inputs, tmp_path, seed=0, after_complete=False)
+def test_a_kill_during_the_first_save_starts_over(trainer, inputs, tmp_path, run_farm):
+    killed_and_resumed(trainer, inputs, tmp_path, 0, False, run_farm)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
