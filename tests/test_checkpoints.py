@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,13 @@ def command(trainer: str, inputs: dict[str, Path], output: Path, *extra: str) ->
     return [trainer, *steps, "-o", str(output), *saves, "--seed", "0", "--device", "cpu", *extra]
 
 
-def kill_at_file(argv: list[str], checkpoints: Path, k: int, after_complete: bool) -> int:
+def kill_at_file(
+    argv: list[str],
+    checkpoints: Path,
+    k: int,
+    after_complete: bool,
+    complete: Callable[[Path], bool] = lambda folder: C.latest_checkpoint(folder) is not None,
+) -> int:
     """Start the trainer and SIGKILL it once the k-th file (counting every file ever seen) has
     appeared under `checkpoints`, counting from the moment the first checkpoint is complete
     (after_complete) or from the start; its exit status (-9 when killed)."""
@@ -174,7 +181,7 @@ def kill_at_file(argv: list[str], checkpoints: Path, k: int, after_complete: boo
     seen: set[Path] = set()
     counting = not after_complete
     while process.poll() is None:
-        if not counting and C.latest_checkpoint(checkpoints) is not None:
+        if not counting and complete(checkpoints):
             counting = True
             seen = {path for path in checkpoints.rglob("*") if not path.is_dir()}
             k += len(seen)
@@ -282,6 +289,39 @@ def test_kills_at_more_moments_of_the_saves(trainer, seed, inputs, tmp_path, run
 @pytest.mark.parametrize("trainer", TRAINERS + ON_POLICY)
 def test_a_kill_during_the_first_save_starts_over(trainer, inputs, tmp_path, run_farm):
     killed_and_resumed(trainer, inputs, tmp_path, 0, False, run_farm)
+
+
+@pytest.mark.heavy
+def test_a_kill_during_an_online_dpo_round_reruns_into_the_unbroken_runs_policy(
+    inputs, tmp_path, run_farm
+):
+    """farm-online-dpo's rounds are its checkpoints (round_<r>/round.json written last, the same
+    command rerun continues from the finished ones): killed at a seeded moment from its first
+    finished round to the middle of the next, the rerun ends with the weights of an unbroken run."""
+    output = tmp_path / "out"
+    rounds = Path(f"{output}-checkpoints")
+    argv = [
+        *("farm-online-dpo", str(inputs["model"]), str(inputs["prompts"]), "-o", str(output)),
+        *("--rounds", "3", "--prompts-per-round", "4", "--max-new-tokens", "3"),
+        *("--batch-size", "2", "--max-steps", "1", "--seed", "0", "--device", "cpu"),
+        *("--cache", str(tmp_path / "verdicts.sqlite")),
+    ]
+    k = random.Random("farm-online-dpo 0").randint(0, 3)
+    status = kill_at_file(
+        argv, rounds, k, True, lambda folder: any(folder.glob("round_*/round.json"))
+    )
+    assert status == -signal.SIGKILL, f"farm-online-dpo ended before file {k}"
+    assert not output.exists()
+    rerun = run_farm(*argv, env={"OMP_NUM_THREADS": "1"})
+    assert rerun.returncode == 0, rerun.stderr.decode()[-3000:]
+    assert "round 1: finished before, taken as it is" in rerun.stderr.decode()
+    weights = finite_weights(output)
+    whole = tmp_path / "whole"
+    argv[argv.index(str(output))] = str(whole)
+    argv[argv.index(str(tmp_path / "verdicts.sqlite"))] = str(tmp_path / "whole.sqlite")
+    assert run_farm(*argv, env={"OMP_NUM_THREADS": "1"}).returncode == 0
+    expected = finite_weights(whole)
+    assert all((weights[name] == expected[name]).all() for name in expected)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
