@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -202,8 +203,15 @@ class ForkServer:
         return same_imports(env, self.env)
 
     def run(
-        self, argv: list[str], input: bytes | None, env: dict[str, str], timeout: float
+        self,
+        argv: list[str],
+        input: bytes | None,
+        env: dict[str, str],
+        timeout: float,
+        started: Callable[[int], None] | None = None,
     ) -> subprocess.CompletedProcess:
+        """Run argv in a child; `started` is called with the child's pid as soon as it exists (a
+        test that SIGKILLs the tool at a moment of its own choosing)."""
         with tempfile.TemporaryDirectory(prefix="farm-fork-run-") as folder:
             stdin = Path(folder) / "stdin"
             stdin.write_bytes(input or b"")
@@ -214,7 +222,7 @@ class ForkServer:
             ]
             killed = threading.Event()
             try:
-                status = start(self.address, argv, env, files, timeout, killed)
+                status = start(self.address, argv, env, files, timeout, killed, started=started)
             finally:
                 for fd in files:
                     os.close(fd)
@@ -241,10 +249,12 @@ def start(
     timeout: float | None = None,
     killed: threading.Event | None = None,
     forward: bool = False,
+    started: Callable[[int], None] | None = None,
 ) -> int:
     """Run argv in a child of the server at address with files as its stdin, stdout and stderr;
     its exit status (128 + the signal's number when a signal ended it: the shell's convention).
-    forward: pass SIGINT and SIGTERM on to the child (a shim standing in for the tool)."""
+    forward: pass SIGINT and SIGTERM on to the child (a shim standing in for the tool); started:
+    called with the child's pid once it exists."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     connection.connect(address)
     with connection:
@@ -254,6 +264,8 @@ def start(
             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", files))],
         )
         pid = orjson.loads(connection.recv(MESSAGE))["pid"]
+        if started is not None:
+            started(pid)
         if forward:
             for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(number, lambda received, _frame: _kill(pid, received))

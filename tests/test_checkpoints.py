@@ -12,10 +12,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import forkserver
 import pytest
 from policy_fixtures import keyword_reward_model, prompt_records, write_jsonl
 
@@ -36,7 +38,7 @@ PREFS = [
     }
     for demo in DEMOS
 ]
-ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {"OMP_NUM_THREADS": "1"}  # what make test sets: the fork server serves the runs
 
 
 def test_resume_takes_the_newest_complete_checkpoint_and_removes_the_incomplete(tmp_path, caplog):
@@ -170,28 +172,54 @@ def kill_at_file(
 ) -> int:
     """Start the trainer and SIGKILL it once the k-th file (counting every file ever seen) has
     appeared under `checkpoints`, counting from the moment the first checkpoint is complete
-    (after_complete) or from the start; its exit status (-9 when killed)."""
+    (after_complete) or from the start; its exit status (-9 when killed). The trainer is forked
+    from the fork server where it can be (its own process and pid all the same: the kill is the
+    kernel's SIGKILL of that process), else started afresh."""
+    done, fired = threading.Event(), threading.Event()
+
+    def watch(pid: int) -> None:
+        seen: set[Path] = set()
+        counting, needed = not after_complete, k
+        while not done.is_set():
+            if not counting and complete(checkpoints):
+                counting = True
+                seen = {path for path in checkpoints.rglob("*") if not path.is_dir()}
+                needed += len(seen)
+            if counting and checkpoints.is_dir():
+                seen.update(path for path in checkpoints.rglob("*") if not path.is_dir())
+            if counting and len(seen) >= needed:
+                fired.set()
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.002)
+
+    environment = {**os.environ, **ENV}
     tool = str(Path(sys.executable).parent / argv[0])
-    process = subprocess.Popen(
-        [tool, *argv[1:]],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **ENV},
-    )
-    seen: set[Path] = set()
-    counting = not after_complete
-    while process.poll() is None:
-        if not counting and complete(checkpoints):
-            counting = True
-            seen = {path for path in checkpoints.rglob("*") if not path.is_dir()}
-            k += len(seen)
-        if counting and checkpoints.is_dir():
-            seen.update(path for path in checkpoints.rglob("*") if not path.is_dir())
-        if counting and len(seen) >= k:
-            os.kill(process.pid, signal.SIGKILL)
-            break
-        time.sleep(0.002)
-    return process.wait()
+    fork = forkserver.server()
+    watcher: threading.Thread | None = None
+
+    def started(pid: int) -> None:
+        nonlocal watcher
+        watcher = threading.Thread(target=watch, args=(pid,), daemon=True)
+        watcher.start()
+
+    try:
+        if fork is not None and fork.same_imports(environment):
+            status = fork.run([tool, *argv[1:]], None, environment, 600, started).returncode
+            # a child killed by a signal sends no status (the server says 128 + 15 then)
+            return -signal.SIGKILL if fired.is_set() and status > 128 else status
+        process = subprocess.Popen(
+            [tool, *argv[1:]],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=environment,
+        )
+        started(process.pid)
+        return process.wait()
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
 
 
 def finite_weights(folder: Path) -> dict:
@@ -235,9 +263,7 @@ def killed_and_resumed(
     runs go through run_farm (forked from a process that imported torch already)."""
 
     def run(argv: list[str]) -> subprocess.CompletedProcess:
-        # OMP_NUM_THREADS alone: make test sets it too, so the fork server is used (a variable of
-        # the server's imports that differs, TOKENIZERS_PARALLELISM say, makes it start afresh)
-        done = run_farm(*argv, env={"OMP_NUM_THREADS": "1"})
+        done = run_farm(*argv, env=ENV)
         done.stderr = done.stderr.decode()
         return done
 
@@ -312,14 +338,14 @@ def test_a_kill_during_an_online_dpo_round_reruns_into_the_unbroken_runs_policy(
     )
     assert status == -signal.SIGKILL, f"farm-online-dpo ended before file {k}"
     assert not output.exists()
-    rerun = run_farm(*argv, env={"OMP_NUM_THREADS": "1"})
+    rerun = run_farm(*argv, env=ENV)
     assert rerun.returncode == 0, rerun.stderr.decode()[-3000:]
     assert "round 1: finished before, taken as it is" in rerun.stderr.decode()
     weights = finite_weights(output)
     whole = tmp_path / "whole"
     argv[argv.index(str(output))] = str(whole)
     argv[argv.index(str(tmp_path / "verdicts.sqlite"))] = str(tmp_path / "whole.sqlite")
-    assert run_farm(*argv, env={"OMP_NUM_THREADS": "1"}).returncode == 0
+    assert run_farm(*argv, env=ENV).returncode == 0
     expected = finite_weights(whole)
     assert all((weights[name] == expected[name]).all() for name in expected)
 

@@ -58,7 +58,8 @@ def cli(
     from farmkit.lm.models import check_reward_model
     from farmkit.methods.launch import check_device
 
-    check_device(config.device)  # a device that is not there is said first, as every trainer says it
+    # a device that is not there is said first, as every trainer says it
+    check_device(config.device)
     check_reward_model(reward_model)  # before any work: any other model scores at random
     from farmkit.methods.ppo import train_ppo
 

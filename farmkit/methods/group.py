@@ -292,7 +292,8 @@ def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, outp
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
-    check_device(config.device)  # a device that is not there is said first, as every trainer says it
+    # a device that is not there is said first, as every trainer says it
+    check_device(config.device)
     check_reward_model(reward_model)  # before any work: any other model scores at random
     last = train_group(
         sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts]
