@@ -108,6 +108,15 @@ def test_the_guard_names_the_step_of_a_non_finite_loss_or_weight():
         layer.weight[0, 0] = float("inf")
     with pytest.raises(FarmError, match=r"^step 4: a weight is not finite; nothing was saved"):
         C.check_finite(4, 0.1, layer)
+    # half precision: finite weights whose sum passes 65504 are still finite
+    wide = torch.nn.Linear(1000, 100).half()
+    with torch.no_grad():
+        wide.weight.fill_(1.0)
+    C.check_finite(5, 0.1, wide)
+    with torch.no_grad():
+        wide.weight[7, 7] = float("nan")
+    with pytest.raises(FarmError, match=r"^step 6: a weight is not finite"):
+        C.check_finite(6, 0.1, wide)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -516,8 +516,16 @@ def check_finite(step: int, loss: Any = None, model: Any = None) -> None:
             )
     if model is not None:
         trained = [param for param in model.parameters() if param.requires_grad and param.numel()]
-        # one reduction and one device sync for the whole model
-        if trained and not bool(torch.stack([torch.isfinite(p).all() for p in trained]).all()):
+        # A sum is NaN or infinite when any of its terms is, and reads each weight once without
+        # writing a mask: 25 ms for the embedded model's 135M weights on one thread, where
+        # isfinite().all() took 530 ms, on every step. One device sync for the whole model. (A sum
+        # of finite weights could overflow only if they were near 1e30: a diverged model too.)
+        total = (
+            torch.stack([param.detach().sum(dtype=torch.float32) for param in trained]).sum()
+            if trained
+            else None
+        )  # in float32: a half-precision sum of finite weights overflows at 65504
+        if total is not None and not math.isfinite(float(total)):
             raise FarmError(
                 f"step {step}: a weight is not finite; nothing was saved: lower --learning-rate "
                 "(or check the data)"
