@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import click
 
@@ -26,6 +27,19 @@ from farmkit.methods.sft import SFTConfig
 
 log = logging.getLogger("farmkit")
 SFT_FIELDS = {field.name: field for field in dataclasses.fields(SFTConfig)}
+
+
+def sft_option(name: str, default: int) -> Callable[[Callable], Callable]:
+    """An option of farm-sft's config that the SFT rounds take, with its type and help and the
+    default of expert iteration."""
+    field = SFT_FIELDS[name]
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        type=field_type(field),
+        default=default,
+        show_default=True,
+        help=field.metadata["help"],
+    )
 
 
 @click.command(name="farm-expiter")
@@ -52,20 +66,8 @@ SFT_FIELDS = {field.name: field for field in dataclasses.fields(SFTConfig)}
 @shared_option("epochs", 1)
 @shared_option("max_steps")
 @shared_option("learning_rate", 2e-5)
-@click.option(
-    "--batch-size",
-    type=field_type(SFT_FIELDS["batch_size"]),
-    default=8,
-    show_default=True,
-    help=SFT_FIELDS["batch_size"].metadata["help"],
-)
-@click.option(
-    "--max-length",
-    type=field_type(SFT_FIELDS["max_length"]),
-    default=512,
-    show_default=True,
-    help=SFT_FIELDS["max_length"].metadata["help"],
-)
+@sft_option("batch_size", 8)
+@sft_option("max_length", 512)
 @shared_option("lora")
 @shared_option("lora_rank")
 @shared_option("lora_alpha")
