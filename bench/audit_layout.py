@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE / "bench"))
 
 from relayout import MOVES  # noqa: E402
 
-from farmkit import docs_diagrams  # noqa: E402
+from dev import diagrams as docs_diagrams  # noqa: E402
 
 DATA = HERE.parent / "shared" / "data"
 RANK = {

@@ -1,4 +1,4 @@
-"""Audit of the mutation gate with fresh mutations: breaks of the same methods that bench/mutants.py
+"""Audit of the mutation gate with fresh mutations: breaks of the same methods that dev/mutants.py
 does not list (and that no test was written against), each applied alone to a copy of the working
 tree, with the tests of its area run there. Run it with the tests of another commit (--tests-from,
 e.g. the one before the gate) to compare. Not part of the test suite.
@@ -31,29 +31,33 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "kwargs.update(temperature=max(config.temperature, 1.0),",
             (),
         ),
-        ("tests/test_sample.py", "tests/test_bon.py", "tests/test_temperature.py"),
+        (
+            "tests/lm/test_sampling.py",
+            "tests/methods/test_bon.py",
+            "tests/lm/test_generation_temperature.py",
+        ),
         None,
     ),
     (
         Mutation(
             "log-probs: logits divided by the square root of the temperature",
-            "farmkit/methods/policy.py",
+            "farmkit/train/policy.py",
             "return out.logits[:, :-1].float() / temperature",
             "return out.logits[:, :-1].float() / temperature**0.5",
             (),
         ),
-        ("tests/test_rollouts.py", "tests/test_temperature.py"),
+        ("tests/train/test_rollouts.py", "tests/lm/test_generation_temperature.py"),
         None,
     ),
     (
         Mutation(
             "GRPO: divided by the group's variance, not its std",
-            "farmkit/methods/estimators.py",
+            "farmkit/train/estimators.py",
             "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)",
             "centred = centred / (grouped.var(dim=1, keepdim=True) + eps)",
             (),
         ),
-        ("tests/test_group_methods.py",),
+        ("tests/methods/test_group.py",),
         "not test_cli and not resume and not rises and not groups_are",
     ),
     (
@@ -64,7 +68,7 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "prepared.advantages, 2 * config.clip_range, config.max_new_tokens",
             (),
         ),
-        ("tests/test_group_methods.py",),
+        ("tests/methods/test_group.py",),
         "not test_cli and not resume and not rises and not groups_are",
     ),
     (
@@ -75,7 +79,7 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "loss = loss + 0.5 * config.kl_coef * kl_loss",
             (),
         ),
-        ("tests/test_group_methods.py",),
+        ("tests/methods/test_group.py",),
         "not test_cli and not resume and not rises and not groups_are",
     ),
     (
@@ -86,7 +90,7 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "[ids + token_ids[-1:] for ids, (_, q) in zip(prompt_ids, local, strict=True)],",
             (),
         ),
-        ("tests/test_quark.py",),
+        ("tests/methods/test_quark.py",),
         "keep_all or later_rounds",
     ),
     (
@@ -97,7 +101,7 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "control = token_ids[1:2] if round_number > 0 and tokens else []",
             (),
         ),
-        ("tests/test_quark.py",),
+        ("tests/methods/test_quark.py",),
         "keep_all or later_rounds",
     ),
     (
@@ -108,7 +112,7 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "",
             (),
         ),
-        ("tests/test_dpo.py",),
+        ("tests/methods/test_dpo.py",),
         "loss_variants",
     ),
     (
@@ -119,18 +123,18 @@ FRESH: list[tuple[Mutation, tuple[str, ...], str | None]] = [
             "mask = ([0] * (len(prompt_ids) - 1) + [1] * (len(completion_ids) + 1))[:max_length]",
             (),
         ),
-        ("tests/test_sft.py",),
+        ("tests/methods/test_sft.py",),
         "lowers_the_response_loss or prompt_tokens",
     ),
     (
         Mutation(
             "PPO: advantages scaled but not centred",
-            "farmkit/methods/estimators.py",
+            "farmkit/train/estimators.py",
             "return rl_common.masked_whiten(advantages, mask, reduce=reduce), returns",
             "return rl_common.masked_whiten(advantages, mask, False, reduce=reduce), returns",
             (),
         ),
-        ("tests/test_rl_math.py",),
+        ("tests/train/test_estimators.py",),
         None,
     ),
 ]

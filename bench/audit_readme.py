@@ -1,6 +1,6 @@
 """Audit of issue 24 item 2 on a checkout (default: this one): is the README a short front page
 whose links resolve, does every tool have a page linked from it, is each page its own source, and
-does `python -m farmkit.docs --check` still guard each tool's options? Usage:
+does `python -m dev.docs --check` still guard each tool's options? Usage:
     python bench/audit_readme.py [CHECKOUT]
 Prints one line per check (PASS/FAIL and the figure)."""
 
@@ -74,7 +74,7 @@ def main() -> int:
             text.replace("Usage: farm-correlate", "Usage: farm-correlat", 1), encoding="utf-8"
         )
         check = subprocess.run(
-            [sys.executable, "-m", "farmkit.docs", "--check"],
+            [sys.executable, "-m", "dev.docs", "--check"],
             cwd=copy,
             capture_output=True,
             text=True,

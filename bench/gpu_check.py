@@ -57,7 +57,7 @@ in bf16-autocast, then bf16-weights, then the 1B shape in fp32); one whose kind 
 
 `--dry-run` runs every section on the CPU at tiny sizes (two tiny Llama shapes standing for the two
 above; 8 new tokens), one torch thread, sampling in fp32 (farmkit's choice on a CPU) and training in
-the same three precisions (bf16 autocast on the CPU). tests/test_gpu_check.py runs it through
+the same three precisions (bf16 autocast on the CPU). tests/bench/test_gpu_check.py runs it through
 `make gpu-check DRY_RUN=1`.
 
 Progress goes to stderr with timestamps; the report to --output (default $OUT/gpu-check.json when
@@ -633,7 +633,7 @@ def precision(mode: str) -> Any:
     that the next Accelerator reads ACCELERATE_MIXED_PRECISION afresh."""
     from accelerate.state import AcceleratorState, GradientState
 
-    from farmkit.methods import rollouts
+    from farmkit.train import rollouts
 
     saved_env = os.environ.get("ACCELERATE_MIXED_PRECISION")
     saved_dtype = getattr(rollouts, "TRAINING_DTYPE", None)
@@ -641,7 +641,7 @@ def precision(mode: str) -> Any:
     if mode == "bf16-weights":
         if saved_dtype is None:
             raise RuntimeError(
-                "farmkit.methods.rollouts.TRAINING_DTYPE is gone: bf16-weights cannot be set up"
+                "farmkit.train.rollouts.TRAINING_DTYPE is gone: bf16-weights cannot be set up"
             )
         rollouts.TRAINING_DTYPE = "bfloat16"
     AcceleratorState._reset_state(reset_partial_state=True)

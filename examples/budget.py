@@ -11,7 +11,7 @@ farm-bon's output). Columns, per method at its last gold-judged checkpoint (best
   of its largest n);
 - KL: to the SFT model, measured on the gold answers (best-of-n: log n - (n - 1) / n);
 - length: the gold answers' mean length in tokens;
-- labels, tokens sampled, wall s: the budget (farmkit.methods.budget; best-of-n: its --metrics row).
+- labels, tokens sampled, wall s: the budget (farmkit.train.budget; best-of-n: its --metrics row).
 """
 
 from __future__ import annotations

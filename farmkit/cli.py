@@ -18,7 +18,7 @@ The CLI dialect: an option that several tools have is declared once, in SHARED b
 and range, help; its default too, unless the default is the method's own, as --epochs), and every
 tool builds it from there, by hand (`shared_option`, the bundles) or from a method config
 (`config_options`). Renamed options keep their old name for one release as a hidden alias that
-warns on stderr. tests/test_cli_dialect.py checks every tool against SHARED.
+warns on stderr. tests/test_cli.py checks every tool against SHARED.
 
 Numbers: every numeric option is a FiniteFloat or a WholeNumber (farmkit.core.values' one check:
 finite, whole for a count, in its range), declared with it in SHARED, in a config field's metadata
@@ -47,8 +47,8 @@ from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdou
 from farmkit.core.seeds import stable_hash
 from farmkit.core.values import Bounds, Number, check_number
 from farmkit.lm.models import TEMPLATES
-from farmkit.methods import config as method_config
-from farmkit.methods.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP, SHARED_NUMBERS
+from farmkit.train import config as method_config
+from farmkit.train.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP, SHARED_NUMBERS
 
 log = logging.getLogger("farmkit")
 
@@ -122,7 +122,7 @@ long_prompts_option = click.option(
 
 # ---------------------------------------------------------------------------------------------
 # The shared options: one name, type and help per concept (the help texts live beside the method
-# configs, in farmkit.methods.config.SHARED_HELP, since the configs' fields carry them too).
+# configs, in farmkit.train.config.SHARED_HELP, since the configs' fields carry them too).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +298,7 @@ SHARED: dict[str, Shared] = {
     "lora_alpha": Shared(("--lora-alpha",), _shared_number("lora_alpha"), 32),
     "report_to": Shared(("--report-to",), click.Choice(REPORT_TO), "none"),
     "rollout_backend": Shared(("--rollout-backend",), click.Choice(ROLLOUT_BACKENDS), "auto"),
-    # the gold judge of every policy method (farmkit.methods.gold)
+    # the gold judge of every policy method (farmkit.train.gold)
     "gold": Shared(("--gold",), click.STRING, metavar="POOL_OR_RM"),
     "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),
     "gold_size": Shared(("--gold-size",), _shared_number("gold_size"), 32),
@@ -480,7 +480,7 @@ output_dir_option = model_dir_option("output")
 
 
 # ---------------------------------------------------------------------------------------------
-# Method configs (farmkit.methods.config) as options: defaults < --config FILE.yaml < flags.
+# Method configs (farmkit.train.config) as options: defaults < --config FILE.yaml < flags.
 
 
 def _config_option(field: dataclasses.Field) -> Callable:

@@ -19,6 +19,16 @@ from farmkit.core.allocator import keep_freed_memory
 keep_freed_memory()
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/ mirrors the package (tests/core/, tests/methods/, ...). A few test modules import helpers from
+# a test module in another folder (test_reward's keyword world, test_cli's scalar tags): every folder
+# is importable by its modules' names, whichever file pytest is asked to run
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if (
+        _folder.is_dir()
+        and _folder.name not in ("data", "__pycache__")
+        and str(_folder) not in sys.path
+    ):
+        sys.path.append(str(_folder))
 SHARED_DATA = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
@@ -113,24 +123,24 @@ MODEL_FIXTURES = {"embedded_path", "tiny_model_path"}
 # seconds each file took in one run of the suite under two workers (2026-11-26), for the order above
 LONGEST_FILES = {
     "test_checkpoints.py": 67,  # measured alone (2026-11-28)
-    "test_trainer_options.py": 78,
+    "test_config.py": 78,
     "test_ppo.py": 56,
     "test_quark.py": 52,
     "test_online_dpo.py": 47,
     "test_gold.py": 46,
-    "test_prompt_length.py": 42,
-    "test_annotate_server.py": 42,
+    "test_generation.py": 42,
+    "test_openai_backend.py": 42,
     "test_distributed.py": 35,
     "test_modelio.py": 30,
     "test_contract.py": 29,
     "test_endpoint.py": 25,
     "test_gpu_check.py": 25,
     "test_onpolicy.py": 24,
-    "test_group_methods.py": 22,
+    "test_group.py": 22,
     "test_online_dpo_continuity.py": 21,
-    "test_annotate_engine.py": 20,
+    "test_engine.py": 20,
     "test_dpo.py": 17,
-    "test_judge_train.py": 16,
+    "test_learned.py": 16,
 }
 
 

@@ -302,7 +302,7 @@ def check_budget(
     metrics: Path | None = None,
     within: float | None = None,
 ) -> dict:
-    """The budget every policy method keeps (farmkit.methods.budget): meta.json's `budget` block
+    """The budget every policy method keeps (farmkit.train.budget): meta.json's `budget` block
     with its four figures, and the same figures as running totals on every metrics row (that never
     fall and end at the block's totals). within: the seconds the test measured around the run, which
     the run's own wall-clock time cannot exceed. Returns the block."""

@@ -4,7 +4,7 @@ lazy imports inside functions included (only `if TYPE_CHECKING:` imports, which 
 
 from __future__ import annotations
 
-from farmkit.docs_diagrams import import_circles, import_graph
+from dev.diagrams import import_circles, import_graph
 
 # what farmkit.core may import: itself, and the package's __init__ (the version string)
 CORE = "farmkit.core"
@@ -30,7 +30,7 @@ def test_core_imports_nothing_above_it():
 
 def test_graph_sees_lazy_imports_but_not_type_checking(tmp_path, monkeypatch):
     """The checker itself: an import inside a function is an edge, one under TYPE_CHECKING is not."""
-    from farmkit import docs_diagrams
+    from dev import diagrams as docs_diagrams
 
     package = tmp_path / "farmkit"
     (package / "core").mkdir(parents=True)

@@ -117,7 +117,6 @@ def cli(
 
     check_reward_model(rm)  # before any work: any other model scores at random
     from farmkit.core.seeds import derive_seed
-    from farmkit.evaluate.metrics import write_metrics
     from farmkit.lm.sampling import generator_name
     from farmkit.methods.bon import (
         BestOfNConfig,
@@ -127,9 +126,10 @@ def cli(
         sample_and_score,
         sweep_rows,
     )
-    from farmkit.methods.budget import reward_model_labels
-    from farmkit.methods.gold import describe, make_gold, prompt_key
     from farmkit.methods.reward import RewardScorer
+    from farmkit.train.budget import reward_model_labels
+    from farmkit.train.gold import describe, make_gold, prompt_key
+    from farmkit.train.metrics import write_metrics
 
     try:
         config = BestOfNConfig(

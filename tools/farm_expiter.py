@@ -139,7 +139,7 @@ def cli(
     check_reward_model(rm)  # before any work: any other model scores at random
     from farmkit.methods.bon import BestOfNConfig
     from farmkit.methods.expiter import expert_iteration
-    from farmkit.methods.tracking import check
+    from farmkit.train.tracking import check
 
     check(report_to)
     from farmkit.lm.models import file_sha256
@@ -172,7 +172,7 @@ def cli(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    from farmkit.methods.gold import make_gold
+    from farmkit.train.gold import make_gold
 
     judge = make_gold(
         gold,

@@ -56,7 +56,7 @@ def cli(
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
     from farmkit.lm.models import check_reward_model
-    from farmkit.methods.launch import check_device
+    from farmkit.train.launch import check_device
 
     # a device that is not there is said first, as every trainer says it
     check_device(config.device)

@@ -37,7 +37,7 @@ class Sample:
 
 
 # The decoding settings' kinds and ranges (farmkit.core.values); the shared options and config
-# fields of the same names take theirs from here (farmkit.methods.config.SHARED_NUMBERS).
+# fields of the same names take theirs from here (farmkit.train.config.SHARED_NUMBERS).
 DECODING_NUMBERS = {
     "n": Number(int, AT_LEAST_ONE),
     "temperature": Number(float, NON_NEGATIVE),  # 0: greedy decoding

@@ -15,7 +15,7 @@ from typing import Any
 
 from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.generation import DecodingConfig, Sample
-from farmkit.methods.config import ModelArgs
+from farmkit.train.config import ModelArgs
 
 log = logging.getLogger("farmkit")
 
@@ -30,7 +30,7 @@ class BestOfNConfig(ModelArgs):
     max_new_tokens: int = 300
     batch_size: int = 16  # sequences per generation pass
     score_batch_size: int = field(default=16, metadata={"bounds": AT_LEAST_ONE})
-    # what samples: hf, vllm or auto (farmkit.methods.rollout_backends.resolve_backend); farm-expiter's --rollout-backend
+    # what samples: hf, vllm or auto (farmkit.train.rollout_backends.resolve_backend); farm-expiter's --rollout-backend
     backend: str = "hf"
 
     def __post_init__(self) -> None:
@@ -84,8 +84,8 @@ def sample_and_score(
     from farmkit.lm.generation import generate
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
     from farmkit.lm.sampling import vllm_generate_from_folder
-    from farmkit.methods.launch import whole_models
-    from farmkit.methods.rollout_backends import resolve_backend as rollout_backend
+    from farmkit.train.launch import whole_models
+    from farmkit.train.rollout_backends import resolve_backend as rollout_backend
 
     path = resolve(policy)
     decoding = DecodingConfig(**config.decoding_fields())
@@ -216,10 +216,10 @@ def sweep_rows(
     """farm-bon's metrics rows (schemas/metrics.json), one per n: step = n, no loss; the mean reward
     and length of the selected outputs, the KL bound log n - (n - 1) / n, the budget of best-of-n
     alone (the first n samples of each prompt: one pass serves the sweep, the largest n's row counts
-    the whole pass) and, with a gold judge (farmkit.methods.gold), its figures for the selected
+    the whole pass) and, with a gold judge (farmkit.train.gold), its figures for the selected
     answers to the gold prompts (`gold_scored`)."""
-    from farmkit.evaluate.metrics import metrics_row
-    from farmkit.methods.gold import best_of_n_kl
+    from farmkit.train.gold import best_of_n_kl
+    from farmkit.train.metrics import metrics_row
 
     rows = []
     for n in ns:

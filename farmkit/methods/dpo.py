@@ -19,8 +19,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError, atomic_path
 from farmkit.core.values import AT_LEAST_ONE, POSITIVE, Bounds, check_number
-from farmkit.evaluate.metrics import from_trainer_log, write_metrics
-from farmkit.methods.config import (
+from farmkit.train.config import (
     GoldArgs,
     ModelArgs,
     TrackingArgs,
@@ -28,6 +27,7 @@ from farmkit.methods.config import (
     help_field,
     shared_field,
 )
+from farmkit.train.metrics import from_trainer_log, write_metrics
 
 log = logging.getLogger("farmkit")
 
@@ -205,7 +205,7 @@ class Continuation:
 
 def continuing(trainer_class: type, continuation: Continuation) -> type:
     """A transformers Trainer subclass that continues `continuation`'s optimizer and schedule."""
-    from farmkit.methods.schedule import scheduler, warmup_steps
+    from farmkit.train.schedule import scheduler, warmup_steps
 
     class Continuing(trainer_class):  # type: ignore[valid-type,misc]
         def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
@@ -281,10 +281,10 @@ def train_dpo(
     from farmkit import cli
     from farmkit.lm.modelio import model_meta, save_model_folder
     from farmkit.lm.models import PromptFormat, load_causal_lm
-    from farmkit.methods import launch
-    from farmkit.methods.budget import Budget
-    from farmkit.methods.gold import check_processes, make_gold
-    from farmkit.methods.policy import plain_model
+    from farmkit.train import launch
+    from farmkit.train.budget import Budget
+    from farmkit.train.gold import check_processes, make_gold
+    from farmkit.train.policy import plain_model
 
     if not pairs:
         raise FarmError("no usable preference pairs (all ties or null verdicts)")
@@ -344,14 +344,14 @@ def train_dpo(
     else:
         with launch.whole_models():
             reference, _ = load_causal_lm(sft, device="cpu", dtype="float32")
-    from farmkit.methods import tracking
+    from farmkit.train import tracking
 
     report_to, callbacks = tracking.trainer_reporting(
         config.report_to,
         tracker_dir or tracking.tracker_dir(output),
         main_process=int(os.environ.get("RANK", "0")) == 0,
     )
-    from farmkit.methods import checkpoints as C
+    from farmkit.train import checkpoints as C
 
     checkpoints = C.checkpoint_folder(output, config)
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -386,7 +386,7 @@ def train_dpo(
             # several DeepSpeed processes on CPUs: keep the process count accelerate was given
             **launch.trainer_state_config(),
         )
-        from farmkit.methods.schedule import warm_trainer
+        from farmkit.train.schedule import warm_trainer
 
         trainer_class = warm_trainer(
             _pretokenized(DPOTrainer)

@@ -1,7 +1,7 @@
 """Expert iteration: best-of-n on a set of prompts with a reward model, then supervised fine-tuning
 of the policy on the winners (farm-sft's code path), repeated for a number of rounds. The folder
 written holds the last round's policy; its meta.json records every round's sampling and training.
-Each round before the last is a checkpoint under the one rule (farmkit.methods.checkpoints): its
+Each round before the last is a checkpoint under the one rule (farmkit.train.checkpoints): its
 policy in OUTPUT-checkpoints/step-N/, complete once trainer/state.json (what the next rounds carry
 on) is written; --resume continues after the newest complete round."""
 
@@ -20,10 +20,10 @@ from farmkit.core import distributed
 from farmkit.core.io import FarmError
 from farmkit.core.runs import read_metrics
 from farmkit.core.seeds import derive_seed
-from farmkit.evaluate.metrics import METRICS_FILE, metrics_row, write_metrics
 from farmkit.methods.bon import BestOfNConfig, ScoredPrompt, mean_rewards, sample_and_score
-from farmkit.methods.config import config_dict
-from farmkit.methods.tracking import tracker_dir
+from farmkit.train.config import config_dict
+from farmkit.train.metrics import METRICS_FILE, metrics_row, write_metrics
+from farmkit.train.tracking import tracker_dir
 
 log = logging.getLogger("farmkit")
 
@@ -58,16 +58,16 @@ def expert_iteration(
     Round r samples with seed derive_seed(sampling.seed, "expiter round", r) and trains with
     derive_seed(sft_config.seed, "expiter round", r): no round repeats another's draws, nor those of a
     run with the next seed. `sft_config` is a farmkit.methods.sft.SFTConfig.
-    `gold`: a farmkit.methods.gold.GoldEvaluator that judges each round's policy (its figures go on
-    the round's last metrics row). meta.json's `budget` counts the run (farmkit.methods.budget).
+    `gold`: a farmkit.train.gold.GoldEvaluator that judges each round's policy (its figures go on
+    the round's last metrics row). meta.json's `budget` counts the run (farmkit.train.budget).
     `resume`: continue after the newest complete round in OUTPUT-checkpoints (with none, from the
     beginning); it must have been written with the same sampling and training settings.
     Returns {"rounds": [per-round figures], "output_dir": ..., "budget": ...}.
     """
-    from farmkit.methods import checkpoints as C
-    from farmkit.methods.budget import Budget, reward_model_labels
     from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import train_sft
+    from farmkit.train import checkpoints as C
+    from farmkit.train.budget import Budget, reward_model_labels
 
     if rounds < 1:
         raise FarmError("rounds must be at least 1")

@@ -1,7 +1,7 @@
 """RLOO and GRPO (and Dr.GRPO): policy-gradient methods whose baseline is the group, not a value model.
 
 Each step takes rollout_batch_size / k prompts and samples k responses to each (the shared rollout,
-farmkit.methods.rollouts), scores them with the reward model, and turns each group of k scores into
+farmkit.train.rollouts), scores them with the reward model, and turns each group of k scores into
 advantages:
 - RLOO: a_i = r_i - mean_{j != i} r_j (the leave-one-out mean of the other k - 1 responses);
 - GRPO: a_i = (r_i - mean_j r_j) / (std_j r_j + eps), the group's sample standard deviation;
@@ -18,7 +18,7 @@ The KL to the SFT model is either subtracted from the score before the group adv
 added to the loss (kl_in=loss: kl_coef times the per-token estimate of the current policy, weighted
 as the policy loss weights its tokens). Accelerate/DeepSpeed, checkpoints, --resume, LoRA, metrics and
 the output folder work as in farm-ppo: the loop is the one on-policy trainer's
-(farmkit.methods.onpolicy), the advantages and losses farmkit.methods.estimators' registered ones;
+(farmkit.train.onpolicy), the advantages and losses farmkit.train.estimators' registered ones;
 a group never spans two processes.
 """
 
@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE
-from farmkit.methods.config import (
+from farmkit.train.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
     Preset,
@@ -39,13 +39,13 @@ from farmkit.methods.config import (
     same_as,
     shared_field,
 )
-from farmkit.methods.estimators import (
+from farmkit.train.estimators import (
     STD_EPS,
     grpo_advantages,
     rloo_advantages,
     seq_mean_token_weights,
 )
-from farmkit.methods.onpolicy import MicroBatch, OnPolicyMethod, Prepared
+from farmkit.train.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 
 __all__ = [
     "STD_EPS",
@@ -73,7 +73,7 @@ class GroupConfig(OnPolicyConfig):
 
     method: ClassVar[str] = ""
     tool: ClassVar[str] = ""
-    policy_loss: ClassVar[str] = ""  # its name in farmkit.methods.estimators.POLICY_LOSSES
+    policy_loss: ClassVar[str] = ""  # its name in farmkit.train.estimators.POLICY_LOSSES
 
     rollout_batch_size: int = help_field(
         64,
@@ -229,7 +229,7 @@ class GroupMethod(OnPolicyMethod):
     def prepare(
         self, batch: Any, old_logprobs: Any, ref_logprobs: Any, old_values: Any, reduce: Any
     ) -> Prepared:
-        from farmkit.methods import rl_common
+        from farmkit.train import rl_common
 
         config, mask = self.config, batch.rollout.response_mask
         kl = rl_common.kl_estimate(old_logprobs, ref_logprobs, config.kl_estimator) * mask
@@ -249,7 +249,7 @@ class GroupMethod(OnPolicyMethod):
         )
 
     def loss(self, micro: MicroBatch, prepared: Prepared) -> tuple[Any, dict[str, Any]]:
-        from farmkit.methods import rl_common
+        from farmkit.train import rl_common
 
         config = self.config
         loss, stats = micro.surrogate(
@@ -278,7 +278,7 @@ def train_group(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """train_group(sft, reward_model, prompts, output, config, seed=0, inputs=None): train a
     policy with RLOO or GRPO (an RLOOConfig or a GRPOConfig says which) and write it to `output`;
     returns the last step's metrics."""
-    from farmkit.methods.onpolicy import run_method
+    from farmkit.train.onpolicy import run_method
 
     return run_method(GroupMethod, *args, **kwargs)
 
@@ -287,7 +287,7 @@ def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, outp
     """What farm-rloo and farm-grpo do once their options are read into `config`."""
     from farmkit.core.io import display_name, read_records
     from farmkit.lm.models import check_reward_model
-    from farmkit.methods.launch import check_device
+    from farmkit.train.launch import check_device
 
     records = list(read_records(prompts, "instruction"))
     if not records:

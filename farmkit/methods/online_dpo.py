@@ -35,11 +35,11 @@ from typing import Any
 from farmkit.core.io import FarmError, RecordWriter, atomic_path, read_records
 from farmkit.core.seeds import derive_seed, stable_hash
 from farmkit.core.values import AT_LEAST_ONE
-from farmkit.evaluate.metrics import metrics_row, write_metrics
 from farmkit.lm.models import META_FILE
-from farmkit.methods.config import ROLLOUT_BACKENDS, config_dict, help_field, shared_field
 from farmkit.methods.dpo import DPOConfig
-from farmkit.methods.tracking import tracker_dir
+from farmkit.train.config import ROLLOUT_BACKENDS, config_dict, help_field, shared_field
+from farmkit.train.metrics import metrics_row, write_metrics
+from farmkit.train.tracking import tracker_dir
 
 log = logging.getLogger("farmkit")
 
@@ -219,7 +219,7 @@ def _sample_pairs(
     from farmkit.lm.generation import DecodingConfig, generate, plain_generation_config
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer
     from farmkit.lm.sampling import vllm_generate_from_folder
-    from farmkit.methods.rollout_backends import resolve_backend as rollout_backend
+    from farmkit.train.rollout_backends import resolve_backend as rollout_backend
 
     decoding = DecodingConfig(
         n=2,
@@ -385,7 +385,7 @@ def train_online_dpo(
     # One process only: not rank-aware (under a launcher every process would sample, pay the judges
     # for the same pairs and write the rounds), and its DPO rounds would not be the DeepSpeed run
     # launched. Refused before any work, never N copies of the run.
-    from farmkit.methods.launch import deepspeed_launched
+    from farmkit.train.launch import deepspeed_launched
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise FarmError(
@@ -401,7 +401,7 @@ def train_online_dpo(
     from farmkit.lm.modelio import model_meta
     from farmkit.lm.models import PromptFormat, file_sha256, load_tokenizer, resolve
     from farmkit.methods.dpo import Continuation, dpo_pairs, train_dpo
-    from farmkit.methods.rollouts import prompt_order
+    from farmkit.train.rollouts import prompt_order
 
     if not records:
         raise FarmError("no prompts to train on")
@@ -414,7 +414,7 @@ def train_online_dpo(
     pool = annotation.load_pool()
     run_folder = rounds_folder(out)
     # the gold judge watches every round's policy (--gold): made before anything is sampled
-    from farmkit.methods.gold import make_gold
+    from farmkit.train.gold import make_gold
 
     gold = make_gold(
         config.gold,
@@ -547,7 +547,7 @@ def train_online_dpo(
         raise FarmError(
             f"{output}: no round was trained ({stopped or 'every label a tie or null'})"
         )
-    # the shape of every method's budget (farmkit.methods.budget), then online DPO's own figures
+    # the shape of every method's budget (farmkit.train.budget), then online DPO's own figures
     budget = {
         "labels_used": sum(r["labels_used"] for r in rounds),
         "tokens_sampled": sum(r["tokens_sampled"] for r in rounds),

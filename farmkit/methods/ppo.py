@@ -9,8 +9,8 @@ gamma = lambda = 1 and are whitened over the whole rollout batch with padding le
 process together under accelerate). Clipped policy and value losses, gradient clipping, a learning
 rate that warms up and decays linearly to 0. A step = one rollout batch, then `ppo_epochs` passes
 over it in minibatches. The loop, checkpoints, --resume and the rollout backends are the one
-on-policy trainer's (farmkit.methods.onpolicy); this module holds what is PPO's: the value model,
-the KL-penalized per-token rewards and GAE (farmkit.methods.estimators' `gae`), and the clipped
+on-policy trainer's (farmkit.train.onpolicy); this module holds what is PPO's: the value model,
+the KL-penalized per-token rewards and GAE (farmkit.train.estimators' `gae`), and the clipped
 policy (`token-mean`) and value losses.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE
-from farmkit.methods.config import (
+from farmkit.train.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
     Preset,
@@ -31,7 +31,7 @@ from farmkit.methods.config import (
     preset_field,
     shared_field,
 )
-from farmkit.methods.onpolicy import MicroBatch, OnPolicyMethod, Prepared
+from farmkit.train.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 
 log = logging.getLogger("farmkit")
 VALUE_HEADS = ("reward", "zero")
@@ -153,8 +153,8 @@ class PPOMethod(OnPolicyMethod):
     def prepare(
         self, batch: Any, old_logprobs: Any, ref_logprobs: Any, old_values: Any, reduce: Any
     ) -> Prepared:
-        from farmkit.methods import rl_common
-        from farmkit.methods.estimators import advantage_estimator
+        from farmkit.train import rl_common
+        from farmkit.train.estimators import advantage_estimator
 
         config, mask = self.config, batch.rollout.response_mask
         rewards, kl = rl_common.kl_penalized_rewards(
@@ -168,7 +168,7 @@ class PPOMethod(OnPolicyMethod):
         return Prepared(advantages, kl, returns=returns, old_values=old_values)
 
     def loss(self, micro: MicroBatch, prepared: Prepared) -> tuple[Any, dict[str, Any]]:
-        from farmkit.methods import rl_common
+        from farmkit.train import rl_common
 
         config = self.config
         loss, policy_stats = micro.surrogate("token-mean", prepared.advantages, config.clip_range)
@@ -195,7 +195,7 @@ class PPOMethod(OnPolicyMethod):
 def train_ppo(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """train_ppo(sft, reward_model, prompts, output, config, seed=0, inputs=None): train a policy
     with PPO (a PPOConfig) and write it to `output`; returns the last step's metrics."""
-    from farmkit.methods.onpolicy import run_method
+    from farmkit.train.onpolicy import run_method
 
     return run_method(PPOMethod, *args, **kwargs)
 
@@ -206,8 +206,8 @@ def load_value_model(source: str | Path, device: str, head: str) -> Any:
     import torch
 
     from farmkit.lm.models import load_reward_model
-    from farmkit.methods.policy import score_head
-    from farmkit.methods.rollouts import TRAINING_DTYPE
+    from farmkit.train.policy import score_head
+    from farmkit.train.rollouts import TRAINING_DTYPE
 
     value_model, _ = load_reward_model(source, device=device, dtype=TRAINING_DTYPE)
     if head == "zero":

@@ -26,8 +26,7 @@ from typing import Any
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
-from farmkit.evaluate.metrics import metrics_row, write_metrics
-from farmkit.methods.config import (
+from farmkit.train.config import (
     GoldArgs,
     Preset,
     RolloutConfig,
@@ -37,6 +36,7 @@ from farmkit.methods.config import (
     preset_field,
     shared_field,
 )
+from farmkit.train.metrics import metrics_row, write_metrics
 
 log = logging.getLogger("farmkit")
 KEEP = ("top", "all")
@@ -203,7 +203,7 @@ def rollout_backend_kind(config: QuarkConfig) -> str:
     --control-token condition grow the policy's vocabulary after the SFT folder is read, and a vLLM
     engine built from that folder cannot take the grown policy's weights (rollout_backends refuses
     the push): --rollout-backend vllm is refused with them, and auto samples with hf."""
-    from farmkit.methods.rollout_backends import resolve_backend
+    from farmkit.train.rollout_backends import resolve_backend
 
     kind = resolve_backend(config.rollout_backend, config.device)
     if kind != "vllm" or config.control_token != "condition":
@@ -233,14 +233,14 @@ def train_quark(
     from accelerate.utils import gather_object
 
     from farmkit.lm.models import PromptFormat, choose_device
-    from farmkit.methods import checkpoints as C
-    from farmkit.methods import launch, rl_common, tracking
-    from farmkit.methods import policy as P
-    from farmkit.methods.budget import Budget, reward_model_labels
-    from farmkit.methods.gold import check_processes, make_gold
     from farmkit.methods.reward import RewardScorer
-    from farmkit.methods.rollout_backends import make_backend
-    from farmkit.methods.rollouts import load_policy_and_reference, prompt_order, sample_and_score
+    from farmkit.train import checkpoints as C
+    from farmkit.train import launch, rl_common, tracking
+    from farmkit.train import policy as P
+    from farmkit.train.budget import Budget, reward_model_labels
+    from farmkit.train.gold import check_processes, make_gold
+    from farmkit.train.rollout_backends import make_backend
+    from farmkit.train.rollouts import load_policy_and_reference, prompt_order, sample_and_score
 
     backend_kind = rollout_backend_kind(config)  # vllm refused with control tokens, before any work
     if launch.deepspeed_launched() and config.device != "auto":

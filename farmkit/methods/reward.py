@@ -22,10 +22,10 @@ from typing import Any
 from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
-from farmkit.evaluate.metrics import MetricsWriter
 from farmkit.lm.models import PromptFormat, read_meta, resolve, response_end
-from farmkit.methods import tracking
-from farmkit.methods.config import ModelArgs, TrackingArgs, help_field, shared_field
+from farmkit.train import tracking
+from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
+from farmkit.train.metrics import MetricsWriter
 
 log = logging.getLogger("farmkit")
 METRICS_FILE = "metrics.jsonl"
@@ -219,7 +219,7 @@ class RewardScorer:
         self.device = choose_device(device)
         self.offloaded = offload
         if offload:
-            from farmkit.methods.launch import offload_frozen
+            from farmkit.train.launch import offload_frozen
 
             dtype = "bfloat16" if choose_dtype(self.device) == torch.bfloat16 else "float32"
             self.network, self.tokenizer = load_reward_model(self.path, device="cpu", dtype=dtype)
@@ -389,9 +389,9 @@ def train_reward_model(
     from farmkit.cli import progress
     from farmkit.lm.modelio import model_folder, model_meta
     from farmkit.lm.models import load_tokenizer, write_meta
-    from farmkit.methods import checkpoints as C
-    from farmkit.methods import launch
-    from farmkit.methods import schedule as schedules
+    from farmkit.train import checkpoints as C
+    from farmkit.train import launch
+    from farmkit.train import schedule as schedules
 
     if not items:
         raise FarmError("no comparisons to train on")

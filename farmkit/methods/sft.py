@@ -24,8 +24,8 @@ from farmkit.core import distributed
 from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
 from farmkit.core.values import AT_LEAST_ONE, Bounds
-from farmkit.evaluate.metrics import METRICS_FILE, from_trainer_log, write_metrics
-from farmkit.methods.config import ModelArgs, TrackingArgs, help_field, shared_field
+from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
+from farmkit.train.metrics import METRICS_FILE, from_trainer_log, write_metrics
 
 log = logging.getLogger("farmkit")
 
@@ -260,7 +260,7 @@ def train_sft(
         resolve,
         write_meta,
     )
-    from farmkit.methods import launch
+    from farmkit.train import launch
 
     if not examples:
         raise FarmError("no demonstrations to train on")
@@ -298,12 +298,12 @@ def train_sft(
         # output embedding matrix directly, which peft's trainable-token wrappers do not support. The
         # initial rows are distinct random draws, so the adapters still learn to tell them apart.
 
-    from farmkit.methods import checkpoints as C
+    from farmkit.train import checkpoints as C
 
     checkpoints = C.checkpoint_folder(str(output_dir), config)
     had_checkpoints = checkpoints.exists()
     quiet = log.getEffectiveLevel() > logging.INFO
-    from farmkit.methods import tracking
+    from farmkit.train import tracking
 
     report_to, callbacks = tracking.trainer_reporting(
         config.report_to,
@@ -343,7 +343,7 @@ def train_sft(
             # several DeepSpeed processes on CPUs: keep the process count accelerate was given
             **launch.trainer_state_config(),
         )
-    from farmkit.methods.schedule import step_logging_callback, warm_trainer
+    from farmkit.train.schedule import step_logging_callback, warm_trainer
 
     trainer = warm_trainer(SFTTrainer)(  # the first step already has a learning rate
         model=network,

@@ -1,0 +1,358 @@
+"""The mutation gate: each named mutation breaks one method on purpose, alone, in a copy of the
+repository; the tests named for it then run there, and at least one must fail. Not a framework:
+each mutation is an exact search-and-replace, so a mutation whose old text has gone from the code
+(or appears more than once) is an error, not a silent pass.
+
+    python dev/mutants.py            # every mutation (make mutants; slow: models train)
+    python dev/mutants.py --fast     # the cheap subset CI runs (make mutants-fast)
+    python dev/mutants.py --only NAME [--only NAME ...] [--list]
+
+First the named tests run once on the unmutated copy (they must pass, or a failure under a mutation
+proves nothing); then each mutation. Prints a table (mutation, caught, by which test) and exits 1
+when a mutation survives, its old text is not found exactly once, or the baseline fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids, cheapest first (the run stops at the first failure)
+    fast: bool = False  # in the CI subset
+
+
+T_GROUP = "tests/methods/test_group.py"
+T_RL = "tests/train/test_estimators.py"
+T_TEMP = "tests/lm/test_generation_temperature.py"
+
+MUTATIONS = [
+    # --- temperature, at each place a sampling temperature reaches the model
+    Mutation(
+        "generate: temperature ignored (always 1)",
+        "farmkit/lm/generation.py",
+        "kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)",
+        "kwargs.update(temperature=1.0, top_p=config.top_p, top_k=0)",
+        (f"{T_TEMP}::test_generate_follows_the_temperature",),
+        fast=True,
+    ),
+    Mutation(
+        "generate: temperature 0 samples instead of decoding greedily",
+        "farmkit/lm/generation.py",
+        "sampling = config.temperature > 0",
+        "sampling = True",
+        (f"{T_TEMP}::test_generate_at_temperature_zero_is_greedy",),
+    ),
+    Mutation(
+        "rollout sampling: temperature ignored (always 1)",
+        "farmkit/train/policy.py",
+        "            do_sample=True,\n            temperature=temperature,",
+        "            do_sample=True,\n            temperature=1.0,",
+        (f"{T_TEMP}::test_rollout_sampling_follows_the_temperature",),
+    ),
+    Mutation(
+        "rollout log-probs: logits not divided by the temperature",
+        "farmkit/train/policy.py",
+        "return out.logits[:, :-1].float() / temperature",
+        "return out.logits[:, :-1].float()",
+        (f"{T_TEMP}::test_response_logits_are_divided_by_the_temperature",),
+    ),
+    # --- group methods
+    Mutation(
+        "GRPO: no division by the group's std (where the config applies it)",
+        "farmkit/methods/group.py",
+        "scale=not self.dr_grpo)",
+        "scale=False)",
+        (f"{T_GROUP}::test_grpo_config_standardizes_and_dr_grpo_does_not",),
+        fast=True,
+    ),
+    Mutation(
+        "GRPO: std division removed from the estimator",
+        "farmkit/train/estimators.py",
+        "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)",
+        "centred = centred",
+        (f"{T_GROUP}::test_grpo_advantages_are_standardized_per_group_and_sum_to_zero",),
+    ),
+    Mutation(
+        "GRPO/RLOO: ratio clipping removed",
+        "farmkit/methods/group.py",
+        "config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens",
+        "config.policy_loss, prepared.advantages, 1e9, config.max_new_tokens",
+        (f"{T_GROUP}::test_group_loss_clips_the_ratio",),
+        fast=True,
+    ),
+    Mutation(
+        "RLOO: the baseline includes the sample itself",
+        "farmkit/train/estimators.py",
+        "baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)",
+        "baseline = grouped.mean(dim=1, keepdim=True)",
+        (f"{T_GROUP}::test_the_leave_one_out_baseline_excludes_the_sample_itself",),
+        fast=True,
+    ),
+    Mutation(
+        "GRPO: KL term left out of the loss",
+        "farmkit/methods/group.py",
+        "loss = loss + config.kl_coef * kl_loss",
+        "loss = loss",
+        (f"{T_GROUP}::test_group_loss_adds_the_kl_term",),
+    ),
+    # --- PPO
+    Mutation(
+        "PPO: KL penalty removed",
+        "farmkit/methods/ppo.py",
+        "batch.scores, old_logprobs, ref_logprobs, mask, config.kl_coef, config.kl_estimator",
+        "batch.scores, old_logprobs, ref_logprobs, mask, 0.0, config.kl_estimator",
+        ("tests/methods/test_ppo.py::test_the_configured_kl_estimator_is_the_penalty",),
+    ),
+    Mutation(
+        "KL penalty: sign flipped (a bonus)",
+        "farmkit/train/rl_common.py",
+        "rewards = -kl_coef * kl",
+        "rewards = kl_coef * kl",
+        (f"{T_RL}::test_kl_penalty_per_token_and_score_on_the_last_token",),
+        fast=True,
+    ),
+    Mutation(
+        "PPO: advantages not whitened",
+        "farmkit/train/estimators.py",
+        "return rl_common.masked_whiten(advantages, mask, reduce=reduce), returns",
+        "return advantages, returns",
+        (f"{T_RL}::test_gae_estimator_whitens_the_advantages",),
+        fast=True,
+    ),
+    Mutation(
+        "GAE: no bootstrap from the next value",
+        "farmkit/train/rl_common.py",
+        "delta = rewards[:, t] + gamma * next_value - values[:, t]",
+        "delta = rewards[:, t] - values[:, t]",
+        (f"{T_RL}::test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value",),
+    ),
+    Mutation(
+        "PPO: value clipping removed",
+        "farmkit/train/rl_common.py",
+        "loss = 0.5 * masked_sum(torch.maximum(unclipped_error, clipped_error), mask) / count",
+        "loss = 0.5 * masked_sum(unclipped_error, mask) / count",
+        (f"{T_RL}::test_value_loss_takes_the_larger_of_clipped_and_unclipped_errors",),
+    ),
+    Mutation(
+        "PPO surrogate: ratio clipping removed",
+        "farmkit/train/rl_common.py",
+        "loss = masked_sum(torch.maximum(unclipped, clipped), mask) / count",
+        "loss = masked_sum(unclipped, mask) / count",
+        (f"{T_RL}::test_policy_loss_clips_only_in_the_pessimistic_direction",),
+    ),
+    # --- Quark
+    Mutation(
+        "Quark: later rounds sampled without the top-quantile token",
+        "farmkit/methods/quark.py",
+        "control = token_ids[:1] if round_number > 0 and tokens else []",
+        "control = []",
+        ("tests/methods/test_quark.py::test_later_rounds_sample_behind_the_top_quantile_token",),
+    ),
+    Mutation(
+        "Quark: --keep all trains every quantile behind one token",
+        "farmkit/methods/quark.py",
+        "[ids + token_ids[q : q + 1] for ids, (_, q) in zip(prompt_ids, local, strict=True)],",
+        "[ids + token_ids[:1] for ids, (_, q) in zip(prompt_ids, local, strict=True)],",
+        ("tests/methods/test_quark.py::test_keep_all_trains_every_quantile_with_its_token",),
+    ),
+    Mutation(
+        "Quark: KL term removed",
+        "farmkit/methods/quark.py",
+        "accelerator.backward(nll + config.kl_coef * kl)",
+        "accelerator.backward(nll)",
+        ("tests/methods/test_quark.py::test_the_kl_term_changes_the_result",),
+    ),
+    # --- reward model, best-of-n
+    Mutation(
+        "reward model: loss sign flipped",
+        "farmkit/methods/reward.py",
+        "return F.binary_cross_entropy_with_logits(reward_2 - reward_1, target)",
+        "return F.binary_cross_entropy_with_logits(reward_1 - reward_2, target)",
+        ("tests/methods/test_reward.py::test_soft_label_loss_is_minimal_at_the_target_odds",),
+        fast=True,
+    ),
+    Mutation(
+        "best-of-n: picks the lowest",
+        "farmkit/methods/bon.py",
+        "return window.index(max(window))",
+        "return window.index(min(window))",
+        ("tests/methods/test_bon.py::test_choice_is_the_argmax_of_scores_recomputed_apart",),
+    ),
+    # --- DPO, online DPO, SFT
+    Mutation(
+        "DPO: loss types not passed to TRL",
+        "farmkit/methods/dpo.py",
+        "loss_type=config.losses,",
+        "",
+        ("tests/methods/test_dpo.py::test_loss_variants_reach_trl",),
+    ),
+    Mutation(
+        "DPO/online DPO: chosen and rejected swapped",
+        "farmkit/core/records.py",
+        '"chosen": item.chosen,\n                "rejected": item.rejected,',
+        '"chosen": item.rejected,\n                "rejected": item.chosen,',
+        ("tests/methods/test_dpo.py::test_dpo_raises_the_chosen_over_rejected_margin",),
+    ),
+    Mutation(
+        "online DPO: labels inverted before training",
+        "farmkit/methods/online_dpo.py",
+        'pairs, counts = dpo_pairs(list(read_records(prefs, "preference")), str(prefs))',
+        'pairs, counts = dpo_pairs(list(read_records(prefs, "preference")), str(prefs))\n'
+        '        pairs = [{**p, "chosen": p["rejected"], "rejected": p["chosen"]} for p in pairs]',
+        ("tests/methods/test_online_dpo.py::test_default_pool_is_offline_and_the_folder_samples",),
+    ),
+    Mutation(
+        "SFT: prompt unmasked (completion_only_loss=False)",
+        "farmkit/methods/sft.py",
+        "completion_only_loss=True,",
+        "completion_only_loss=False,",
+        ("tests/methods/test_sft.py::test_prompt_tokens_carry_no_loss_in_the_trainer",),
+    ),
+    Mutation(
+        "SFT: prompt unmasked (completion mask of ones)",
+        "farmkit/methods/sft.py",
+        "mask = ([0] * len(prompt_ids) + [1] * len(completion_ids))[:max_length]",
+        "mask = ([1] * len(prompt_ids) + [1] * len(completion_ids))[:max_length]",
+        ("tests/methods/test_sft.py::test_prompt_tokens_carry_no_loss_in_the_trainer",),
+        fast=True,
+    ),
+]
+
+
+def copy_tree(destination: Path) -> None:
+    """The working tree as it is (committed or not), without virtual environments or git."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for relative in listed:
+        source = ROOT / relative
+        if source.is_file():
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def apply(mutation: Mutation, tree: Path) -> str | None:
+    """Apply the mutation in `tree`; an error message when its old text is not there exactly once."""
+    path = tree / mutation.file
+    if not path.exists():
+        return f"{mutation.file} does not exist"
+    text = path.read_text()
+    count = text.count(mutation.old)
+    if count != 1:
+        return f"old text found {count} times in {mutation.file}"
+    path.write_text(text.replace(mutation.old, mutation.new))
+    return None
+
+
+def run_tests(
+    tree: Path, tests: list[str], stop_first: bool, markers: str = "slow or not slow"
+) -> tuple[int, list[str], str]:
+    """(pytest's exit status, the failed test ids, the output's tail) of `tests` in `tree`, with the
+    copy's farmkit first on the path (the installed console scripts import it too)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "FARMKIT_SHARED_DATA": os.environ.get(
+            "FARMKIT_SHARED_DATA", str(ROOT.parent / "shared" / "data")
+        ),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider"]
+    command += ["-m", markers, *(["-x"] if stop_first else []), *tests]
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    output = done.stdout + done.stderr
+    failed = re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
+    return done.returncode, failed, output[-3000:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fast", action="store_true", help="only the CI subset")
+    parser.add_argument("--only", action="append", default=[], help="a mutation's name (repeat)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    options = parser.parse_args()
+
+    chosen = [m for m in MUTATIONS if (m.fast or not options.fast)]
+    if options.only:
+        unknown = set(options.only) - {m.name for m in MUTATIONS}
+        if unknown:
+            parser.error(f"unknown mutation(s): {sorted(unknown)}")
+        chosen = [m for m in chosen if m.name in options.only]
+    if options.list:
+        for mutation in chosen:
+            print(f"{'fast' if mutation.fast else '    '}  {mutation.name}  ({mutation.file})")
+        return 0
+
+    rows: list[tuple[str, str, str]] = []
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="farm-mutants-") as scratch:
+        pristine = Path(scratch) / "pristine"
+        copy_tree(pristine)
+        if not options.no_baseline:
+            tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
+            started = time.perf_counter()
+            status, failed, tail = run_tests(pristine, tests, stop_first=False)
+            seconds = time.perf_counter() - started
+            print(f"baseline: {len(tests)} tests, exit {status}, {seconds:.0f} s", flush=True)
+            if status != 0:
+                print(tail)
+                print("the named tests must pass on the unmutated code", file=sys.stderr)
+                return 1
+        for mutation in chosen:
+            tree = Path(scratch) / "mutant"
+            shutil.rmtree(tree, ignore_errors=True)
+            shutil.copytree(pristine, tree)
+            problem = apply(mutation, tree)
+            if problem:
+                ok = False
+                rows.append((mutation.name, "ERROR", problem))
+                print(f"{mutation.name}: {problem}", flush=True)
+                continue
+            started = time.perf_counter()
+            status, failed, tail = run_tests(tree, list(mutation.tests), stop_first=True)
+            seconds = time.perf_counter() - started
+            if status == 1 and failed:
+                rows.append((mutation.name, "yes", f"{failed[0]} ({seconds:.0f} s)"))
+            else:
+                ok = False
+                why = "survived" if status == 0 else f"pytest exit {status}, no test failed"
+                rows.append((mutation.name, "NO", f"{why} ({seconds:.0f} s)"))
+                if status != 0:
+                    print(tail)
+            print(f"{mutation.name}: {rows[-1][1]} {rows[-1][2]}", flush=True)
+
+    width = max(len(name) for name, _, _ in rows) if rows else 10
+    print()
+    print(f"{'mutation':<{width}}  caught  by")
+    for name, caught, by in rows:
+        print(f"{name:<{width}}  {caught:<6}  {by}")
+    caught = sum(1 for _, c, _ in rows if c == "yes")
+    print(f"\n{caught} of {len(rows)} mutations caught")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""Method configurations as dataclasses whose fields carry their help text. farmkit.cli turns them
+into click options (`config_options`) and reads them from `--config x.yaml`: defaults < YAML file <
+flags given on the command line (`resolve_config`).
+
+Every method config inherits `ModelArgs` (the prompt template and the seed). The help texts of the
+concepts several tools share (SHARED_HELP) are written once here; farmkit.cli's option bundles use
+the same texts, so farm-sft's --seed reads like farm-sample's.
+
+No click and no torch here: the methods import this and `--help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from farmkit.core.values import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNBOUNDED,
+    Bounds,
+    Number,
+)
+from farmkit.lm.generation import DECODING_NUMBERS
+from farmkit.lm.models import TEMPLATES
+
+# ---------------------------------------------------------------------------------------------
+# One help text per concept shared by several tools (the CLI dialect; tests/test_cli.py).
+
+SHARED_HELP = {
+    "seed": "Seed for every random choice (sampling, shuffling, label noise, the order shown to a judge): the same input and seed make the same choices.",
+    "num_samples": "Samples per prompt.",
+    "lr_scheduler_type": "How the learning rate changes over the run (transformers' "
+    "lr_scheduler_type).",
+    "save_steps": "Write a checkpoint every this many steps (0: none).",
+    "resume": "Continue an interrupted run from what it saved instead of starting over.",
+    "template": "Prompt template: auto (the one the model folder records, else its chat template, "
+    "else alpaca), chat or alpaca.",
+    "device": "auto (a GPU if present, else the CPU), cpu, cuda, cuda:1...; under accelerate "
+    "launch leave it auto (each process uses its own).",
+    "temperature": "Sampling temperature; 0 decodes greedily where the tool allows it (best-of-n "
+    "and the trainers need > 0: their log-probabilities, and so their KL to the SFT model, are "
+    "those of the tempered distribution). AlpacaFarm: 1 for training and pairs to annotate, 0.7 "
+    "for evaluation.",
+    "top_p": "Nucleus sampling: sample from the most likely tokens that hold this probability "
+    "mass (1: off).",
+    "max_new_tokens": "Longest response generated, in tokens (AlpacaFarm: 300).",
+    "generation_batch_size": "Sequences generated per forward pass (with n samples per prompt, "
+    "prompts per pass = this / n); results depend on it with transformers.",
+    "reward_batch_size": "Texts per reward-model forward pass.",
+    "epochs": "Passes over the training data.",
+    "max_steps": "Stop after this many optimizer steps (overrides --epochs; -1: no limit).",
+    "learning_rate": "Peak learning rate (AdamW; LoRA wants about 10 to 100 times more).",
+    "gradient_accumulation_steps": "Forward passes per optimizer step (effective batch = batch "
+    "size x this x processes).",
+    "warmup_ratio": "Fraction of the steps spent warming the learning rate up.",
+    "weight_decay": "AdamW weight decay.",
+    "lora": "Train LoRA adapters (peft) instead of every weight; they are merged before saving.",
+    "lora_rank": "LoRA rank r: the inner dimension of each adapter.",
+    "lora_alpha": "LoRA scaling numerator (alpha / rank scales the adapter).",
+    "report_to": "Also send the training metrics to an experiment tracker: tensorboard (event "
+    "files in DIR.runs/ beside the output folder), wandb (set up by its own variables: "
+    "WANDB_PROJECT, WANDB_MODE...) or none.",
+    "gold": "Also score every checkpoint (farm-bon: every n) with a gold judge: a reward model folder, or an annotator "
+    "pool (a farm-annotate --pool name or YAML file, e.g. the offline gold pool, or a learned judge "
+    "folder from farm-judge-train), judging one "
+    "answer per gold prompt against the starting model's answer. metrics.jsonl gets gold_win_rate "
+    "(percent), gold_reward (a reward model's mean score), gold_kl and gold_answer_length; "
+    "meta.json what judging cost.",
+    "gold_prompts": "Instruction records the gold judge evaluates on (the first --gold-size). "
+    "Default: the first --gold-size distinct prompts of the training input.",
+    "gold_size": "Prompts the gold judge evaluates on.",
+    "rollout_backend": "What samples the policy's answers: hf (transformers' generate), vllm (a "
+    "vLLM engine in the training process; pip install 'farmkit[gpu]'), or auto (vllm when it is "
+    "installed and a GPU is present, else hf).",
+    # the annotator options of the tools that ask farm-annotate's pools (farm-annotate, farm-online-dpo)
+    "flip_rate": "Share of labels flipped by noise (overrides the pool's; sim_ann: 0.25).",
+    "both_orders": "Ask in both orders; verdicts that disagree become a tie (1.5).",
+    "judge_models": "Model for every openai judge (NAME) or for one tier (TIER=NAME); repeatable.",
+    "cache": "SQLite verdict cache; any number of runs may share one at once (a question another "
+    "run is asking is waited for, not paid twice)  [default: FARMKIT_CACHE/annotations.sqlite].",
+    "no_cache": "Neither read nor write the verdict cache.",
+    "max_cost": "Budget in USD. Refuses a model without a known price (give one with --prices); each "
+    "request in flight holds its worst case (max_tokens, and the prompt at the densest billing "
+    "seen), so concurrent requests cannot overshoot the cap.",
+    "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
+}
+
+# The kind and range of every numeric concept several tools share: the options (farmkit.cli.SHARED)
+# and the config fields (shared_field) take them from here, so a flag and a --config key are checked
+# alike (farmkit.core.values).
+SHARED_NUMBERS = {
+    "seed": Number(int),
+    "num_samples": DECODING_NUMBERS["n"],
+    "temperature": DECODING_NUMBERS["temperature"],
+    "top_p": DECODING_NUMBERS["top_p"],
+    "max_new_tokens": DECODING_NUMBERS["max_new_tokens"],
+    "generation_batch_size": DECODING_NUMBERS["batch_size"],
+    "reward_batch_size": Number(int, AT_LEAST_ONE),
+    "epochs": Number(int, AT_LEAST_ONE),
+    "max_steps": Number(int, Bounds(min=-1)),
+    "learning_rate": Number(float, POSITIVE),
+    "gradient_accumulation_steps": Number(int, AT_LEAST_ONE),
+    "warmup_ratio": Number(float, Bounds(0, 1, max_open=True)),
+    "weight_decay": Number(float, NON_NEGATIVE),
+    "save_steps": Number(int, NON_NEGATIVE),
+    "lora_rank": Number(int, AT_LEAST_ONE),
+    "lora_alpha": Number(int, AT_LEAST_ONE),
+    "gold_size": Number(int, AT_LEAST_ONE),
+    "max_cost": Number(float, POSITIVE),
+}
+
+REPORT_TO = ("none", "tensorboard", "wandb")
+ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
+
+
+def help_field(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    bounds: Bounds = UNBOUNDED,
+    **extra: Any,
+) -> Any:
+    """A dataclass field with its help text, and the allowed values: a choice's, or a number's
+    range (its kind is the field's type; every number must be finite: check_fields)."""
+    metadata: dict[str, Any] = {"help": help, "bounds": bounds, **extra}
+    if choices:
+        metadata["choices"] = choices
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def shared_field(
+    name: str, default: Any, choices: tuple[str, ...] | None = None, more_help: str = ""
+) -> Any:
+    """A field of a concept several tools share: its help is SHARED_HELP[name], then `more_help`
+    (what this method does with the value). The field may keep another name than the concept's
+    (QuarkConfig.samples_per_prompt is --num-samples): its option and --config key are the
+    concept's, the old name a hidden alias."""
+    help_text = f"{SHARED_HELP[name]} {more_help}" if more_help else SHARED_HELP[name]
+    bounds = SHARED_NUMBERS[name].bounds if name in SHARED_NUMBERS else UNBOUNDED
+    return help_field(default, help_text, choices, bounds, shared=name, more_help=more_help)
+
+
+def concept(field: dataclasses.Field) -> str:
+    """The shared concept a config field stands for (its own name unless shared_field said)."""
+    return field.metadata.get("shared", field.name)
+
+
+def number(field: dataclasses.Field) -> Number | None:
+    """The kind and range of a numeric field (None for a text, a flag or a choice)."""
+    kind = _scalar_type(field.type)
+    if kind not in (int, float):
+        return None
+    return Number(kind, field.metadata.get("bounds", UNBOUNDED))
+
+
+def check_fields(config: Any) -> None:
+    """Check every numeric field of a config against its declaration (farmkit.core.values): the
+    config of a run built in Python is held to what its options and --config keys are. Fields set
+    to None (an optional number left out) are skipped. Raises ValueError naming the option."""
+    for field in dataclasses.fields(config):
+        declared = number(field)
+        value = getattr(config, field.name)
+        if declared is None or value is None:
+            continue
+        try:
+            setattr(config, field.name, declared.check(value))
+        except ValueError as exc:
+            raise ValueError(f"{option_name(concept(field))}: {exc}") from None
+
+
+def _scalar_type(annotation: Any) -> type:
+    """The one scalar type behind `int`, `float | None`, `str`, ... (None is never a flag value)."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"typing": typing})  # noqa: S307 - our own annotations only
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return annotation
+
+
+@dataclasses.dataclass
+class ModelArgs:
+    """What every method config has: how prompts are formatted for the model, and the seed."""
+
+    template: str = shared_field("template", "auto", TEMPLATES)
+    seed: int = shared_field("seed", 0)
+
+    def __post_init__(self) -> None:
+        # every method config is one of these: its numbers are checked before its own checks
+        check_fields(self)
+
+
+@dataclasses.dataclass
+class TrackingArgs:
+    """Where a trainer reports its metrics besides metrics.jsonl and stderr."""
+
+    report_to: str = shared_field("report_to", "none", REPORT_TO)
+
+
+@dataclasses.dataclass
+class GoldArgs:
+    """--gold: a second judge that scores every checkpoint (farmkit.train.gold)."""
+
+    gold: str | None = shared_field("gold", None)
+    gold_prompts: str | None = shared_field("gold_prompts", None)
+    gold_size: int = shared_field("gold_size", 32)
+
+
+# Old option names kept for one release (hidden from --help, a warning on stderr when used), and
+# the old keys of --config files, by the field they now set.
+RENAMED_FIELDS = {"lora_r": "lora_rank", "max_response_tokens": "max_new_tokens"}
+
+
+# ---------------------------------------------------------------------------------------------
+# What the policy-gradient methods (farm-ppo, farm-quark, and those to come) share: the rollout.
+
+UNFINISHED = ("truncate", "penalty")
+KL_ESTIMATORS = ("k1", "clamped", "k3")
+
+
+@dataclasses.dataclass
+class RolloutConfig(ModelArgs):
+    """Settings of the rollout that PPO and Quark share: one name, default and help for both tools."""
+
+    temperature: float = shared_field("temperature", 1.0)
+    max_new_tokens: int = shared_field("max_new_tokens", 300)
+    unfinished: str = help_field(
+        "truncate",
+        "A response that hits max-new-tokens without its end token: 'truncate' (AlpacaFarm's "
+        "default) scores the truncated text as it is; 'penalty' replaces its score with "
+        "unfinished-penalty.",
+        UNFINISHED,
+    )
+    unfinished_penalty: float = help_field(
+        -1.0,
+        "The score given to an unfinished response under --unfinished penalty (AlpacaFarm: -1).",
+    )
+    reward_batch_size: int = shared_field("reward_batch_size", 16)
+    adam_eps: float = help_field(
+        1e-5,
+        "Epsilon of AdamW (AlpacaFarm: 1e-5, from OpenAI's PPO and Quark's code; torch's default "
+        "is 1e-8).",
+        bounds=POSITIVE,
+    )
+    warmup_steps: int = help_field(
+        0,
+        "Steps (PPO) or rounds (Quark) over which the learning rate rises linearly from 0 "
+        "(AlpacaFarm: 5).",
+        bounds=NON_NEGATIVE,
+    )
+    max_grad_norm: float = help_field(
+        1.0, "Gradient clipping: largest total gradient norm (AlpacaFarm: 1).", bounds=POSITIVE
+    )
+    # vllm: the policy's weights are pushed into the engine before each rollout
+    rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
+    vllm_gpu_memory_utilization: float = help_field(
+        0.3,
+        "With --rollout-backend vllm on a GPU: the share of the GPU's memory the colocated engine "
+        "may take (weights and KV cache); training keeps the rest.",
+        bounds=Bounds(0, 1, min_open=True),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # the shared range of --temperature allows 0 (greedy decoding), which a trainer cannot use
+        if self.temperature == 0:
+            raise ValueError("temperature must be positive")
+
+
+@dataclasses.dataclass
+class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
+    """What the methods of the one on-policy trainer (farm-ppo, farm-rloo, farm-grpo;
+    farmkit.train.onpolicy) share: steps of one rollout batch and `ppo-epochs` passes over it in
+    minibatches of micro-batches, checkpoints, --resume and LoRA. Each method words the batch sizes
+    its own way (prompts or responses) and sets its own KL coefficient."""
+
+    steps: int = help_field(
+        100,
+        "Steps: each samples one rollout batch and trains `ppo-epochs` passes over it.",
+        bounds=AT_LEAST_ONE,
+    )
+    rollout_batch_size: int = help_field(
+        64, "Rollouts sampled per step, over all processes.", bounds=AT_LEAST_ONE
+    )
+    minibatch_size: int = help_field(
+        16, "Rollouts per optimizer step, over all processes.", bounds=AT_LEAST_ONE
+    )
+    micro_batch_size: int = help_field(
+        4,
+        "Rollouts per forward/backward pass on one process; gradients accumulate up to a minibatch. Lower it to save memory.",
+        bounds=AT_LEAST_ONE,
+    )
+    ppo_epochs: int = help_field(2, "Passes over each rollout batch.", bounds=AT_LEAST_ONE)
+    learning_rate: float = help_field(
+        1e-5, "Peak learning rate (AdamW); decays linearly to 0 by the last step.", bounds=POSITIVE
+    )
+    kl_coef: float = help_field(
+        0.05, "Coefficient of the KL penalty to the SFT model.", bounds=NON_NEGATIVE
+    )
+    clip_range: float = help_field(
+        0.2, "Clipping of the probability ratio: 1 +/- this.", bounds=POSITIVE
+    )
+    checkpoint_every: int = shared_field(
+        "save_steps",
+        20,
+        more_help="Each is a loadable policy folder (step-N/ in the checkpoint folder). "
+        "Performance often peaks early, then over-optimization sets in.",
+    )
+    checkpoint_dir: str | None = help_field(
+        None,
+        "Folder of checkpoints and metrics.jsonl. Default: OUTPUT-checkpoints beside the output.",
+    )
+    resume: bool = shared_field(
+        "resume",
+        False,
+        more_help="From the newest complete checkpoint in the checkpoint folder; with none (killed "
+        "before its first save), the run starts from the beginning.",
+    )
+    device: str = shared_field("device", "auto")
+    # LoRA adapters (on the policy, and PPO's value model); the KL reference is the policy without them
+    lora: bool = shared_field("lora", False)
+    lora_rank: int = shared_field("lora_rank", 16)
+    lora_alpha: int = shared_field("lora_alpha", 32)
+    importance_sampling_cap: float = help_field(
+        0.0,
+        "Truncated importance sampling of the rollout engine's mismatch (vllm): each token's loss "
+        "weighted by min(pi_trainer / pi_engine, this) of the sampled token (RLOO: of the whole "
+        "response). 0: off (TRL and verl cap at 2 when they turn it on).",
+        bounds=NON_NEGATIVE,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_rollout()
+        if self.rollout_batch_size % self.minibatch_size:
+            raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
+
+    def check_rollout(self) -> None:
+        """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""
+
+
+def option_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def field_values(config_class: type) -> dict[str, dataclasses.Field]:
+    return {field.name: field for field in dataclasses.fields(config_class)}
+
+
+def read_yaml(path: str | Path, config_class: type) -> tuple[dict[str, Any], list[str]]:
+    """The values of a --config file by field name, and the old key names it used (renamed
+    fields). Raises ValueError for a file that is not a mapping of known fields; the values are
+    not converted yet (farmkit.cli converts them as the options would)."""
+    import yaml
+
+    from farmkit.core.yamltext import safe_yaml
+
+    try:
+        loaded = safe_yaml(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a mapping of option names to values")
+    fields = field_values(config_class)
+    # a field that keeps another name than its concept's answers to both (num_samples, samples_per_prompt)
+    by_concept = {concept(field): name for name, field in fields.items()}
+    values: dict[str, Any] = {}
+    renamed: list[str] = []
+    for key, value in loaded.items():
+        name = str(key).replace("-", "_")
+        name = by_concept.get(name, name)
+        if name not in fields and RENAMED_FIELDS.get(name) in fields:
+            renamed.append(str(key))
+            name = RENAMED_FIELDS[name]
+        if name not in fields:
+            raise ValueError(f"{path}: unknown option {key!r}; known: {', '.join(sorted(fields))}")
+        values[name] = value
+    return values, renamed
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets: a published method's settings under one name (--preset). They lie under whatever is
+# given (a --config file, flags): defaults < preset < YAML < flags.
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """The settings a publication ran a method with, by field name. A value may be a function of
+    the other resolved values (`same_as`), for a setting the publication ties to another one."""
+
+    source: str  # where the values come from, as --help shows it
+    values: dict[str, Any]
+
+
+def same_as(name: str) -> Any:
+    """A preset value that follows another field's resolved value."""
+
+    def follow(lookup: Any) -> Any:
+        return lookup(name)
+
+    return follow
+
+
+def preset_field(presets: dict[str, Preset]) -> Any:
+    """The `preset` field of a method config: its choices and their sources, in its help."""
+    sources = "; ".join(f"{name}: {preset.source}" for name, preset in presets.items())
+    return help_field(
+        None,
+        "Start from the settings a publication ran this method with; options given on the "
+        "command line (and --config keys) override them, and meta.json records the preset and "
+        f"the values the run resolved to. {sources}.",
+        tuple(presets),
+        presets=presets,
+    )
+
+
+def with_preset(config_class: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (what was given) over the settings of the preset they name, if any."""
+    fields = field_values(config_class)
+    name = values.get("preset")
+    if name is None or "preset" not in fields:
+        return dict(values)
+    presets: dict[str, Preset] = fields["preset"].metadata["presets"]
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(presets)}")
+    resolved = dict(values)
+    following = {}
+    for key, value in presets[name].values.items():
+        if key in values:
+            continue
+        if callable(value):
+            following[key] = value
+        else:
+            resolved[key] = value
+
+    def lookup(key: str) -> Any:
+        return resolved[key] if key in resolved else fields[key].default
+
+    resolved.update({key: follow(lookup) for key, follow in following.items()})
+    return resolved
+
+
+def build_config(config_class: type, values: dict[str, Any]) -> Any:
+    """The config from field values (over the settings of the preset they name); raises
+    ValueError (or TypeError) when it is not valid."""
+    return config_class(**with_preset(config_class, values))
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """The resolved configuration, as meta.json and provenance record it."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,276 @@
+"""The one on-policy trainer (farmkit.train.onpolicy) and its registered estimators and losses:
+the registry holds what each method uses, importance weights reach the loss, and a rollout engine
+with weights of its own (here a spy that samples from its own copy of the policy, so it needs the
+same pushes vLLM needs) gets the policy's weights before every rollout after the first: the
+trainer's recomputed log-probabilities then equal the engine's, and metrics.jsonl says so. The
+vLLM engine itself is tested in tests/lm/test_sampling_vllm.py (`make test-vllm`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from policy_fixtures import keyword_reward_model, prompt_records, tiny_sft
+
+from farmkit.core.io import FarmError
+from farmkit.methods.group import GRPOConfig, RLOOConfig, train_group
+from farmkit.methods.ppo import PPOConfig, train_ppo
+from farmkit.train import estimators as E
+from farmkit.train import rollout_backends as RB
+
+SMALL = dict(
+    rollout_batch_size=16,
+    minibatch_size=8,
+    micro_batch_size=4,
+    ppo_epochs=2,
+    learning_rate=2e-3,
+    temperature=1.0,
+    max_new_tokens=4,
+    checkpoint_every=0,
+)
+
+
+def test_the_registry_holds_every_methods_estimator_and_loss():
+    assert set(E.ADVANTAGE_ESTIMATORS) == {"gae", "rloo", "grpo", "dr_grpo"}
+    assert set(E.POLICY_LOSSES) == {
+        "token-mean",
+        "sequence-ratio",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    }
+    assert RLOOConfig().policy_loss == "sequence-ratio"
+    assert GRPOConfig().policy_loss == "seq-mean-token-mean"
+    assert GRPOConfig(dr_grpo=True).policy_loss == "seq-mean-token-sum-norm"
+    with pytest.raises(ValueError, match="unknown policy loss"):
+        E.policy_loss("token-sum")
+    scores = torch.tensor([1.0, 2.0, 4.0, 4.0])
+    assert torch.allclose(
+        E.advantage_estimator("dr_grpo")(scores, 2), torch.tensor([-0.5, 0.5, 0, 0])
+    )
+
+
+@pytest.mark.parametrize("name", sorted(E.POLICY_LOSSES))
+def test_importance_weights_scale_each_terms_share_of_the_loss(name):
+    """Weights of 1 change nothing; a weight of 0 on a row removes that row's gradient."""
+    torch.manual_seed(0)
+    logprobs = torch.randn(4, 5, requires_grad=True)
+    old = logprobs.detach() + 0.05 * torch.randn(4, 5)
+    mask = torch.ones(4, 5)
+    mask[1, 3:] = 0
+    per_row = name in ("sequence-ratio", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    advantages = torch.randn(4) if per_row else torch.randn(4, 5)
+    kwargs = dict(tokens=mask.sum(), responses=4, norm=5)
+    loss = E.policy_loss(name)
+    plain, _ = loss(logprobs, old, advantages, mask, 0.2, **kwargs)
+    ones = torch.ones(4) if name == "sequence-ratio" else torch.ones(4, 5)
+    same, _ = loss(logprobs, old, advantages, mask, 0.2, weights=ones, **kwargs)
+    assert torch.allclose(plain, same)
+    dropped = ones.clone()
+    dropped[2] = 0
+    weighted, _ = loss(logprobs, old, advantages, mask, 0.2, weights=dropped, **kwargs)
+    (gradient,) = torch.autograd.grad(weighted, logprobs)
+    assert torch.all(gradient[2] == 0)
+    assert gradient[0].abs().sum() > 0
+
+
+def test_truncated_importance_weights_are_capped_ratios():
+    trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.0]])
+    engine = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -3.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    weights = RB.truncated_is_weights(trainer, engine, mask, cap=2.0)
+    expected = torch.tensor([[0.5, -1.0, 0.0], [1.9, 0.0, 0.0]]).exp().clamp(max=2.0) * mask
+    assert torch.allclose(weights, expected)
+    sequence = RB.truncated_is_weights(trainer, engine, mask, cap=2.0, per_sequence=True)
+    assert torch.allclose(sequence, torch.tensor([0.5 - 1.0, 1.9]).exp().clamp(max=2.0))
+    figures = RB.logprob_mismatch(engine, trainer, mask)
+    assert figures["max"] == pytest.approx(1.9)
+    assert figures["mean"] == pytest.approx((0.5 + 1.0 + 0 + 1.9 + 0) / 5)
+
+
+def test_vllm_asked_for_without_vllm_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(RB, "vllm_installed", lambda: False)
+    with pytest.raises(FarmError, match="needs vLLM"):
+        train_ppo(
+            "no-such-sft",
+            "no-such-rm",
+            prompt_records(4),
+            str(tmp_path / "out"),
+            PPOConfig(steps=1, rollout_backend="vllm", **SMALL),
+        )
+    assert RB.resolve_backend("auto") == "hf"
+    assert not (tmp_path / "out").exists()
+
+
+class SpyEngine:
+    """A rollout engine with weights of its own, as vLLM has: a copy of the SFT model that samples
+    with transformers and reports its log-probabilities of the sampled tokens (plus `offset`, a
+    fixed per-position mismatch). Only `sync` brings the policy's weights in."""
+
+    name = "spy"
+
+    def __init__(self, sft: str, offset: float = 0.0, push: bool = True) -> None:
+        from farmkit.lm.models import load_causal_lm
+
+        self.model, _ = load_causal_lm(sft, device="cpu", dtype="float32")
+        self.offset, self.push, self.syncs = offset, push, 0
+
+    def sync(self, policy) -> None:
+        self.syncs += 1
+        if self.push:
+            self.model.load_state_dict(policy.state_dict())
+
+    def sample(self, policy, tokenizer, prompts, *, temperature, max_new_tokens, seed, suppress=()):
+        from farmkit.train import policy as P
+
+        torch.manual_seed(seed % 2**63)
+        rollout = P.sample_rollout(
+            self.model, tokenizer, prompts, temperature, max_new_tokens, suppress
+        )
+        with torch.no_grad():
+            logits = P.response_logits(self.model, rollout, temperature)
+            logprobs = P.token_logprobs(logits, rollout.response_ids)
+        width = rollout.response_mask.shape[1]
+        shift = self.offset * torch.linspace(-1, 1, width)  # differs by position
+        return rollout, (logprobs + shift) * rollout.response_mask
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_path, tmp_path_factory):
+    return (
+        tiny_sft(tiny_model_path, tmp_path_factory.mktemp("sft")),
+        keyword_reward_model(tiny_model_path, tmp_path_factory.mktemp("rm")),
+    )
+
+
+def run_with(engine, monkeypatch, train, output, config, models):
+    sft, rm = models
+    monkeypatch.setattr(RB, "make_backend", lambda *args, **kwargs: engine)
+    train(str(sft), str(rm), prompt_records(16), str(output), config)
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["ppo", "grpo"])
+def test_the_engine_gets_the_policys_weights_before_every_rollout(
+    models, tmp_path, monkeypatch, method
+):
+    """The engine's log-probabilities equal the trainer's at every step (fp32, same function): the
+    weights it samples with are the policy's after the previous step's updates. Without the push
+    the two part from step 2 on, which the metrics show."""
+    train, config = (
+        (train_ppo, PPOConfig(steps=3, kl_coef=0.05, **SMALL))
+        if method == "ppo"
+        else (train_group, GRPOConfig(steps=3, **SMALL))
+    )
+    engine = SpyEngine(str(models[0]))
+    rows = run_with(engine, monkeypatch, train, tmp_path / "pushed", config, models)
+    assert engine.syncs == 2  # before steps 2 and 3; step 1 samples the SFT weights it loaded
+    for row in rows:
+        assert row["rollout_logprob_diff_max"] < 1e-4, row
+    stale = SpyEngine(str(models[0]), push=False)
+    rows = run_with(stale, monkeypatch, train, tmp_path / "stale", config, models)
+    assert rows[0]["rollout_logprob_diff_max"] < 1e-4
+    assert min(row["rollout_logprob_diff_mean"] for row in rows[1:]) > 1e-3
+
+
+def test_truncated_importance_sampling_reweights_the_updates(models, tmp_path, monkeypatch):
+    """A known mismatch is measured as it is; the cap turns the correction on, which changes what
+    the policy learns, and off (0) it changes nothing."""
+    from safetensors.torch import load_file
+
+    config = dict(steps=2, kl_coef=0.05, **SMALL)
+    runs = {}
+    for name, offset, cap in (("exact", 0.0, 0.0), ("off", 0.3, 0.0), ("on", 0.3, 2.0)):
+        engine = SpyEngine(str(models[0]), offset=offset)
+        rows = run_with(
+            engine,
+            monkeypatch,
+            train_ppo,
+            tmp_path / name,
+            PPOConfig(importance_sampling_cap=cap, **config),
+            models,
+        )
+        runs[name] = load_file(tmp_path / name / "model.safetensors")
+        if offset:
+            assert rows[0]["rollout_logprob_diff_max"] == pytest.approx(offset, abs=1e-4)
+    names = sorted(runs["exact"])
+    assert all(torch.equal(runs["exact"][k], runs["off"][k]) for k in names)
+    assert any(not torch.allclose(runs["exact"][k], runs["on"][k], atol=1e-6) for k in names)
+
+
+@pytest.mark.parametrize("method", ["ppo", "rloo", "grpo", "grpo-one-update"])
+def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
+    models, tmp_path, monkeypatch, fresh_accelerate_state, method
+):
+    """Under `accelerate launch --mixed_precision bf16` the policy's forward runs under autocast; the
+    reference's and the sampling's must too, or the KL before the first update is not 0 (it was
+    3.6e-4 for PPO and 7e-7 for GRPO's k3 in the GPU check's dry run)."""
+    sft, rm = models
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    small = {**SMALL, "rollout_batch_size": 8, "minibatch_size": 8, "micro_batch_size": 8}
+    train, config = {
+        "ppo": (train_ppo, PPOConfig(steps=1, kl_estimator="k1", **small)),
+        "rloo": (train_group, RLOOConfig(steps=1, **small)),
+        "grpo": (train_group, GRPOConfig(steps=1, kl_estimator="k1", kl_in="reward", **small)),
+        # one epoch of one minibatch: the old log-probabilities come from the update's forward
+        "grpo-one-update": (
+            train_group,
+            GRPOConfig(steps=1, kl_estimator="k1", **{**small, "ppo_epochs": 1}),
+        ),
+    }[method]
+    output = tmp_path / method
+    train(str(sft), str(rm), prompt_records(8), str(output), config)
+    meta = json.loads((output / "meta.json").read_text())
+    assert meta["launch"]["mixed_precision"] == "bf16"
+    row = json.loads((output / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["kl"] == 0.0
+
+
+def test_one_update_per_step_takes_the_old_logprobs_from_the_updates_forward(
+    models, tmp_path, monkeypatch
+):
+    """With one epoch of one minibatch and advantages that do not read the old log-probabilities
+    (GRPO, KL in the loss), the no-gradient policy pass before the update is redundant: its
+    log-probabilities equal the update's own forward's. Skipping it saves one policy forward per
+    micro-batch and changes neither the weights nor the figures."""
+    from safetensors.torch import load_file
+
+    from farmkit.methods.group import GroupMethod
+    from farmkit.train import policy as P
+
+    sft, rm = models
+    calls = {"n": 0}
+    forward = P.PolicyOnly.forward
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(P.PolicyOnly, "forward", counting)
+    small = {**SMALL, "rollout_batch_size": 8, "minibatch_size": 8, "ppo_epochs": 1}
+    config = GRPOConfig(steps=2, kl_coef=0.1, **small)  # micro-batches of 4: 2 per step
+    runs = {}
+    for name, pass_of_their_own in (("one-update", False), ("own-pass", True)):
+        monkeypatch.setattr(
+            GroupMethod, "advantages_use_old_logprobs", lambda self, flag=pass_of_their_own: flag
+        )
+        calls["n"] = 0
+        output = tmp_path / name
+        train_group(str(sft), str(rm), prompt_records(8), str(output), config)
+        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        runs[name] = (calls["n"], load_file(output / "model.safetensors"), rows)
+    (fused_calls, fused, fused_rows), (own_calls, own, own_rows) = (
+        runs["one-update"],
+        runs["own-pass"],
+    )
+    assert own_calls - fused_calls == 2 * 2  # 2 steps x 2 micro-batches
+    assert any(not torch.equal(own[k], load_file(sft / "model.safetensors")[k]) for k in own)
+    for key in own:
+        assert torch.allclose(fused[key], own[key], atol=1e-6), key
+    for a, b in zip(fused_rows, own_rows, strict=True):
+        for figure in ("reward", "kl", "entropy", "policy_loss", "clip_fraction"):
+            assert a[figure] == pytest.approx(b[figure], rel=1e-4, abs=1e-7), figure
+    assert fused_rows[1]["kl"] != 0.0  # step 2's KL is measured, not left at its stand-in
