@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farmkit.annotate.prompts import Shown, load_template, parse_verdicts, worked_examples
+from farmkit.annotate.parse import parse_verdicts
+from farmkit.annotate.prompts import Shown, load_template, worked_examples
 
 FORMATS = ("plain", "json", "ranking", "choice")
 CORPUS = yaml.safe_load(
