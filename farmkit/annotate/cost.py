@@ -27,7 +27,7 @@ EXPECTED_COMPLETION_TOKENS = {"plain": 8, "ranking": 10, "json": 45, "choice": 1
 # The expected token count of a text, script by script: what byte-level BPE tokenizers (measured on
 # the embedded model's, SmolLM2) make of each kind of character. The 5th to 95th percentile of
 # estimate / real lies within 0.74-1.06 for Latin script, CJK, Cyrillic, emoji and code texts
-# (bench/audit_estimate.py); tokenizers with larger multilingual vocabularies (GPT-4o's) make fewer
+# (issue 22's audit, bench/README.md); tokenizers with larger multilingual vocabularies (GPT-4o's) make fewer
 # tokens of CJK and Cyrillic.
 _WORD = re.compile(r"[A-Za-z]+")  # an English word is about a token; a long one a token per 4 more
 _DIGIT = re.compile(r"[0-9]")  # a token each

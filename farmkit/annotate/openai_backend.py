@@ -19,8 +19,9 @@ from typing import Any
 
 from farmkit.annotate.base import Backend, FatalBackendError, RequestFailed, Verdict
 from farmkit.annotate.cost import PriceTable, Reservation, prompt_bound
+from farmkit.annotate.parse import parse_verdicts
 from farmkit.annotate.pools import Judge, Pool
-from farmkit.annotate.prompts import Shown, load_template, parse_verdicts
+from farmkit.annotate.prompts import Shown, load_template
 from farmkit.core.endpoint import EndpointClient, EndpointFailed, EndpointFatal, redact
 from farmkit.core.endpoint import configured as endpoint  # the engine imports it from here
 
@@ -42,13 +43,13 @@ class OpenAIBackend(Backend):
         """Where it is asked, the concrete model, the prompt's text and the examples shown, the parser."""
         import dataclasses
 
-        from farmkit.annotate import prompts
+        from farmkit.annotate import parse, prompts
 
         fields = {
             "endpoint": base_url(),
             "model": pool.model_for(judge),
             "template": prompts.load_template(judge.prompt).text,
-            "parser": prompts.PARSER_VERSION,
+            "parser": parse.PARSER_VERSION,
         }
         if (
             judge.examples

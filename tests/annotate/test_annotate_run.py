@@ -11,7 +11,8 @@ import pytest
 from conftest import run_tool
 
 from farmkit.annotate.oracle import gold_reward
-from farmkit.annotate.prompts import Shown, fill, load_template, parse_verdicts, shipped_templates
+from farmkit.annotate.parse import parse_verdicts
+from farmkit.annotate.prompts import Shown, fill, load_template, shipped_templates
 
 
 def _jsonl(records) -> bytes:
@@ -76,7 +77,7 @@ def test_every_shipped_template_renders_batches_and_examples(name):
 
 
 def test_worked_examples_render_with_their_expected_verdicts_in_every_format():
-    from farmkit.annotate.prompts import parse_verdicts as parse
+    from farmkit.annotate.parse import parse_verdicts as parse
     from farmkit.annotate.prompts import worked_examples
 
     examples = worked_examples()

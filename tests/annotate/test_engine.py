@@ -222,12 +222,12 @@ def test_the_key_holds_the_template_text_not_its_path(tmp_path, monkeypatch):
 
 
 def test_the_key_holds_the_parser_version(monkeypatch):
-    from farmkit.annotate import prompts
+    from farmkit.annotate import parse
 
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
     pool = _one_judge_pool(0.0)
     first = _keys(pool)
-    monkeypatch.setattr(prompts, "PARSER_VERSION", prompts.PARSER_VERSION + 1)
+    monkeypatch.setattr(parse, "PARSER_VERSION", parse.PARSER_VERSION + 1)
     assert _keys(pool) != first
 
 

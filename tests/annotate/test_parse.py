@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farmkit.annotate.prompts import Shown, load_template, parse_verdicts, worked_examples
+from farmkit.annotate.parse import parse_verdicts
+from farmkit.annotate.prompts import Shown, load_template, worked_examples
 
 FORMATS = ("plain", "json", "ranking", "choice")
 CORPUS = yaml.safe_load(
@@ -59,6 +60,30 @@ def test_fresh_replies_are_read_right_or_left_null(case):
     verdicts, reason = parse_verdicts(case["format"], case["completion"], case["count"], template)
     assert verdicts == case["expect"]
     assert (reason is None) == (None not in case["expect"])
+
+
+HELD_OUT = yaml.safe_load(
+    (Path(__file__).parent.parent / "data" / "judge_replies_held_out.yaml").read_text(
+        encoding="utf-8"
+    )
+)
+
+
+def test_held_out_replies_are_never_read_wrong():
+    """Replies written before the parser's issue-22 fixes and never tuned on: no verdict read wrong,
+    and only the choice reply " the second." (a bare ordinal, no noun) left null: 75 of 76 read."""
+    wrong, rejected = [], []
+    for case in HELD_OUT:
+        template = load_template(case["template"]) if "template" in case else None
+        verdicts, _ = parse_verdicts(case["format"], case["completion"], case["count"], template)
+        for verdict, expected in zip(verdicts, case["expect"], strict=True):
+            if verdict is None and expected is not None:
+                rejected.append(case["completion"])
+            elif verdict != expected:
+                wrong.append((case["completion"], verdict, expected))
+    assert len(HELD_OUT) == 55
+    assert wrong == []
+    assert rejected == [" the second."]
 
 
 def _other(letter: str) -> str:

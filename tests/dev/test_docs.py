@@ -162,6 +162,18 @@ def test_readme_is_short_and_its_links_resolve():
             assert (ROOT / target).exists(), f"README.md links {link}, which is not on disk"
 
 
+def test_the_readme_links_every_tool_to_its_page():
+    """The front page is the way in: each console script is one click from it (issue 24's audit
+    found 20 of 20 linked)."""
+    import re
+
+    from dev import docs
+
+    links = set(re.findall(r"\]\((docs/tools/[^)#\s]+)", (ROOT / "README.md").read_text("utf-8")))
+    unlinked = [s for s in docs.scripts() if f"docs/tools/{s}.md" not in links]
+    assert unlinked == [], f"README.md links no page for {', '.join(unlinked)}"
+
+
 def test_readme_keeps_the_set_up_commands_exit_codes_and_record_kinds():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "    make demo    # installs into .venv, then runs the whole laboratory" in readme

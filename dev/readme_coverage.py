@@ -1,7 +1,7 @@
 """Nothing lost when the README is cut: list the README's paragraphs and code blocks that appear
 verbatim in no docs/*.md page (and in no other markdown file the site draws on). Help blocks
 (regenerated from --help) and headings are left out. Usage:
-    python bench/readme_coverage.py [README] [DOCS_DIR]
+    python dev/readme_coverage.py [README] [DOCS_DIR]
 Prints one line per missing unit and a count; exit 1 when any is missing."""
 
 from __future__ import annotations
