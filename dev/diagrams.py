@@ -19,6 +19,8 @@ LAYERS = [
     "models and sampling",
     "plumbing",
 ]
+# The layers, top to bottom: a module imports its own group and the rows below it; the pillars
+# (one row) do not import each other. farmkit/__init__ (the version string) is imported from anywhere.
 ROWS = [
     ["tools/"],
     ["cli"],
@@ -27,6 +29,7 @@ ROWS = [
     ["models and sampling"],
     ["plumbing"],
 ]
+ROW = {group: number for number, groups in enumerate(ROWS) for group in groups}
 # top-level modules of farmkit by group; a subpackage is its own group ("annotate/", "methods/"),
 # an evaluate/ or evaluation/ package is "evaluation", anything unnamed is "models and sampling"
 MODULE_GROUPS = {
@@ -109,6 +112,21 @@ def import_graph() -> dict[str, set[str]]:
                     targets.add(name)
         graph[module] = targets
     return graph
+
+
+def against_layers(source: str, target: str) -> bool:
+    """Whether an import from group SOURCE to group TARGET goes up the layers or across the pillars."""
+    return source != target and ROW[target] <= ROW[source]
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, imported module) of every import against the layers, sorted."""
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        for target in targets
+        if target != "farmkit" and against_layers(_group(module), _group(target))
+    )
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
