@@ -7,9 +7,10 @@ The real tokenizer is the embedded model's (SmolLM2, a byte-level BPE, offline).
 outputs from the AlpacaEval files in /work/shared/data (or $FARMKIT_DATA): answers all in ASCII
 (Latin script), the CJK passages of answers (mostly Hangul, some Han), the code blocks of answers,
 and a few Cyrillic and emoji-heavy lines written for this audit (the data has no real Cyrillic).
-`--cost FILE` takes estimate_tokens from another copy
-of farmkit/annotate/cost.py (the unfixed one, to compare). Prints, per script, the estimate / real
-ratio: median, 5th and 95th percentile, min and max, over texts of 20 tokens or more.
+`--cost FILE` takes estimate_tokens from another copy of farmkit/lm/tokens.py (or of
+farmkit/annotate/cost.py, where it lived before issue 38: the unfixed one, to compare). Prints, per
+script, the estimate / real ratio: median, 5th and 95th percentile, min and max, over texts of 20
+tokens or more.
 
 `--runs` also compares, per script, what `farm-annotate --estimate` expects for 40 pairs of such texts
 with what the loopback server (tests/openai_server.py) bills for them when it counts tokens with the
@@ -81,7 +82,7 @@ def texts() -> dict[str, list[str]]:
 
 def load(path: str | None):
     if path is None:
-        from farmkit.annotate.cost import estimate_tokens
+        from farmkit.lm.tokens import estimate_tokens
 
         return estimate_tokens
     spec = importlib.util.spec_from_file_location("cost_under_audit", path)
@@ -144,7 +145,9 @@ def runs(found: dict[str, list[str]], count, src: str | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cost", help="another cost.py to take estimate_tokens from")
+    parser.add_argument(
+        "--cost", help="another tokens.py (or an older cost.py) to take estimate_tokens from"
+    )
     parser.add_argument("--runs", action="store_true", help="also compare --estimate with bills")
     parser.add_argument("--src", help="with --runs: run farmkit from this tree")
     args = parser.parse_args()

@@ -17,13 +17,12 @@ from farmkit.cli import (
     long_prompts_option,
     model_options,
     output_option,
-    provenance,
     seed_option,
     shared_option,
-    stamp,
 )
 from farmkit.core import distributed
 from farmkit.core.io import FarmError, RecordWriter, display_name, read_numbered
+from farmkit.core.provenance import provenance, stamp
 
 log = logging.getLogger("farmkit")
 

@@ -11,13 +11,12 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     output_option,
-    progress,
-    provenance,
     shared_option,
-    stamp,
 )
 from farmkit.core import distributed
+from farmkit.core.console import progress
 from farmkit.core.io import RecordWriter, read_records
+from farmkit.core.provenance import provenance, stamp
 
 
 @click.command(name="farm-score")

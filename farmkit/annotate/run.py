@@ -101,7 +101,7 @@ class Run:
                 )
         from tqdm import tqdm
 
-        from farmkit.cli import quiet
+        from farmkit.core.console import quiet
 
         stats = self.annotator.stats
         with tqdm(

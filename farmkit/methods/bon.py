@@ -79,8 +79,8 @@ def sample_and_score(
     Under a launcher with several processes each samples and scores its share of the batches (with
     the seeds one process would use) and every process gets back all of them, in input order: the
     same result as one process."""
-    from farmkit.cli import progress
     from farmkit.core import distributed
+    from farmkit.core.console import progress
     from farmkit.lm.generation import generate
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
     from farmkit.lm.sampling import vllm_generate_from_folder

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.io import FarmError, RecordWriter, atomic_path, read_records
+from farmkit.core.runs import METRICS_FILE
 from farmkit.core.seeds import derive_seed, stable_hash
 from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.models import META_FILE
@@ -44,7 +45,6 @@ from farmkit.train.tracking import tracker_dir
 log = logging.getLogger("farmkit")
 
 TOOL = "farm-online-dpo"
-METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"  # what the rounds in OUTPUT were made with; a rerun must match it
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's state after the newest trained round
 DEFAULT_POOL = "sim_ann_offline"

@@ -21,6 +21,7 @@ from typing import Any
 
 from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
+from farmkit.core.runs import METRICS_FILE
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
 from farmkit.lm.models import PromptFormat, read_meta, resolve, response_end
 from farmkit.train import tracking
@@ -28,7 +29,6 @@ from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_fie
 from farmkit.train.metrics import MetricsWriter
 
 log = logging.getLogger("farmkit")
-METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass
@@ -386,7 +386,7 @@ def train_reward_model(
     from torch.utils.data import DataLoader
     from transformers import AutoModelForSequenceClassification
 
-    from farmkit.cli import progress
+    from farmkit.core.console import progress
     from farmkit.lm.modelio import model_folder, model_meta
     from farmkit.lm.models import load_tokenizer, write_meta
     from farmkit.train import checkpoints as C
