@@ -125,10 +125,10 @@ def cli(
         sample_and_score,
         sweep_rows,
     )
-    from farmkit.methods.reward import RewardScorer
     from farmkit.train.budget import reward_model_labels
     from farmkit.train.gold import describe, make_gold, prompt_key
     from farmkit.train.metrics import write_metrics
+    from farmkit.train.scoring import RewardScorer
 
     try:
         config = BestOfNConfig(

@@ -39,7 +39,7 @@ def cli(rm, outputs, output, batch_size, device):
     from farmkit.lm.models import check_reward_model
 
     check_reward_model(rm)  # before any work: any other model scores at random
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     scorer = RewardScorer(rm, device=device, batch_size=batch_size)
     # under a launcher each process scores every world_size-th record; the main process writes them all

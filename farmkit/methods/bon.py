@@ -74,7 +74,7 @@ def sample_and_score(
     device: str = "auto",
 ) -> list[ScoredPrompt]:
     """Sample max(config.ns) outputs per prompt record from `policy` and score every one with `scorer`
-    (a farmkit.methods.reward.RewardScorer). The policy is released before scoring.
+    (a farmkit.train.scoring.RewardScorer). The policy is released before scoring.
 
     Under a launcher with several processes each samples and scores its share of the batches (with
     the seeds one process would use) and every process gets back all of them, in input order: the

@@ -64,10 +64,10 @@ def expert_iteration(
     beginning); it must have been written with the same sampling and training settings.
     Returns {"rounds": [per-round figures], "output_dir": ..., "budget": ...}.
     """
-    from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import train_sft
     from farmkit.train import checkpoints as C
     from farmkit.train.budget import Budget, reward_model_labels
+    from farmkit.train.scoring import RewardScorer
 
     if rounds < 1:
         raise FarmError("rounds must be at least 1")

@@ -720,8 +720,8 @@ def test_expert_iteration_samples_each_rounds_policy_with_vllm(
     from farmkit.lm import sampling
     from farmkit.methods import expiter
     from farmkit.methods.bon import BestOfNConfig, mean_rewards
-    from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import SFTConfig
+    from farmkit.train.scoring import RewardScorer
 
     sft, rm = colour_models
     folders, sampled = [], []
