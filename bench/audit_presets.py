@@ -334,8 +334,7 @@ def audit_models(work: Path) -> dict:
     plain, _ = _sample_pairs(str(sft), str(sft), prompt_records(12), config, 11, "g")
     extras, _ = _sample_pairs(str(shaped), str(sft), prompt_records(12), config, 11, "g")
     same = sum(
-        a.record["output_1"] == b.record["output_1"]
-        and a.record["output_2"] == b.record["output_2"]
+        a["output_1"] == b["output_1"] and a["output_2"] == b["output_2"]
         for a, b in zip(plain, extras, strict=True)
     )
     figures["pairs unchanged by the model's generation_config"] = (same, len(plain))
