@@ -395,9 +395,9 @@ def farmkit_worker(
 
     threads = set_threads(settings)
     from farmkit.lm.models import load_tokenizer
-    from farmkit.methods.reward import RewardScorer
     from farmkit.train import policy as P
     from farmkit.train.checkpoints import RunRecord
+    from farmkit.train.scoring import RewardScorer
 
     probe = Probe(load_tokenizer(paths["policy"]).eos_token_id, patch)
     probe.install_generate()

@@ -19,6 +19,8 @@ LAYERS = [
     "models and sampling",
     "plumbing",
 ]
+# The layers, top to bottom: a module imports its own group and the rows below it; the pillars
+# (one row) do not import each other. farmkit/__init__ (the version string) is imported from anywhere.
 ROWS = [
     ["tools/"],
     ["cli"],
@@ -27,6 +29,7 @@ ROWS = [
     ["models and sampling"],
     ["plumbing"],
 ]
+ROW = {group: number for number, groups in enumerate(ROWS) for group in groups}
 # top-level modules of farmkit by group; a subpackage is its own group ("annotate/", "methods/"),
 # an evaluate/ or evaluation/ package is "evaluation", anything unnamed is "models and sampling"
 MODULE_GROUPS = {
@@ -111,6 +114,21 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def against_layers(source: str, target: str) -> bool:
+    """Whether an import from group SOURCE to group TARGET goes up the layers or across the pillars."""
+    return source != target and ROW[target] <= ROW[source]
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, imported module) of every import against the layers, sorted."""
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        for target in targets
+        if target != "farmkit" and against_layers(_group(module), _group(target))
+    )
+
+
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -185,8 +203,10 @@ def _wrap(names: list[str], limit: int) -> list[str]:
 
 def packages_svg(graph: dict[str, set[str]]) -> str:
     """Left: farmkit's modules in their layers (tools on top, plumbing at the bottom). Right: how
-    many imports go from each group (row) to each other (column); red cells go up the layers (or
-    right to left within the pillars' row), which the layering forbids. Below: the import circles."""
+    many imports go from each group (row) to each other (column); red cells go up the layers or
+    from one pillar to another (against_layers), which the layering forbids. Imports of
+    farmkit/__init__ (the version string, allowed from anywhere) are not counted. Below: the
+    import circles."""
     members: dict[str, list[str]] = {group: [] for group in LAYERS}
     for module in graph:
         members[_group(module)].append("__init__" if module == "farmkit" else module.split(".")[-1])
@@ -214,7 +234,7 @@ def packages_svg(graph: dict[str, set[str]]) -> str:
     order = [group for groups in ROWS for group in groups]
     counts: dict[tuple[str, str], int] = {}
     for module, targets in graph.items():
-        for target in targets:
+        for target in targets - {"farmkit"}:
             pair = (_group(module), _group(target))
             if pair[0] != pair[1]:
                 counts[pair] = counts.get(pair, 0) + 1
@@ -234,7 +254,7 @@ def packages_svg(graph: dict[str, set[str]]) -> str:
     for row, source in enumerate(order):
         for column, target in enumerate(order):
             count = counts.get((source, target), 0)
-            upward = column < row
+            upward = against_layers(source, target)
             fill = "#f5f5f5" if source == target else ("#ffcdd2" if upward and count else "#ffffff")
             x, cy = mx + label + column * cell, my + row * cell
             parts.append(
@@ -251,8 +271,8 @@ def packages_svg(graph: dict[str, set[str]]) -> str:
     parts.append(
         f'<text x="{mx}" y="{note_y}" font-size="11" fill="#333">Above the diagonal: imports down '
         "the layers. Red: imports up</text>\n"
-        f'<text x="{mx}" y="{note_y + 14}" font-size="11" fill="#333">(or right to left among the '
-        "pillars); lazy imports included.</text>\n"
+        f'<text x="{mx}" y="{note_y + 14}" font-size="11" fill="#333">(or between the pillars); '
+        "lazy imports included.</text>\n"
     )
     circles = import_circles(graph)
     y = max(boxes_bottom, note_y + 30) + 8

@@ -1,5 +1,5 @@
 """Glue for the reward over-optimization study (`make overopt`); the work is farmkit's
-(farmkit/evaluate/overopt.py, `farm-plot overopt`).
+(farmkit/evaluate/overopt.py, `farm-plot overopt`; the rerank is farmkit/methods/bon.py's).
 
     python overopt.py rerank SCORED -n 1,2,4,...,64 --generator NAME
         scored samples (farm-score output, several per prompt in sampling order) -> for each n, the
@@ -19,7 +19,7 @@ from pathlib import Path
 from farmkit.tools import farm_plot
 
 from farmkit.core.io import write_records
-from farmkit.evaluate.overopt import rerank
+from farmkit.methods.bon import rerank
 
 
 def main(argv: list[str]) -> None:

@@ -1,5 +1,6 @@
-"""What every farm-* command shares: option bundles, logging to stderr, the error handler,
-quiet closed pipes, and the provenance stamped on the records a tool adds.
+"""What every farm-* command shares: option bundles, logging to stderr, the error handler and
+quiet closed pipes. (The provenance a tool stamps on its records is farmkit.core.provenance's, the
+-q switch and progress bars farmkit.core.console's.)
 
 A tool module looks like:
 
@@ -42,9 +43,9 @@ import click
 
 from farmkit import __version__
 from farmkit.annotate.pools import FLIP_RATE
+from farmkit.core import console
 from farmkit.core.allocator import keep_freed_memory
 from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
-from farmkit.core.seeds import stable_hash
 from farmkit.core.values import Bounds, Number, check_number
 from farmkit.lm.models import TEMPLATES
 from farmkit.train import config as method_config
@@ -652,15 +653,10 @@ def common_options(function: Callable) -> Callable:
     return wrapper
 
 
-class _State:
-    quiet = False
-    verbose = False
-
-
 def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
     # under a launcher only the main process (RANK 0) reports; the others print errors only
     quiet = quiet or int(os.environ.get("RANK", "0")) > 0
-    _State.quiet, _State.verbose = quiet, verbose
+    console.set_verbosity(quiet, verbose)
     level = logging.ERROR if quiet else (logging.DEBUG if verbose else logging.INFO)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Redacting("%(message)s"))
@@ -706,43 +702,6 @@ def _redacted(text: str) -> str:
 class _Redacting(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return _redacted(super().format(record))
-
-
-def quiet() -> bool:
-    return _State.quiet
-
-
-def progress(iterable: Any = None, **kwargs: Any) -> Any:
-    """A tqdm progress bar on stderr, silenced by -q."""
-    from tqdm import tqdm
-
-    kwargs.setdefault("file", sys.stderr)
-    kwargs.setdefault("dynamic_ncols", True)
-    kwargs.setdefault("leave", False)
-    return tqdm(iterable, disable=_State.quiet, **kwargs)
-
-
-def provenance(tool: str, seed: int | None = None, **options: Any) -> dict[str, Any]:
-    """What a tool records about itself on every record it adds: tool, version, seed, options."""
-    stamp: dict[str, Any] = {"tool": tool, "version": __version__}
-    if seed is not None:
-        stamp["seed"] = seed
-    stamp.update({key: value for key, value in options.items() if value is not None})
-    return stamp
-
-
-def stamp(record: dict[str, Any], tool: str, info: dict[str, Any]) -> dict[str, Any]:
-    """Add a tool's provenance under record['provenance'][tool], keeping earlier tools' entries."""
-    earlier = record.get("provenance")
-    merged = dict(earlier) if isinstance(earlier, dict) else {}
-    merged[tool] = info
-    record["provenance"] = merged
-    return record
-
-
-def config_hash(options: dict[str, Any]) -> str:
-    """A short stable hash of a configuration, for provenance and cache keys."""
-    return stable_hash(options)[:12]
 
 
 def entry_point(command: click.Command) -> Callable[[], None]:
@@ -795,7 +754,7 @@ def entry_point(command: click.Command) -> Callable[[], None]:
             click.echo("Interrupted.", err=True)
             code = 130
         except Exception as exc:  # noqa: BLE001 - the one place that turns failures into exit 1
-            if _State.verbose:
+            if console.verbose():
                 import traceback
 
                 sys.stderr.write(_redacted(traceback.format_exc()))

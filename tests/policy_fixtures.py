@@ -171,7 +171,7 @@ def sampled_rewards(folder: Path, reward_model: Path, n: int = 4) -> tuple[list[
     score them with the reward model as farm-score does."""
     from farmkit.lm.generation import DecodingConfig, generate
     from farmkit.lm.models import PromptFormat, load_causal_lm
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     model, tokenizer = load_causal_lm(folder, device="cpu")
     fmt = PromptFormat.for_model(folder)

@@ -17,13 +17,12 @@ from farmkit.cli import (
     long_prompts_option,
     model_options,
     output_option,
-    provenance,
     seed_option,
     shared_option,
-    stamp,
 )
 from farmkit.core import distributed
 from farmkit.core.io import FarmError, RecordWriter, display_name, read_numbered
+from farmkit.core.provenance import provenance, stamp
 
 log = logging.getLogger("farmkit")
 
@@ -126,10 +125,10 @@ def cli(
         sample_and_score,
         sweep_rows,
     )
-    from farmkit.methods.reward import RewardScorer
     from farmkit.train.budget import reward_model_labels
     from farmkit.train.gold import describe, make_gold, prompt_key
     from farmkit.train.metrics import write_metrics
+    from farmkit.train.scoring import RewardScorer
 
     try:
         config = BestOfNConfig(

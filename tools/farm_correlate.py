@@ -12,10 +12,9 @@ from farmkit.cli import (
     common_options,
     entry_point,
     log,
-    provenance,
-    stamp,
 )
 from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.core.provenance import provenance, stamp
 from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
     Annotations,

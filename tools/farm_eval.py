@@ -1,10 +1,13 @@
 """farm-eval: model outputs (or a model) + a reference -> leaderboard rows, placed on a published board.
-A convenience over farm-sample, farm-annotate and farm-winrate (farmkit/evaluate/run.py)."""
+A convenience over farm-sample, farm-annotate and farm-winrate: it composes farm-sample's command,
+farm-annotate's run and the evaluation's rows (farmkit/evaluate/run.py)."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,6 +19,7 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     judge_options,
+    log,
     model_options,
     on_error_option,
     output_option,
@@ -24,9 +28,35 @@ from farmkit.cli import (
     split_option,
     verdict_cache,
 )
-from farmkit.evaluate.run import DEFAULT_POOL, MIN_VERDICTS, SORT_BY
+from farmkit.core.io import display_name
+from farmkit.evaluate.run import MIN_VERDICTS, SORT_BY
 
 TOOL = "farm-eval"
+DEFAULT_POOL = "weighted_gpt4_turbo"
+
+
+def sample(model: str, reference: str, output: str, *, seed: int, settings: dict[str, Any]) -> None:
+    """farm-sample MODEL REFERENCE -n 1 -o OUTPUT: the model's outputs for the reference's
+    instructions, by farm-sample's own command (run in this process). `settings`: farm-sample's
+    options by flag (--device, --temperature, ...); None leaves farm-sample's default."""
+    from farmkit.tools.farm_sample import cli as sample_cli
+
+    import farmkit.core.io as farm_io
+
+    split = farm_io._split  # farm-sample's --split resets it when it ends: keep ours
+    args = [model, reference, "-n", "1", "-o", output, "--seed", str(seed)]
+    if split is not None:
+        args += ["--split", split]
+    for flag, value in settings.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if not log.isEnabledFor(logging.WARNING):
+        args.append("-q")
+    log.info("farm-eval: farm-sample %s", " ".join(args))
+    try:
+        sample_cli.main(args=args, standalone_mode=False)
+    finally:
+        farm_io.set_split(split)
 
 
 @click.command(name=TOOL)
@@ -150,20 +180,26 @@ def cli(
     farm-eval sft/ --reference ref.jsonl --pool single_offline  # offline, nearest AlpacaEval 2's judge
     farm-eval model_outputs.json --reference ref.json --labels annotations.json --sort-by win_rate
     """
+    from farmkit.annotate.pools import labels_pool, load_pool
+    from farmkit.annotate.run import judge_against_reference
     from farmkit.evaluate import run as evaluate
 
     if not reference:
         raise click.UsageError("give the reference's outputs: --reference FILE")
     if labels and pool:
         raise click.UsageError("--labels replaces the pool; leave --pool out")
-    chosen = evaluate.judges(pool, labels, models, flip_rate)
+    # the judges: the --labels file's verdicts, else --pool, with --model and --flip-rate applied
+    chosen = labels_pool(labels) if labels else load_pool(pool or DEFAULT_POOL)
+    chosen = chosen.with_models(list(models))
+    if flip_rate is not None:
+        chosen.flip_rate = flip_rate
     cache = verdict_cache(cache_path, no_cache)
     with tempfile.TemporaryDirectory(prefix="farm-eval-") as folder:
         inputs = []
         for index, path in enumerate(outputs or ("-",)):
             if evaluate.is_model(path):
                 sampled = str(Path(folder) / f"outputs-{index}.jsonl")
-                evaluate.sample(
+                sample(
                     path,
                     reference,
                     sampled,
@@ -179,7 +215,7 @@ def cli(
                 )
                 path = sampled
             inputs.append(path)
-        preferences = evaluate.annotate(
+        preferences = judge_against_reference(
             inputs,
             reference,
             chosen,
@@ -189,6 +225,13 @@ def cli(
             prices=prices,
             max_cost=max_cost,
             device=device,
+        )
+    if (
+        not preferences
+    ):  # exit 0 as every tool's empty input, but said: an empty pipe is easy to miss
+        log.warning(
+            "farm-eval: no output records in %s; nothing to evaluate",
+            ", ".join(display_name(path) for path in inputs),
         )
     evaluate.check_verdicts(preferences, min_verdicts)
     rows = evaluate.leaderboard(

@@ -78,6 +78,8 @@ def cli(
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    from farmkit.annotate.pools import load_pool
+    from farmkit.annotate.run import PoolLabeller
     from farmkit.methods.online_dpo import Annotation, train_online_dpo
 
     annotation = Annotation(
@@ -90,8 +92,14 @@ def cli(
         models=models,
         device=config.device,
     )
+    judges = load_pool(pool).with_models(list(models))
+    if flip_rate is not None:
+        judges.flip_rate = flip_rate
+    label = PoolLabeller(
+        judges, both_orders=both_orders, cache=cache, prices=prices, device=config.device
+    )
     budget = train_online_dpo(
-        sft, records, output, config, annotation, seed=config.seed, inputs=[prompts]
+        sft, records, output, config, annotation, label, seed=config.seed, inputs=[prompts]
     )
     log.info(
         "%d rounds, %d labels used (%d trained on), %d annotator requests, %d cache hits, "

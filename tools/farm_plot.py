@@ -145,11 +145,13 @@ def overopt(leaderboard, outputs, scored, ppo_runs, labels, output):
     records, systems named RM-best-of-N and ppo-RM-step-K), against the KL to the SFT policy, and
     against n. Prints the rows as JSONL: per system its surrogate and gold reward, gold win rate and
     KL; paired bootstrap comparisons of the best-of-n systems; each --scored model's agreement with gold."""
+    # a record without its gold reward is judged by the offline simulation's gold oracle
+    from farmkit.annotate.oracle import gold_reward
     from farmkit.core.runs import read_metrics
     from farmkit.evaluate import overopt as study
     from farmkit.evaluate.plots import over_optimization
 
-    answers = study.load_outputs(list(outputs))
+    answers = study.load_outputs(list(outputs), gold_reward)
     rows = study.curves(
         leaderboard, answers, {model: read_metrics(run) for model, run in ppo_runs.items()}
     )
@@ -161,7 +163,7 @@ def overopt(leaderboard, outputs, scored, ppo_runs, labels, output):
     with RecordWriter("-") as writer:
         writer.write_all(rows)
         writer.write_all(study.comparisons(answers))
-        writer.write_all(study.agreement(path) for path in scored)
+        writer.write_all(study.agreement(path, gold_reward) for path in scored)
 
 
 main = entry_point(cli)

@@ -8,7 +8,6 @@ import click
 from farmkit.cli import (
     WholeNumber,
     common_options,
-    config_hash,
     decoding_options,
     entry_point,
     input_argument,
@@ -16,13 +15,12 @@ from farmkit.cli import (
     long_prompts_option,
     model_options,
     output_option,
-    provenance,
     seed_option,
     shared_option,
     split_option,
-    stamp,
 )
 from farmkit.core.io import FarmError, display_name, read_numbered
+from farmkit.core.provenance import config_hash, provenance, stamp
 
 TOOL = "farm-sample"
 

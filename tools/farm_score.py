@@ -11,13 +11,12 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     output_option,
-    progress,
-    provenance,
     shared_option,
-    stamp,
 )
 from farmkit.core import distributed
+from farmkit.core.console import progress
 from farmkit.core.io import RecordWriter, read_records
+from farmkit.core.provenance import provenance, stamp
 
 
 @click.command(name="farm-score")
@@ -40,7 +39,7 @@ def cli(rm, outputs, output, batch_size, device):
     from farmkit.lm.models import check_reward_model
 
     check_reward_model(rm)  # before any work: any other model scores at random
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     scorer = RewardScorer(rm, device=device, batch_size=batch_size)
     # under a launcher each process scores every world_size-th record; the main process writes them all

@@ -13,11 +13,10 @@ from farmkit.cli import (
     entry_point,
     input_argument,
     log,
-    provenance,
     seed_option,
-    stamp,
 )
 from farmkit.core.io import FarmError, RecordWriter, display_name, read_records
+from farmkit.core.provenance import provenance, stamp
 from farmkit.core.split import DEFAULT_SIZES, assign, parse_sizes
 
 DEFAULT_SIZES_TEXT = ",".join(f"{name}={size}" for name, size in DEFAULT_SIZES.items())

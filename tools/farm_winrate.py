@@ -14,11 +14,10 @@ from farmkit.cli import (
     entry_point,
     log,
     on_error_option,
-    provenance,
     seed_option,
-    stamp,
 )
 from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.core.provenance import provenance, stamp
 from farmkit.evaluate.length_control import read_instruction_difficulty
 from farmkit.evaluate.winrate import (
     SORT_BY,

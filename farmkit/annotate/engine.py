@@ -30,14 +30,14 @@ from farmkit.annotate.cost import (
     Budget,
     PriceTable,
     Reservation,
-    estimate_tokens,
     prompt_bound,
 )
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge, Pool, shipped_pools
 from farmkit.annotate.prompts import Shown, load_template
-from farmkit.cli import provenance, stamp
 from farmkit.core.io import FarmError
+from farmkit.core.provenance import provenance, stamp
+from farmkit.lm.tokens import estimate_tokens
 
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"

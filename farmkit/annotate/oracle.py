@@ -133,7 +133,7 @@ class OracleBackend(Backend):
         if folder not in self._models:
             judge = load_judge(folder)
             if judge is None:
-                from farmkit.methods.reward import RewardScorer
+                from farmkit.train.scoring import RewardScorer
 
                 judge = RewardScorer(folder)
             self._models[folder] = judge

@@ -322,3 +322,16 @@ def _check_judge(judge: Judge, source: str) -> None:
         raise FarmError(f"{where}: dtype must be auto, float32, bfloat16 or float16")
     if judge.aggregate not in ("sample", "mean"):
         raise FarmError(f"{where}: aggregate must be sample or mean")
+
+
+def labels_pool(path: str) -> Pool:
+    """A pool of one `file` judge over published verdicts (AlpacaEval annotations, preference records
+    with both texts): the pair's label, its mean when labelled several times, fractions kept."""
+    return pool_from_dict(
+        {
+            "name": "labels",
+            "description": f"verdicts read from {path}",
+            "judges": [{"name": "file", "backend": "file", "path": path, "aggregate": "mean"}],
+        },
+        "--labels",
+    )

@@ -1,6 +1,7 @@
 """One farm-annotate run: the checks made before anything is asked (endpoint configured, budget),
 the cache, the records, and the summary on stderr. This is what tools/farm_annotate.py calls, and
-the Python entry point for annotating pairs from code."""
+the Python entry point for annotating pairs from code; farm-eval judges against a reference through
+it (judge_against_reference), farm-online-dpo labels each round's pairs (PoolLabeller)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from farmkit.annotate.cost import PriceTable
 from farmkit.annotate.engine import Annotator, require_endpoint
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Pool
-from farmkit.core.io import FarmError
+from farmkit.core.io import FarmError, RecordWriter
 
 log = logging.getLogger("farmkit")
 
@@ -72,6 +74,18 @@ class Run:
         plan = self.annotator.plan(items)
         return {"pool": self.pool.name, **self.annotator.estimate(items, plan)}
 
+    def affordable(self, items: list[Item], budget: float) -> list[Item]:
+        """The longest prefix of `items` whose expected price stays within `budget` (USD)."""
+        expected = self.estimate(items)["price"]
+        if expected <= budget:
+            return items
+        count = int(len(items) * budget / expected) if expected > 0 else len(items)
+        while count > 0:
+            if self.estimate(items[:count])["price"] <= budget:
+                return items[:count]
+            count -= 1
+        return []
+
     def records(self, items: list[Item]) -> Iterator[dict[str, Any]]:
         if self.max_cost is not None:
             # a model without a price would cost $0 to the budget: the cap would silently stop capping
@@ -101,7 +115,7 @@ class Run:
                 )
         from tqdm import tqdm
 
-        from farmkit.cli import quiet
+        from farmkit.core.console import quiet
 
         stats = self.annotator.stats
         with tqdm(
@@ -189,3 +203,92 @@ class Run:
                 "farm-annotate: no price known for %s (counted as $0; see --prices)",
                 ", ".join(sorted(self.prices.unpriced)),
             )
+
+
+def judge_against_reference(
+    outputs: list[str],
+    reference: str,
+    pool: Pool,
+    *,
+    seed: int = 0,
+    both_orders: bool = False,
+    cache: str | None = "default",
+    prices: str | None = None,
+    max_cost: float | None = None,
+    skip_missing: bool = False,
+    device: str = "auto",
+) -> list[dict[str, Any]]:
+    """farm-annotate OUTPUTS --reference REFERENCE: the preference records of every output against
+    the reference's output for its instruction (`device`: of the local and reward-model judges), the
+    run's summary on stderr; none when OUTPUTS hold no output record."""
+    from farmkit.annotate.pairs import read_items
+
+    items = read_items(outputs, reference, (), skip_missing)
+    if not items:
+        return []
+    with Run(
+        pool,
+        seed=seed,
+        both_orders=both_orders,
+        cache_path=cache,
+        prices_path=prices,
+        max_cost=max_cost,
+        device=device,
+    ) as run:
+        records = list(run.records(items))
+    run.summary()
+    return records
+
+
+@dataclass
+class PoolLabeller:
+    """Labels fresh pair records with a pool, a run at a time, each within what is left of a budget:
+    what farm-online-dpo asks each round (farmkit.methods.online_dpo.Labeller)."""
+
+    pool: Pool
+    both_orders: bool = False
+    cache: str | None = "default"  # a SQLite file, "default" or None (no cache)
+    prices: str | None = None
+    device: str = "auto"
+
+    def __call__(
+        self, pairs: list[dict[str, Any]], seed: int, budget: float | None, folder: Path
+    ) -> dict[str, Any] | None:
+        """Label `pairs` into folder/preferences.jsonl; return what it took (labels.json), or None
+        when `budget` (USD; None: no cap) pays for no pair."""
+        items = [Item(pair) for pair in pairs]
+        with Run(
+            self.pool,
+            seed=seed,
+            both_orders=self.both_orders,
+            cache_path=self.cache,
+            prices_path=self.prices,
+            max_cost=budget,
+            device=self.device,
+        ) as run:
+            cut = False
+            if budget is not None:
+                fitting = run.affordable(items, budget)
+                if not fitting:
+                    return None
+                cut = len(fitting) < len(items)
+                items = fitting
+            folder.mkdir(parents=True, exist_ok=True)
+            with RecordWriter(folder / "preferences.jsonl") as writer:
+                writer.write_all(run.records(items))
+            run.summary()
+            stats = run.annotator.stats
+            return {
+                "pairs": len(items),
+                "requests": stats.requests,
+                "judge_calls": sum(stats.replies.values()),
+                "cache_hits": stats.cache_hits,
+                "noised": stats.noised,
+                "identical": stats.identical,
+                "failures": stats.failures,
+                "skipped_budget": stats.skipped_budget,
+                "prompt_tokens": stats.prompt_tokens,
+                "completion_tokens": stats.completion_tokens,
+                "price": stats.price,
+                "budget_cut": cut or stats.skipped_budget > 0,
+            }

@@ -1,72 +1,47 @@
 """The reward over-optimization study (AlpacaFarm's, after Gao et al. 2022): best-of-n sweeps and PPO
 checkpoints against one or more reward models, judged by a gold annotator. Systems are recognised by
 name: `<rm>-best-of-<n>` and `ppo-<rm>-step-<k>`; their outputs carry the surrogate `reward` of the
-reward model they optimized, and the gold reward is the record's `gold_reward`, else the offline
-simulation's gold oracle (farmkit.annotate.oracle)."""
+reward model they optimized, and the gold reward is the record's `gold_reward`, else the one a
+`gold` function gives (farm-plot passes the offline simulation's gold oracle,
+farmkit.annotate.oracle.gold_reward). The best-of-n systems come from one scored sampling pass
+(farmkit.methods.bon.rerank)."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable
 from statistics import fmean
 from typing import Any
 
-from farmkit.annotate.oracle import gold_reward
-from farmkit.core.io import FarmError, read_records
-from farmkit.lm.generation import Sample
-from farmkit.methods.bon import ScoredPrompt
+from farmkit.core.io import read_records
 
 NAME = re.compile(
     r"^(?:(?P<rm>[\w.]+)-best-of-(?P<n>\d+)|ppo-(?P<ppo_rm>[\w.]+)-step-(?P<step>\d+))$"
 )
 
 
-def rerank(scored_path: str, ns: list[int], generator: str) -> Iterator[dict[str, Any]]:
-    """For each n, the best of the first n samples of every prompt (by their `reward`, in sampling
-    order), as output records named GENERATOR-best-of-N: one sampling pass gives the whole sweep."""
-    prompts: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for record in read_records(scored_path, "reward"):
-        prompts[(record["instruction"], record.get("input") or "")].append(record)
-    groups = []
-    for records in prompts.values():
-        records.sort(key=lambda r: r.get("sample_index", 0))
-        group = ScoredPrompt(
-            records[0],
-            [Sample(r["output"], 0, 0, True) for r in records],
-            [r["reward"] for r in records],
-        )
-        groups.append((group, records))
-    if any(len(records) < max(ns) for _, records in groups):
-        raise FarmError(
-            f"{scored_path}: fewer than {max(ns)} samples for some prompt; expected a sampling pass of n >= {max(ns)}"
-        )
-    for n in ns:
-        for group, records in groups:
-            chosen = dict(records[group.best(n)])
-            chosen.update(generator=f"{generator}-best-of-{n}", best_of=n)
-            yield chosen
-
-
 Outputs = dict[str, dict[tuple[str, str], tuple[float, float]]]
+# the gold reward of (instruction, input, output), for a record that carries no `gold_reward`
+GoldReward = Callable[[str, str, str], float]
 
 
-def _gold(record: dict[str, Any], key: tuple[str, str]) -> float:
+def _gold(record: dict[str, Any], key: tuple[str, str], gold: GoldReward) -> float:
     return (
         record["gold_reward"]
         if record.get("gold_reward") is not None
-        else gold_reward(key[0], key[1], record["output"])
+        else gold(key[0], key[1], record["output"])
     )
 
 
-def load_outputs(output_paths: list[str]) -> Outputs:
+def load_outputs(output_paths: list[str], gold: GoldReward) -> Outputs:
     """Every system's answers, read once: generator -> (instruction, input) -> (surrogate reward, gold reward)."""
     outputs: Outputs = defaultdict(dict)
     for path in output_paths:
         for record in read_records(path, "reward"):
             key = (record["instruction"], record.get("input") or "")
-            outputs[record["generator"]][key] = (record["reward"], _gold(record, key))
+            outputs[record["generator"]][key] = (record["reward"], _gold(record, key, gold))
     return outputs
 
 
@@ -166,7 +141,7 @@ def comparisons(outputs: Outputs, resamples: int = 5000) -> list[dict[str, Any]]
     return rows
 
 
-def agreement(scored_path: str) -> dict[str, Any]:
+def agreement(scored_path: str, gold: GoldReward) -> dict[str, Any]:
     """How well one reward model's scores of the sampling pass agree with the gold reward: within each
     prompt, the share of sample pairs with different gold rewards that the reward model orders the
     same way (0.5 is chance), and the Spearman correlation over all samples."""
@@ -176,8 +151,8 @@ def agreement(scored_path: str) -> dict[str, Any]:
     model = None
     for record in read_records(scored_path, "reward"):
         model = model or record.get("reward_model")
-        gold = _gold(record, (record["instruction"], record.get("input") or ""))
-        prompts[(record["instruction"], record.get("input") or "")].append((record["reward"], gold))
+        key = (record["instruction"], record.get("input") or "")
+        prompts[key].append((record["reward"], _gold(record, key, gold)))
     agree = pairs = 0
     for scores in prompts.values():
         for i, (reward_i, gold_i) in enumerate(scores):

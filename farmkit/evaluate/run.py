@@ -5,7 +5,9 @@
     | farm-winrate --instruction-difficulty FILE --bootstrap N
 
 and then the rows placed among a published leaderboard's (AlpacaEval's CSV), sorted by the raw or the
-length-controlled win rate. Every step calls the same functions those tools call.
+length-controlled win rate. This module is the evaluation's part (the verdicts' check, the rows,
+the board); tools/farm_eval.py composes it with farm-sample's command and farm-annotate's run
+(farmkit.annotate.run.judge_against_reference), each step the one those tools take.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from farmkit.core.io import FarmError, display_name, open_binary
 
 log = logging.getLogger("farmkit")
 
-DEFAULT_POOL = "weighted_gpt4_turbo"
 SORT_BY = {"lc": "length_controlled_win_rate", "win_rate": "win_rate"}
 # AlpacaEval's CSV column -> farmkit's leaderboard field
 ALPACA_EVAL_COLUMNS = {
@@ -40,33 +41,6 @@ def is_model(path: str) -> bool:
     return folder.is_dir() and any((folder / name).is_file() for name in MODEL_FILES)
 
 
-def labels_pool(path: str) -> Any:
-    """A pool of one `file` judge over published verdicts (AlpacaEval annotations, preference records
-    with both texts): the pair's label, its mean when labelled several times, fractions kept."""
-    from farmkit.annotate.pools import pool_from_dict
-
-    return pool_from_dict(
-        {
-            "name": "labels",
-            "description": f"verdicts read from {path}",
-            "judges": [{"name": "file", "backend": "file", "path": path, "aggregate": "mean"}],
-        },
-        "--labels",
-    )
-
-
-def judges(pool: str | None, labels: str | None, models: list[str], flip_rate: float | None) -> Any:
-    """The pool farm-eval asks: the --labels file's verdicts, else --pool (default DEFAULT_POOL),
-    with farm-annotate's --model and --flip-rate applied."""
-    from farmkit.annotate.pools import load_pool
-
-    chosen = labels_pool(labels) if labels else load_pool(pool or DEFAULT_POOL)
-    chosen = chosen.with_models(list(models))
-    if flip_rate is not None:
-        chosen.flip_rate = flip_rate
-    return chosen
-
-
 def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
     """Rows as records (jsonl), as farm-winrate's table, csv or markdown, or as AlpacaEval's
     leaderboard CSV (alpaca-eval), to stdout or to a file written whole or not at all."""
@@ -83,45 +57,6 @@ def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
         return
     with atomic_path(output) as tmp:
         tmp.write_bytes(text)
-
-
-def annotate(
-    outputs: list[str],
-    reference: str,
-    pool: Any,
-    *,
-    seed: int = 0,
-    both_orders: bool = False,
-    cache: str | None = "default",
-    prices: str | None = None,
-    max_cost: float | None = None,
-    skip_missing: bool = False,
-    device: str = "auto",
-) -> list[dict[str, Any]]:
-    """farm-annotate OUTPUTS --reference REFERENCE: the preference records of every output against
-    the reference's output for its instruction (`device`: of the local and reward-model judges)."""
-    from farmkit.annotate.pairs import read_items
-    from farmkit.annotate.run import Run
-
-    items = read_items(outputs, reference, (), skip_missing)
-    if not items:  # exit 0 as every tool's empty input, but said: an empty pipe is easy to miss
-        log.warning(
-            "farm-eval: no output records in %s; nothing to evaluate",
-            ", ".join(display_name(path) for path in outputs),
-        )
-        return []
-    with Run(
-        pool,
-        seed=seed,
-        both_orders=both_orders,
-        cache_path=cache,
-        prices_path=prices,
-        max_cost=max_cost,
-        device=device,
-    ) as run:
-        records = list(run.records(items))
-    run.summary()
-    return records
 
 
 MIN_VERDICTS = (
@@ -322,26 +257,3 @@ TABLE_COLUMNS = (
     "reference",
     "source",
 )
-
-
-def sample(model: str, reference: str, output: str, *, seed: int, settings: dict[str, Any]) -> None:
-    """farm-sample MODEL REFERENCE -n 1 -o OUTPUT: the model's outputs for the reference's
-    instructions, by farm-sample's own command (run in this process). `settings`: farm-sample's
-    options by flag (--device, --temperature, ...); None leaves farm-sample's default."""
-    import farmkit.core.io as farm_io
-    from farmkit.tools.farm_sample import cli as sample_cli
-
-    split = farm_io._split  # farm-sample's --split resets it when it ends: keep ours
-    args = [model, reference, "-n", "1", "-o", output, "--seed", str(seed)]
-    if split is not None:
-        args += ["--split", split]
-    for flag, value in settings.items():
-        if value is not None:
-            args += [flag, str(value)]
-    if not log.isEnabledFor(logging.WARNING):
-        args.append("-q")
-    log.info("farm-eval: farm-sample %s", " ".join(args))
-    try:
-        sample_cli.main(args=args, standalone_mode=False)
-    finally:
-        farm_io.set_split(split)

@@ -1,2 +1,2 @@
-"""Language models: loading (models), model folders and meta.json (modelio), generation
-and sampling. Imports farmkit.core only (and, lazily, a few helpers noted where used)."""
+"""Language models: loading (models), model folders and meta.json (modelio), generation,
+sampling and token estimates (tokens). Imports farmkit.core only."""

@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from farmkit import __version__
 from farmkit.core.io import FarmError, process_umask
-from farmkit.core.seeds import stable_hash
+from farmkit.core.provenance import config_hash, provenance
 
 META_FILE = "meta.json"
 
@@ -67,11 +66,7 @@ def model_meta(
         "config": config,
         "inputs": hashes,
         "versions": package_versions(),
-        "provenance": {
-            "tool": tool,
-            "version": __version__,
-            "config_hash": stable_hash(config)[:12],
-        },
+        "provenance": provenance(tool, config_hash=config_hash(config)),
     }
     meta.update({key: value for key, value in extra.items() if value is not None})
     meta.setdefault("launch", launch_record())

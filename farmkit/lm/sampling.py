@@ -463,7 +463,7 @@ async def _sample_openai(
                 raise
         prompt_tokens, completion_tokens = reply.prompt_tokens, reply.completion_tokens
         if reply.prompt_unreported or reply.completion_unreported:  # estimated where not reported
-            from farmkit.annotate.cost import estimate_tokens
+            from farmkit.lm.tokens import estimate_tokens
 
             sent = body.get("prompt") or "".join(m["content"] for m in body["messages"])
             prompt_tokens += estimate_tokens(sent) if reply.prompt_unreported else 0
@@ -612,7 +612,7 @@ def sample_to_output(
 ) -> dict[str, float]:
     """Sample every record with the chosen backend and write the output records in order.
     Returns counts and throughput (completion tokens per second)."""
-    from farmkit.cli import progress
+    from farmkit.core.console import progress
 
     if distributed.launched():
         if settings.backend != "hf":

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmkit.core.io import FarmError, read_records
 from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.generation import DecodingConfig, Sample
 from farmkit.train.config import ModelArgs
@@ -66,6 +68,32 @@ class ScoredPrompt:
         return window.index(max(window))
 
 
+def rerank(scored_path: str, ns: list[int], generator: str) -> Iterator[dict[str, Any]]:
+    """For each n, the best of the first n samples of every prompt (by their `reward`, in sampling
+    order), as output records named GENERATOR-best-of-N: one sampling pass gives the whole sweep."""
+    prompts: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in read_records(scored_path, "reward"):
+        prompts[(record["instruction"], record.get("input") or "")].append(record)
+    groups = []
+    for records in prompts.values():
+        records.sort(key=lambda r: r.get("sample_index", 0))
+        group = ScoredPrompt(
+            records[0],
+            [Sample(r["output"], 0, 0, True) for r in records],
+            [r["reward"] for r in records],
+        )
+        groups.append((group, records))
+    if any(len(records) < max(ns) for _, records in groups):
+        raise FarmError(
+            f"{scored_path}: fewer than {max(ns)} samples for some prompt; expected a sampling pass of n >= {max(ns)}"
+        )
+    for n in ns:
+        for group, records in groups:
+            chosen = dict(records[group.best(n)])
+            chosen.update(generator=f"{generator}-best-of-{n}", best_of=n)
+            yield chosen
+
+
 def sample_and_score(
     policy: str | os.PathLike,
     scorer: Any,
@@ -74,13 +102,13 @@ def sample_and_score(
     device: str = "auto",
 ) -> list[ScoredPrompt]:
     """Sample max(config.ns) outputs per prompt record from `policy` and score every one with `scorer`
-    (a farmkit.methods.reward.RewardScorer). The policy is released before scoring.
+    (a farmkit.train.scoring.RewardScorer). The policy is released before scoring.
 
     Under a launcher with several processes each samples and scores its share of the batches (with
     the seeds one process would use) and every process gets back all of them, in input order: the
     same result as one process."""
-    from farmkit.cli import progress
     from farmkit.core import distributed
+    from farmkit.core.console import progress
     from farmkit.lm.generation import generate
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer, resolve
     from farmkit.lm.sampling import vllm_generate_from_folder

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.io import FarmError, atomic_path
+from farmkit.core.runs import METRICS_FILE
 from farmkit.core.values import AT_LEAST_ONE, POSITIVE, Bounds, check_number
 from farmkit.train.config import (
     GoldArgs,
@@ -278,7 +279,7 @@ def train_dpo(
     from trl import DPOConfig as TRLConfig
     from trl import DPOTrainer
 
-    from farmkit import cli
+    from farmkit.core import console
     from farmkit.lm.modelio import model_meta, save_model_folder
     from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.train import launch
@@ -382,7 +383,7 @@ def train_dpo(
             save_steps=config.save_steps or 500,
             report_to=report_to,
             logging_steps=1,
-            disable_tqdm=cli.quiet(),
+            disable_tqdm=console.quiet(),
             # several DeepSpeed processes on CPUs: keep the process count accelerate was given
             **launch.trainer_state_config(),
         )
@@ -404,7 +405,8 @@ def train_dpo(
         )
         accelerator = trainer.accelerator
         launch.refuse_lora_under_zero3(accelerator, config.lora)
-        if cli.quiet():  # with tqdm off the Trainer prints every log dict instead; -q means silence
+        # with tqdm off the Trainer prints every log dict instead; -q means silence
+        if console.quiet():
             from transformers import PrinterCallback
 
             trainer.remove_callback(PrinterCallback)
@@ -419,7 +421,7 @@ def train_dpo(
         metric_rows = from_trainer_log("dpo", history, **budget.row())
         for row in metric_rows:  # the running total where TRL logged it
             row["training_tokens"] = int(row.get("num_tokens") or budget.training_tokens)
-        metrics_path = Path(scratch) / "metrics.jsonl"
+        metrics_path = Path(scratch) / METRICS_FILE
         figures: dict[str, Any] = {
             "training_tokens": budget.training_tokens,
             "optimizer_steps": trainer.state.global_step,

@@ -18,11 +18,11 @@ from typing import Any
 
 from farmkit.core import distributed
 from farmkit.core.io import FarmError
-from farmkit.core.runs import read_metrics
+from farmkit.core.runs import METRICS_FILE, read_metrics
 from farmkit.core.seeds import derive_seed
 from farmkit.methods.bon import BestOfNConfig, ScoredPrompt, mean_rewards, sample_and_score
 from farmkit.train.config import config_dict
-from farmkit.train.metrics import METRICS_FILE, metrics_row, write_metrics
+from farmkit.train.metrics import metrics_row, write_metrics
 from farmkit.train.tracking import tracker_dir
 
 log = logging.getLogger("farmkit")
@@ -64,10 +64,10 @@ def expert_iteration(
     beginning); it must have been written with the same sampling and training settings.
     Returns {"rounds": [per-round figures], "output_dir": ..., "budget": ...}.
     """
-    from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import train_sft
     from farmkit.train import checkpoints as C
     from farmkit.train.budget import Budget, reward_model_labels
+    from farmkit.train.scoring import RewardScorer
 
     if rounds < 1:
         raise FarmError("rounds must be at least 1")

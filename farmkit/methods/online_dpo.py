@@ -30,9 +30,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from farmkit.core.io import FarmError, RecordWriter, atomic_path, read_records
+from farmkit.core.io import FarmError, atomic_path, read_records
+from farmkit.core.runs import METRICS_FILE
 from farmkit.core.seeds import derive_seed, stable_hash
 from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.models import META_FILE
@@ -44,7 +45,6 @@ from farmkit.train.tracking import tracker_dir
 log = logging.getLogger("farmkit")
 
 TOOL = "farm-online-dpo"
-METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "run.json"  # what the rounds in OUTPUT were made with; a rerun must match it
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's state after the newest trained round
 DEFAULT_POOL = "sim_ann_offline"
@@ -108,13 +108,18 @@ class Annotation:
     models: tuple[str, ...] = ()
     device: str = "auto"
 
-    def load_pool(self) -> Any:
-        from farmkit.annotate.pools import load_pool
 
-        pool = load_pool(self.pool).with_models(list(self.models))
-        if self.flip_rate is not None:
-            pool.flip_rate = self.flip_rate
-        return pool
+class Labeller(Protocol):
+    """What labels a round's pairs: farm-online-dpo passes farm-annotate's pool run over the
+    Annotation settings (farmkit.annotate.run.PoolLabeller)."""
+
+    def __call__(
+        self, pairs: list[dict[str, Any]], seed: int, budget: float | None, folder: Path
+    ) -> dict[str, Any] | None:
+        """Label the pair records into folder/preferences.jsonl (preference records, as
+        farm-annotate writes them), within `budget` USD (None: no cap); return what it took
+        (labels.json: pairs, requests, judge_calls, cache_hits, price, budget_cut, ...), or None
+        when the budget pays for no pair."""
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -211,11 +216,10 @@ def _sample_pairs(
     config: OnlineDPOConfig,
     seed: int,
     generator: str,
-) -> tuple[list[Any], int]:
-    """Two answers per record from `policy`, as pair items for the engine; and the tokens sampled."""
+) -> tuple[list[dict[str, Any]], int]:
+    """Two answers per record from `policy`, as pair records to label; and the tokens sampled."""
     import torch
 
-    from farmkit.annotate.pairs import Item
     from farmkit.lm.generation import DecodingConfig, generate, plain_generation_config
     from farmkit.lm.models import PromptFormat, load_causal_lm, load_tokenizer
     from farmkit.lm.sampling import vllm_generate_from_folder
@@ -243,7 +247,7 @@ def _sample_pairs(
         del model
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    items, tokens = [], 0
+    pairs, tokens = [], 0
     for record, (first, second) in zip(records, samples, strict=True):
         pair = {
             "instruction": record["instruction"],
@@ -261,72 +265,9 @@ def _sample_pairs(
         for key in ("id", "messages", "dataset"):
             if key in record:
                 pair[key] = record[key]
-        items.append(Item(pair))
+        pairs.append(pair)
         tokens += first.completion_tokens + second.completion_tokens
-    return items, tokens
-
-
-def _fitting(run: Any, items: list[Any], budget: float) -> tuple[list[Any], float]:
-    """The longest prefix of `items` whose expected price stays within `budget`, and that price."""
-    expected = run.estimate(items)["price"]
-    if expected <= budget:
-        return items, expected
-    count = int(len(items) * budget / expected) if expected > 0 else len(items)
-    while count > 0:
-        expected = run.estimate(items[:count])["price"]
-        if expected <= budget:
-            return items[:count], expected
-        count -= 1
-    return [], 0.0
-
-
-def _label(
-    items: list[Any],
-    annotation: Annotation,
-    pool: Any,
-    seed: int,
-    budget: float | None,
-    folder: Path,
-) -> dict[str, Any] | None:
-    """Label `items` with the pool into folder/preferences.jsonl; return what it took (labels.json),
-    or None when --max-cost leaves nothing to ask for."""
-    from farmkit.annotate.run import Run
-
-    with Run(
-        pool,
-        seed=seed,
-        both_orders=annotation.both_orders,
-        cache_path=annotation.cache,
-        prices_path=annotation.prices,
-        max_cost=budget,
-        device=annotation.device,
-    ) as run:
-        cut = False
-        if budget is not None:
-            fitting, _ = _fitting(run, items, budget)
-            if not fitting:
-                return None
-            cut = len(fitting) < len(items)
-            items = fitting
-        folder.mkdir(parents=True, exist_ok=True)
-        with RecordWriter(folder / "preferences.jsonl") as writer:
-            writer.write_all(run.records(items))
-        run.summary()
-        stats = run.annotator.stats
-        return {
-            "pairs": len(items),
-            "requests": stats.requests,
-            "judge_calls": sum(stats.replies.values()),
-            "cache_hits": stats.cache_hits,
-            "noised": stats.noised,
-            "identical": stats.identical,
-            "failures": stats.failures,
-            "skipped_budget": stats.skipped_budget,
-            "prompt_tokens": stats.prompt_tokens,
-            "completion_tokens": stats.completion_tokens,
-            "price": stats.price,
-            "budget_cut": cut or stats.skipped_budget > 0,
-        }
+    return pairs, tokens
 
 
 def _dpo_summary(policy: Path) -> dict[str, Any]:
@@ -378,10 +319,12 @@ def train_online_dpo(
     output: str,
     config: OnlineDPOConfig,
     annotation: Annotation,
+    label: Labeller,
     seed: int = 0,
     inputs: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or continue) the rounds; returns the budget accounting written to meta.json."""
+    """Run (or continue) the rounds, `label` labelling each round's pairs (with the pool and
+    settings `annotation` names); returns the budget accounting written to meta.json."""
     # One process only: not rank-aware (under a launcher every process would sample, pay the judges
     # for the same pairs and write the rounds), and its DPO rounds would not be the DeepSpeed run
     # launched. Refused before any work, never N copies of the run.
@@ -411,7 +354,6 @@ def train_online_dpo(
         [[r["instruction"], r.get("input") or "", r.get("messages")] for r in records]
     )
     _check_run(out, fingerprint(sft, prompts_hash, config, annotation, seed))
-    pool = annotation.load_pool()
     run_folder = rounds_folder(out)
     # the gold judge watches every round's policy (--gold): made before anything is sampled
     from farmkit.train.gold import make_gold
@@ -458,10 +400,10 @@ def train_online_dpo(
                     (number - 1) * config.prompts_per_round : number * config.prompts_per_round
                 ]
             ]
-            items, sampled = _sample_pairs(
+            fresh, sampled = _sample_pairs(
                 policy, sft, chosen, config, round_seed(seed, number), f"{TOOL}-round{number}"
             )
-            labels = _label(items, annotation, pool, seed, budget, folder)
+            labels = label(fresh, seed, budget, folder)
             if labels is None:
                 stopped = (
                     f"--max-cost: ${budget:.4f} left of ${annotation.max_cost:.4f} pays for no pair "

@@ -233,7 +233,6 @@ def train_quark(
     from accelerate.utils import gather_object
 
     from farmkit.lm.models import PromptFormat, choose_device
-    from farmkit.methods.reward import RewardScorer
     from farmkit.train import checkpoints as C
     from farmkit.train import launch, rl_common, tracking
     from farmkit.train import policy as P
@@ -241,6 +240,7 @@ def train_quark(
     from farmkit.train.gold import check_processes, make_gold
     from farmkit.train.rollout_backends import make_backend
     from farmkit.train.rollouts import load_policy_and_reference, prompt_order, sample_and_score
+    from farmkit.train.scoring import RewardScorer
 
     backend_kind = rollout_backend_kind(config)  # vllm refused with control tokens, before any work
     if launch.deepspeed_launched() and config.device != "auto":

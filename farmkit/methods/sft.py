@@ -23,9 +23,10 @@ from typing import Any
 from farmkit.core import distributed
 from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
+from farmkit.core.runs import METRICS_FILE
 from farmkit.core.values import AT_LEAST_ONE, Bounds
 from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
-from farmkit.train.metrics import METRICS_FILE, from_trainer_log, write_metrics
+from farmkit.train.metrics import from_trainer_log, write_metrics
 
 log = logging.getLogger("farmkit")
 

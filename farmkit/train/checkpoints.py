@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from farmkit.core.io import FarmError
+from farmkit.core.runs import METRICS_FILE
 from farmkit.train.config import config_dict
 from farmkit.train.metrics import dumps as metrics_dumps
 
 log = logging.getLogger("farmkit")
-METRICS_FILE = "metrics.jsonl"
 TRAINER_STATE = "trainer"
 ENGINE_STATE = "engine"  # under DeepSpeed: the engine's own checkpoint, in the trainer state
 STATE_FILE = "state.json"  # written last: the checkpoint is complete

@@ -164,7 +164,7 @@ class GoldEvaluator:
         self.scorer: Any = None
         self.pool: Any = None
         if self.kind == "reward_model":
-            from farmkit.methods.reward import RewardScorer
+            from farmkit.train.scoring import RewardScorer
 
             self.scorer = RewardScorer(spec, device=device, batch_size=batch_size)
             self.scorer.network.requires_grad_(False)

@@ -31,7 +31,6 @@ from typing import IO, Any
 from farmkit.core.io import atomic_path
 from farmkit.core.validate import problems
 
-METRICS_FILE = "metrics.jsonl"
 METHODS = ("sft", "reward", "dpo", "online-dpo", "ppo", "rloo", "grpo", "quark", "expiter", "bon")
 
 

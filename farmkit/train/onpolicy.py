@@ -221,7 +221,6 @@ def train_on_policy(
     import torch
 
     from farmkit.lm.models import PromptFormat
-    from farmkit.methods.reward import RewardScorer
     from farmkit.train import checkpoints as C
     from farmkit.train import launch, rl_common, tracking
     from farmkit.train import policy as P
@@ -233,6 +232,7 @@ def train_on_policy(
         truncated_is_weights,
     )
     from farmkit.train.rollouts import load_policy_and_reference, prompt_order, sample_and_score
+    from farmkit.train.scoring import RewardScorer
 
     config = method.config
     resolve_backend(config.rollout_backend)  # vllm asked for and missing: say so before any work

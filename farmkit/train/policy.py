@@ -1,6 +1,6 @@
 """Model-side pieces that the policy-optimization methods (PPO, Quark, DPO) share: sampling rollouts
 as token ids, log-probabilities and per-token values of given responses, LoRA wrapping, and writing a
-policy folder with its meta.json. Reward-model scores come from farmkit.methods.reward.RewardScorer,
+policy folder with its meta.json. Reward-model scores come from farmkit.train.scoring.RewardScorer,
 the same code farm-score runs."""
 
 from __future__ import annotations

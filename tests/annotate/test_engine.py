@@ -472,7 +472,7 @@ def test_the_token_estimate_is_within_a_quarter_of_a_real_tokenizer_in_every_scr
 ):
     # bytes / 4 estimated Chinese at half its tokens, and code and emoji at 0.4 to 0.6: caps that
     # would fit were refused; the estimate reads each script at its own rate
-    from farmkit.annotate.cost import estimate_tokens
+    from farmkit.lm.tokens import estimate_tokens
 
     assert 0.75 <= estimate_tokens(text) / tokens <= 1.25, (script, estimate_tokens(text), tokens)
 

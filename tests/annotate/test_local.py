@@ -122,7 +122,7 @@ def test_oracle_reward_model_scores_as_the_methods_do(tiny_model_path, tmp_path)
 
     from farmkit.annotate.oracle import OracleBackend
     from farmkit.annotate.pools import Judge, Pool
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     folder = keyword_reward_model(tiny_model_path, tmp_path / "rm")
     judge = Judge(name="rm", backend="oracle", reward=str(folder))

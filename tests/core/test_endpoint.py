@@ -27,8 +27,8 @@ from openai_server import (
     shown_pairs,
 )
 
-from farmkit.annotate.cost import estimate_tokens
 from farmkit.core.endpoint import redact
+from farmkit.lm.tokens import estimate_tokens
 
 KEY = "AUDITKEY-zz91-MARKER-77c4e1"
 FAST = "settings: {timeout: 2.0, backoff: 0.01, max_retries: 8, concurrency: 8}\n"

@@ -297,7 +297,7 @@ def test_sft_trains_on_the_whole_conversation(tiny_model_path):
 def test_preferences_keep_the_conversation_for_reward_models_and_dpo(tmp_path):
     from farmkit.core.records import chosen_rejected, comparisons
     from farmkit.lm.models import PromptFormat
-    from farmkit.methods.reward import reward_text
+    from farmkit.train.scoring import reward_text
 
     context = "\n\nHuman: How do I boil an egg?\n\nAssistant: In water.\n\nHuman: For how long?"
     path = write(

@@ -10,7 +10,7 @@ from farmkit.core import seeds
 
 
 def test_derived_seeds_and_positions_keep_their_published_values():
-    from farmkit.cli import config_hash
+    from farmkit.core.provenance import config_hash
     from farmkit.core.split import position
     from farmkit.lm.sampling import request_seed
 

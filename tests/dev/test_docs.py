@@ -251,3 +251,25 @@ def test_code_with_a_pipe_in_a_table_renders_in_python_markdown():
         "| option | x |\n|---|---|\n| <code>--kl k1&#124;k3</code> | `a<b` and <code>c &#124; d</code> |\n"
         "```\n| `fenced \\| kept` |\n```\nprose `e \\| f`\n"
     )
+
+
+def test_the_moves_table_is_written_from_relayouts_tables(monkeypatch):
+    """docs/architecture.md's "Moves (issue 38)" table is dev/relayout.py's MOVES and FILES, between
+    generated markers: a stale table is rewritten, the page's own text around it kept, and a page
+    without the markers gets the section appended."""
+    from dev import docs, relayout
+
+    monkeypatch.setattr(relayout, "MOVES", {"farmkit.methods.a": "farmkit.train.a"})
+    monkeypatch.setattr(relayout, "FILES", {"tests/test_a.py": "tests/train/test_a.py"})
+    table = (
+        f"{docs.MOVES_START}\n"
+        "| before | after |\n|---|---|\n"
+        "| `farmkit.methods.a` | `farmkit.train.a` |\n"
+        "| `tests/test_a.py` | `tests/train/test_a.py` |\n"
+        f"{docs.MOVES_END}\n"
+    )
+    page = f"# A\n\n## Moves (issue 38)\n\nWhy.\n\n{docs.MOVES_START}\n| old |\n{docs.MOVES_END}\n\nAfter.\n"
+    assert docs.with_moves_table(page) == f"# A\n\n## Moves (issue 38)\n\nWhy.\n\n{table}\nAfter.\n"
+    assert (
+        docs.with_moves_table("# A\n\ntext\n") == f"# A\n\ntext\n\n## Moves (issue 38)\n\n{table}"
+    )

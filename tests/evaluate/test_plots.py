@@ -549,7 +549,8 @@ def test_training_curves_name_a_bad_line_and_a_folder_without_metrics(tmp_path):
 def test_overopt_rows_and_figure_from_any_runs(tmp_path, figures):
     from farmkit.tools import farm_plot
 
-    from farmkit.evaluate.overopt import best_of_n_kl, rerank
+    from farmkit.evaluate.overopt import best_of_n_kl
+    from farmkit.methods.bon import rerank
 
     prompts = [f"task {i}" for i in range(4)]
     # four samples per prompt scored by the reward model "rm"; the gold reward is the records' own

@@ -223,7 +223,7 @@ def test_rl_rollouts_cut_prompts_longer_than_the_context(
 def test_reward_model_inputs_keep_their_end_without_tokenizing_a_huge_text_whole(tiny_model_path):
     # the reward model's encoder (farm-score, farm-bon, PPO's scorer) keeps the last max_length tokens,
     # where the response and its end token sit, and tokenizes only a window of a 10 MB text
-    from farmkit.methods.reward import _encode
+    from farmkit.train.scoring import tail_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     short = "A short text and its answer."
@@ -231,7 +231,7 @@ def test_reward_model_inputs_keep_their_end_without_tokenizing_a_huge_text_whole
     expected = tokenizer(huge[-2000:], add_special_tokens=False)["input_ids"][-64:]
     undo = _no_huge_tokenization(tokenizer)
     try:
-        encoded = _encode(tokenizer, [short, huge], max_length=64)
+        encoded = tail_token_ids(tokenizer, [short, huge], max_length=64)
     finally:
         undo()
     assert encoded[0] == tokenizer(short, add_special_tokens=False)["input_ids"]

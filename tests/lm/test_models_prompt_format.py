@@ -19,7 +19,7 @@ from farmkit.lm.models import (
     response_end,
 )
 from farmkit.methods import sft
-from farmkit.methods.reward import reward_format, reward_text
+from farmkit.train.scoring import reward_format, reward_text
 
 EXAMPLES = [
     {"instruction": "Name a large mammal.", "input": "", "output": "The blue whale."},

@@ -720,8 +720,8 @@ def test_expert_iteration_samples_each_rounds_policy_with_vllm(
     from farmkit.lm import sampling
     from farmkit.methods import expiter
     from farmkit.methods.bon import BestOfNConfig, mean_rewards
-    from farmkit.methods.reward import RewardScorer
     from farmkit.methods.sft import SFTConfig
+    from farmkit.train.scoring import RewardScorer
 
     sft, rm = colour_models
     folders, sampled = [], []
@@ -800,8 +800,11 @@ def test_online_dpo_samples_each_round_with_vllm(
     output), and the run writes the policy folder."""
     from policy_fixtures import prompt_records
 
+    from farmkit.annotate.pools import load_pool
+    from farmkit.annotate.run import PoolLabeller
     from farmkit.lm import sampling
     from farmkit.methods.online_dpo import (
+        DEFAULT_POOL,
         Annotation,
         OnlineDPOConfig,
         rounds_folder,
@@ -832,8 +835,9 @@ def test_online_dpo_samples_each_round_with_vllm(
         beta=0.1,
         rollout_backend="vllm",
     )
+    label = PoolLabeller(load_pool(DEFAULT_POOL), cache=None)
     budget = train_online_dpo(
-        str(sft), prompt_records(16), str(output), config, Annotation(cache=None)
+        str(sft), prompt_records(16), str(output), config, Annotation(cache=None), label
     )
     rounds = rounds_folder(output)
     assert folders == [str(sft), str(rounds / "round_1" / "policy")]

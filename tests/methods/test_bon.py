@@ -90,7 +90,7 @@ def test_chosen_output_is_the_best_of_the_first_n(sweep):
 def test_choice_is_the_argmax_of_scores_recomputed_apart(sweep):
     """Every sample rescored by a fresh scorer (other batch size, one text at a time for half of
     them): the chosen sample of each prompt and n holds the top score of the first n."""
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     folder, best, every = sweep
     assert any(not r["finished"] for r in every) and any(
@@ -156,7 +156,7 @@ def test_best_of_n_finds_the_answer_a_known_reward_pays_for(tiny_model_path, tmp
 
 
 def test_stored_rewards_are_the_reward_models_scores_of_the_text(sweep):
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     folder, best, _ = sweep
     chosen = [r for r in best if r["best_of"] == 16]

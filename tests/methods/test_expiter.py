@@ -16,7 +16,7 @@ from farmkit.core.seeds import derive_seed
 from farmkit.lm.generation import Sample
 from farmkit.methods.bon import ScoredPrompt
 from farmkit.methods.expiter import winners
-from farmkit.methods.reward import RewardScorer
+from farmkit.train.scoring import RewardScorer
 
 
 def test_winners_are_the_best_of_the_first_n():

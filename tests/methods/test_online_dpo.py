@@ -327,10 +327,12 @@ def test_a_multi_process_or_deepspeed_launch_is_refused_before_any_work(
     from farmkit.methods.online_dpo import Annotation, OnlineDPOConfig, train_online_dpo
 
     monkeypatch.setenv(variable, value)  # what torchrun / accelerate launch --use_deepspeed set
-    output = tmp_path / "online"
+    output, asked = tmp_path / "online", []
     with pytest.raises(FarmError, match=message):
-        train_online_dpo("no-sft", prompt_records(4), str(output), OnlineDPOConfig(), Annotation())
-    assert not output.exists()
+        train_online_dpo(
+            "no-sft", prompt_records(4), str(output), OnlineDPOConfig(), Annotation(), asked.append
+        )
+    assert not output.exists() and asked == []
 
 
 def test_the_cli_refuses_a_two_process_launch_with_exit_1(tmp_path):

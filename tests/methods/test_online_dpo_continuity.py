@@ -157,13 +157,13 @@ def test_pairs_are_sampled_without_the_models_generation_config(sft, tmp_path, m
     monkeypatch.setattr(models, "load_causal_lm", spy)
     plain, _ = _sample_pairs(str(sft), str(sft), records, config, 3, "g")
     extras, _ = _sample_pairs(str(shaped), str(sft), records, config, 3, "g")
-    texts = [(item.record["output_1"], item.record["output_2"]) for item in plain]
-    assert texts == [(item.record["output_1"], item.record["output_2"]) for item in extras]
+    texts = [(pair["output_1"], pair["output_2"]) for pair in plain]
+    assert texts == [(pair["output_1"], pair["output_2"]) for pair in extras]
     assert len(set(texts)) > 1  # sampled, not one fixed answer
     assert dtypes == ["float32", "float32"]
     assert all(
-        isinstance(item.record["finished_1"], bool) and isinstance(item.record["finished_2"], bool)
-        for item in plain
+        isinstance(pair["finished_1"], bool) and isinstance(pair["finished_2"], bool)
+        for pair in plain
     )
 
 
@@ -188,9 +188,9 @@ def test_a_vllm_round_samples_in_fp32_too(sft, monkeypatch):
         ],
     )
     config = OnlineDPOConfig(max_new_tokens=4, rollout_backend="vllm")
-    items, tokens = _sample_pairs(str(sft), str(sft), prompt_records(2), config, 0, "g")
+    pairs, tokens = _sample_pairs(str(sft), str(sft), prompt_records(2), config, 0, "g")
     assert engines == ["float32"]
-    assert [(item.record["finished_1"], item.record["finished_2"]) for item in items] == [
+    assert [(pair["finished_1"], pair["finished_2"]) for pair in pairs] == [
         (True, False),
         (True, False),
     ]

@@ -164,7 +164,7 @@ def test_score_ranks_better_outputs_higher_in_input_order(keyword_rm, tmp_path):
 def test_batched_scores_equal_one_at_a_time_and_the_training_pooling(keyword_rm):
     import torch
 
-    from farmkit.methods.reward import RewardScorer, reward_text
+    from farmkit.train.scoring import RewardScorer, reward_text
 
     scorer = RewardScorer(keyword_rm, device="cpu", batch_size=5)
     items = [
@@ -295,7 +295,7 @@ def test_no_usable_preferences_is_an_error_naming_the_file(tiny_model_path, tmp_
 def test_end_tokens_change_the_score(keyword_rm):
     """pad and end-of-sequence are one token here: the score is read at the true last token, so a
     response with its end token, with two, or cut off before it scores differently."""
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     scorer = RewardScorer(keyword_rm, device="cpu", batch_size=4)
     eos = scorer.tokenizer.eos_token
@@ -318,7 +318,7 @@ def test_end_tokens_change_the_score(keyword_rm):
 def test_pooled_position_is_the_last_real_token_under_either_padding(keyword_rm):
     import torch
 
-    from farmkit.methods.reward import RewardScorer, last_token_index, sequence_rewards
+    from farmkit.train.scoring import RewardScorer, last_token_index, sequence_rewards
 
     scorer = RewardScorer(keyword_rm, device="cpu")
     tokenizer, network = scorer.tokenizer, scorer.network
@@ -360,7 +360,7 @@ def test_pooled_position_is_the_last_real_token_under_either_padding(keyword_rm)
 def test_farm_score_reads_a_records_finished_flag(keyword_rm, tmp_path):
     """farm-bon writes `finished` with each answer; farm-score scores a cut-off one without its end
     token, as the methods did when they chose it (a record without the flag counts as finished)."""
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     item = {"instruction": "Say something", "input": "", "output": f"river stone {KEYWORD}"}
     outputs = [item, {**item, "finished": True}, {**item, "finished": False}]

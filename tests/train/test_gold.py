@@ -30,8 +30,8 @@ from policy_fixtures import (
 )
 
 from farmkit.core.io import FarmError
-from farmkit.methods.reward import RewardScorer
 from farmkit.train import gold as gold_module
+from farmkit.train.scoring import RewardScorer
 
 GOLD_COLOUR = "red"
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

@@ -10,8 +10,9 @@ import math
 import pytest
 from click.testing import CliRunner
 
+from farmkit.core.runs import METRICS_FILE
 from farmkit.core.validate import problems
-from farmkit.train.metrics import METRICS_FILE, MetricsWriter, from_trainer_log, metrics_row
+from farmkit.train.metrics import MetricsWriter, from_trainer_log, metrics_row
 
 
 def _lines(path) -> list[dict]:

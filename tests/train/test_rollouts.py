@@ -113,7 +113,7 @@ def test_unfinished_answers_are_penalized_only_when_asked():
 
 def test_sample_and_score_pairs_each_response_with_its_prompt(sft, tiny_model_path, tmp_path):
     from farmkit.lm.models import PromptFormat, load_causal_lm
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")
     model, tokenizer = load_causal_lm(sft, device="cpu", dtype="float32")
@@ -176,7 +176,7 @@ def test_the_reward_model_is_told_which_answers_were_cut_off(
     """A cut-off answer is scored without an end-of-sequence token (what --unfinished truncate relies
     on): the rollout's finished flags must reach the scorer, in both unfinished modes."""
     from farmkit.lm.models import PromptFormat, load_causal_lm
-    from farmkit.methods.reward import RewardScorer
+    from farmkit.train.scoring import RewardScorer
 
     rm = keyword_reward_model(tiny_model_path, tmp_path / "rm")
     model, tokenizer = load_causal_lm(sft, device="cpu", dtype="float32")
