@@ -15,7 +15,8 @@ from farmkit.cli import (
     provenance,
     stamp,
 )
-from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.core.io import FarmError, write_text
+from farmkit.evaluate.boards import BOARD_FORMATS, write_board
 from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
     Annotations,
@@ -26,9 +27,7 @@ from farmkit.evaluate.correlate import (
     judge_summaries,
     read_board,
 )
-from farmkit.evaluate.winrate import indexed_csv, render
-
-FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
+from farmkit.evaluate.winrate import indexed_csv
 
 
 def _fields(ctx, param, value):
@@ -133,7 +132,7 @@ def _fields(ctx, param, value):
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(FORMATS),
+    type=click.Choice(tuple(BOARD_FORMATS)),
     default="jsonl",
     show_default=True,
     help="alpaca-eval (annotation mode): AlpacaEval's evaluators leaderboard CSV (its columns and "
@@ -226,7 +225,7 @@ def cli(
                 read_board(human_board, _nth(names, 0), _nth(scores, 0)) if human_board else None
             )
             table = alpaca_eval_evaluators(rows, annotations, human, boards)
-            _write_text(indexed_csv(table, [c for c, _, _ in ALPACA_EVAL_EVALUATORS]), output)
+            write_text(indexed_csv(table, [c for c, _, _ in ALPACA_EVAL_EVALUATORS]), output)
             return
         info = provenance(
             "farm-correlate",
@@ -268,19 +267,7 @@ def cli(
         )
     for row in rows:
         stamp(row, "farm-correlate", info)
-    if fmt == "jsonl":
-        with RecordWriter(output) as writer:
-            writer.write_all(rows)
-        return
-    _write_text(render(rows, fmt), output)
-
-
-def _write_text(text: str, output: str) -> None:
-    if output == "-":
-        records_stdout().write(text.encode("utf-8"))
-    else:
-        with atomic_path(output) as tmp:
-            tmp.write_text(text, encoding="utf-8")
+    write_board(rows, fmt, output)
 
 
 def _judge_boards(paths, judges: list[str], names, scores) -> dict:

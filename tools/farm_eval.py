@@ -24,6 +24,7 @@ from farmkit.cli import (
     split_option,
     verdict_cache,
 )
+from farmkit.evaluate.boards import BOARD_FORMATS, write_board
 from farmkit.evaluate.run import DEFAULT_POOL, MIN_VERDICTS, SORT_BY
 
 TOOL = "farm-eval"
@@ -79,7 +80,7 @@ TOOL = "farm-eval"
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["jsonl", "table", "csv", "markdown", "alpaca-eval"]),
+    type=click.Choice(tuple(BOARD_FORMATS)),
     default="jsonl",
     show_default=True,
     help="jsonl: rows (records); table, csv, markdown: for people and spreadsheets; alpaca-eval: the "
@@ -200,7 +201,7 @@ def cli(
     )
     board = evaluate.read_board(leaderboard) if leaderboard else []
     rows = evaluate.place(board, rows, sort_by) if rows or board else []
-    evaluate.write_board(rows, fmt, output)
+    write_board(rows, fmt, output, evaluate.TABLE_COLUMNS)
 
 
 main = entry_point(cli)

@@ -18,18 +18,15 @@ from farmkit.cli import (
     seed_option,
     stamp,
 )
-from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.core.io import FarmError
+from farmkit.evaluate.boards import BOARD_FORMATS, write_board
 from farmkit.evaluate.length_control import read_instruction_difficulty
 from farmkit.evaluate.winrate import (
     SORT_BY,
     TABLE_COLUMNS,
     WinrateTable,
-    alpaca_eval_board,
     item_key,
-    render,
 )
-
-FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 
 
 @click.command(name="farm-winrate")
@@ -52,7 +49,7 @@ FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(FORMATS),
+    type=click.Choice(tuple(BOARD_FORMATS)),
     default="jsonl",
     show_default=True,
     help="jsonl: leaderboard rows (records); table, csv, markdown: for people and spreadsheets; "
@@ -248,16 +245,7 @@ def cli(
         from farmkit.evaluate import history as win_rate_history
 
         win_rate_history.append(history, win_rate_history.stamped(rows, prefs or ("-",)))
-    if fmt == "jsonl":
-        with RecordWriter(output) as writer:
-            writer.write_all(rows)
-        return
-    text = alpaca_eval_board(rows) if fmt == "alpaca-eval" else render(rows, fmt, columns)
-    if output == "-":
-        records_stdout().write(text.encode("utf-8"))
-    else:
-        with atomic_path(output) as tmp:
-            tmp.write_text(text, encoding="utf-8")
+    write_board(rows, fmt, output, columns)
 
 
 def _report_guards(table: WinrateTable) -> None:

@@ -67,24 +67,6 @@ def judges(pool: str | None, labels: str | None, models: list[str], flip_rate: f
     return chosen
 
 
-def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
-    """Rows as records (jsonl), as farm-winrate's table, csv or markdown, or as AlpacaEval's
-    leaderboard CSV (alpaca-eval), to stdout or to a file written whole or not at all."""
-    from farmkit.core.io import atomic_path, records_stdout, write_records
-    from farmkit.evaluate.winrate import alpaca_eval_board, render
-
-    if fmt == "jsonl":
-        write_records(rows, output)
-        return
-    board = alpaca_eval_board(rows) if fmt == "alpaca-eval" else render(rows, fmt, TABLE_COLUMNS)
-    text = board.encode()
-    if output == "-":
-        records_stdout().write(text)
-        return
-    with atomic_path(output) as tmp:
-        tmp.write_bytes(text)
-
-
 def annotate(
     outputs: list[str],
     reference: str,

@@ -607,33 +607,49 @@ TABLE_COLUMNS = (
 )
 
 
-def render(rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str] | None = None) -> str:
-    """Rows as csv, markdown or an aligned text table (numbers to 2 decimals but in csv)."""
+def _shown(
+    rows: Iterable[dict[str, Any]], columns: Sequence[str] | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows without their provenance, and the columns of `columns` (default: every field) that
+    some row has: what the text formats show."""
+    rows = [{k: v for k, v in row.items() if k != "provenance"} for row in rows]
+    if columns is None:
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+    return rows, [c for c in columns if any(c in row for row in rows)]
+
+
+def csv_text(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as CSV (numbers as they are; lists joined by commas)."""
     import csv
     import io
 
-    rows = [{k: v for k, v in row.items() if k != "provenance"} for row in rows]
+    rows, columns = _shown(rows, columns)
     if not rows:
         return ""
-    if columns is None:
-        columns = list(dict.fromkeys(k for row in rows for k in row))
-    columns = [c for c in columns if any(c in row for row in rows)]
-    if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(
-            buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n"
-        )
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv_value(row.get(k)) for k in columns})
-        return buffer.getvalue()
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv_value(row.get(k)) for k in columns})
+    return buffer.getvalue()
+
+
+def markdown_text(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as a markdown table (numbers to 2 decimals)."""
+    rows, columns = _shown(rows, columns)
+    if not rows:
+        return ""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def table_text(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as an aligned text table (numbers to 2 decimals, right-aligned)."""
+    rows, columns = _shown(rows, columns)
+    if not rows:
+        return ""
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in cells]
-        return "\n".join(lines) + "\n"
-    if fmt != "table":
-        raise ValueError(f"unknown format {fmt!r}")
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     numeric = [
         all(isinstance(row.get(c), (int, float, type(None))) for row in rows) for c in columns
