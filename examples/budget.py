@@ -25,7 +25,7 @@ from typing import Any
 
 from farmkit.core.io import RecordWriter, read_records
 from farmkit.core.runs import read_metrics
-from farmkit.evaluate.winrate import table_text
+from farmkit.evaluate.boards import table_text
 
 COLUMNS = [
     "method",

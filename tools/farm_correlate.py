@@ -16,7 +16,7 @@ from farmkit.cli import (
     stamp,
 )
 from farmkit.core.io import FarmError, write_text
-from farmkit.evaluate.boards import BOARD_FORMATS, write_board
+from farmkit.evaluate.boards import BOARD_FORMATS, indexed_csv, write_board
 from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
     Annotations,
@@ -27,7 +27,6 @@ from farmkit.evaluate.correlate import (
     judge_summaries,
     read_board,
 )
-from farmkit.evaluate.winrate import indexed_csv
 
 
 def _fields(ctx, param, value):
