@@ -62,21 +62,21 @@ def input_argument(name: str = "input", nargs: int = 1) -> Callable:
     return click.argument(name, nargs=nargs, type=click.Path(allow_dash=True))
 
 
-output_option = click.option(
-    "-o",
-    "--output",
-    default="-",
-    type=click.Path(allow_dash=True, dir_okay=False),
-    help="Write records to this file (atomically: whole or not at all; .gz compresses). Default: stdout.",
+def _output_file(help_text: str) -> Callable:
+    return click.option(
+        "-o",
+        "--output",
+        default="-",
+        type=click.Path(allow_dash=True, dir_okay=False),
+        help=help_text,
+    )
+
+
+output_option = _output_file(
+    "Write records to this file (atomically: whole or not at all; .gz compresses). Default: stdout."
 )
 
-board_output_option = click.option(
-    "-o",
-    "--output",
-    default="-",
-    type=click.Path(allow_dash=True, dir_okay=False),
-    help="Write to this file (atomically). Default: stdout.",
-)
+board_output_option = _output_file("Write to this file (atomically). Default: stdout.")
 """-o of the tools that write a board (farmkit.evaluate.boards): records or text."""
 
 
