@@ -493,8 +493,10 @@ output_dir_option = model_dir_option("output")
 # Method configs (farmkit.train.config) as options: defaults < --config FILE.yaml < flags.
 
 
-def _config_option(field: dataclasses.Field) -> Callable:
-    default = field.default if field.default is not dataclasses.MISSING else None
+def _config_option(field: dataclasses.Field, default: Any = dataclasses.MISSING) -> Callable:
+    """The option of a config field; `default`: the tool's own, instead of the field's."""
+    if default is dataclasses.MISSING:
+        default = field.default if field.default is not dataclasses.MISSING else None
     name = config_fields.concept(field)
     if name in SHARED:
         spec = SHARED[name]
@@ -558,15 +560,21 @@ def field_type(field: dataclasses.Field) -> click.ParamType:
 
 
 def field_options(
-    config_class: type, leave_out: tuple[str, ...] = ()
+    config_class: type, *names: str, defaults: dict[str, Any] | None = None
 ) -> Callable[[Callable], Callable]:
-    """Decorate a click command with one option per field of `config_class`, in field order, for a
-    tool without --config; `tool_config` builds the config from the command's values."""
+    """Decorate a click command with one option per field of `config_class` (or per field named
+    in `names`, in that order: a tool may set its shared bundles between them), for a tool
+    without --config; `tool_config` builds the config from the command's values. `defaults`: the
+    tool's own, where it takes another tool's config (farm-expiter's SFT rounds)."""
+    fields = config_fields.field_values(config_class)
+    chosen = [fields[name] for name in names] if names else list(fields.values())
+    defaults = defaults or {}
 
     def decorate(function: Callable) -> Callable:
-        for field in reversed(dataclasses.fields(config_class)):
-            if field.name not in leave_out:
-                function = _config_option(field)(function)
+        for field in reversed(chosen):
+            function = _config_option(field, defaults.get(field.name, dataclasses.MISSING))(
+                function
+            )
         return function
 
     return decorate

@@ -738,10 +738,8 @@ HAND_DECLARED = {
     "farm-eval",
     "farm-expiter",
     "farm-judge-train",
-    "farm-online-dpo",
     "farm-plot",
     "farm-sample",
-    "farm-sft",
 }
 
 
