@@ -734,9 +734,7 @@ BUNDLED |= {"reference", "long_prompts", "version"}
 HAND_DECLARED = {
     "farm-annotate",
     "farm-bon",
-    "farm-correlate",
     "farm-eval",
-    "farm-expiter",
     "farm-judge-train",
     "farm-plot",
     "farm-sample",
