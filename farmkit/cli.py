@@ -79,6 +79,15 @@ output_option = _output_file(
 board_output_option = _output_file("Write to this file (atomically). Default: stdout.")
 """-o of the tools that write a board (farmkit.evaluate.boards): records or text."""
 
+figure_output_option = click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The PNG to write (atomically).",
+)
+"""-o of the commands that draw a figure (farm-plot's)."""
+
 
 def _on_error(ctx: click.Context, param: click.Parameter, value: str) -> None:
     set_on_error(value)
