@@ -730,15 +730,6 @@ def test_a_config_key_takes_one_value_not_a_list_or_a_mapping(tool, tmp_path):
 # the shared bundles' options that are no concept of SHARED (their parameter names)
 BUNDLED = {"quiet", "verbose", "output", "output_dir", "on_error", "split", "config_file"}
 BUNDLED |= {"reference", "long_prompts", "version"}
-# tools whose options are still declared by hand (issue 38, item 4: the conversion goes on)
-HAND_DECLARED = {
-    "farm-annotate",
-    "farm-bon",
-    "farm-eval",
-    "farm-judge-train",
-    "farm-plot",
-    "farm-sample",
-}
 
 
 def tool_module(script: str):
@@ -782,11 +773,7 @@ def untraced_options(script: str) -> list[str]:
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_every_option_comes_from_a_config_field_or_a_shared_bundle(script):
-    problems = untraced_options(script)
-    if script in HAND_DECLARED:
-        assert problems, f"{script} is converted: take it off HAND_DECLARED"
-    else:
-        assert problems == []
+    assert untraced_options(script) == []
 
 
 def test_a_hand_declared_option_is_found():
