@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmkit.core.fields import help_field
+from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Bounds, Number
 
@@ -90,7 +90,7 @@ class AnnotateConfig:
     labels: str | None = help_field(
         None,
         "Take verdicts from this preference file (human labels) instead of a pool.",
-        path={"exists": True, "dir_okay": False},
+        path=EXISTING_FILE,
         show_default=False,
     )
     assign_by: str = help_field(

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from farmkit.annotate.learned import KIND, Features, JudgeConfig, Pair, config_dict, fit
-from farmkit.core.fields import help_field
+from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError, RecordError, display_name, iter_rows
 from farmkit.core.values import NON_NEGATIVE
 
@@ -299,9 +299,6 @@ def human_agreement(score: Any, pairs: Sequence[tuple[str, str, str, str, int]])
     return round(hits / count, 4)
 
 
-_EXISTING_FILE = {"exists": True, "dir_okay": False}
-
-
 @dataclass
 class JudgeTrainConfig:
     """farm-judge-train's settings besides the judge's own (JudgeConfig): where the pairs come
@@ -316,13 +313,13 @@ class JudgeTrainConfig:
     leaderboard: str | None = help_field(
         None,
         "The published leaderboard of the judge PREFS come from (AlpacaEval CSV or farm-winrate rows): held-out systems' predicted win rates are ranked against it (Spearman).",
-        path=_EXISTING_FILE,
+        path=EXISTING_FILE,
         show_default=False,
     )
     human: str | None = help_field(
         None,
         "Pairs with three human labels (PandaLM's test set JSON): agreement with the human majority, beside length alone and the heuristic gold.",
-        path=_EXISTING_FILE,
+        path=EXISTING_FILE,
         show_default=False,
     )
     folds: int = help_field(

@@ -12,6 +12,11 @@ from typing import Any
 
 from farmkit.core.values import UNBOUNDED, Bounds, Number
 
+# the `path` settings of a file option (click.Path's): one that must exist, and one read from a
+# file or `-` (stdin)
+EXISTING_FILE = {"exists": True, "dir_okay": False}
+FILE_OR_STDIN = {"allow_dash": True, "dir_okay": False}
+
 
 def help_field(
     default: Any,

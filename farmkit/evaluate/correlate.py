@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmkit.core.fields import help_field
+from farmkit.core.fields import FILE_OR_STDIN, help_field
 from farmkit.core.io import (
     FarmError,
     RecordError,
@@ -68,9 +68,6 @@ from farmkit.evaluate.boards import BOARD_FORMATS
 
 TIE = 1.5
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
-
-# the settings of a file argument: a file or `-` (stdin)
-_FILE_OR_STDIN = {"allow_dash": True, "dir_okay": False}
 
 
 def field_names(text: str | None) -> tuple[str, ...] | None:
@@ -117,14 +114,14 @@ class CorrelateConfig:
         "Annotation mode: the judge's preference records; each file is a run (repeat for repeated runs).",
         flags=("--judge",),
         multiple=True,
-        path=_FILE_OR_STDIN,
+        path=FILE_OR_STDIN,
         show_default=False,
     )
     humans: tuple[str, ...] = help_field(
         (),
         "Annotation mode: human preference records (several labels per pair allowed).",
         multiple=True,
-        path=_FILE_OR_STDIN,
+        path=FILE_OR_STDIN,
         show_default=False,
     )
     key: str | None = help_field(
@@ -155,7 +152,7 @@ class CorrelateConfig:
     human_board: str | None = help_field(
         None,
         "Annotation mode: the human leaderboard each --judge-board is correlated with (Spearman, Pearson).",
-        path=_FILE_OR_STDIN,
+        path=FILE_OR_STDIN,
         metavar="FILE",
         show_default=False,
     )
@@ -165,7 +162,7 @@ class CorrelateConfig:
         "by the file's name. Repeatable.",
         flags=("--judge-board",),
         multiple=True,
-        path=_FILE_OR_STDIN,
+        path=FILE_OR_STDIN,
         metavar="FILE",
         show_default=False,
     )

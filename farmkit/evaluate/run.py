@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmkit.core.fields import help_field
+from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError, display_name, open_binary
 from farmkit.core.values import NON_NEGATIVE, Bounds
 from farmkit.evaluate.boards import BOARD_FORMATS
@@ -138,9 +138,6 @@ def check_verdicts(preferences: list[dict[str, Any]], minimum: float = MIN_VERDI
             )
 
 
-_EXISTING_FILE = {"exists": True, "dir_okay": False}
-
-
 @dataclass
 class EvalConfig:
     """farm-eval's own settings (its sampling and judge options are farm-sample's and
@@ -155,14 +152,14 @@ class EvalConfig:
         None,
         "Take verdicts from this file instead of a pool: AlpacaEval annotations or preference "
         "records with both texts (matched on the instruction and the two outputs; fractions kept).",
-        path=_EXISTING_FILE,
+        path=EXISTING_FILE,
         show_default=False,
     )
     leaderboard: str | None = help_field(
         None,
         "A published board (AlpacaEval's leaderboard CSV, or farmkit rows): print it with the new "
         "rows placed among its rows (a model already on it is replaced).",
-        path=_EXISTING_FILE,
+        path=EXISTING_FILE,
         show_default=False,
     )
     sort_by: str = help_field(
@@ -174,7 +171,7 @@ class EvalConfig:
         None,
         "Instruction difficulties for the length-controlled win rate, as in farm-winrate "
         "(AlpacaEval's instruction_difficulty.csv); without it one model's LC has no difficulty term.",
-        path=_EXISTING_FILE,
+        path=EXISTING_FILE,
         show_default=False,
     )
     context: tuple[str, ...] = help_field(
@@ -183,7 +180,7 @@ class EvalConfig:
         "instruction text; repeatable): the length control is fitted jointly with them (instruction "
         "difficulties, the judge's shared length term), as over a whole board; their rows are not printed.",
         multiple=True,
-        path=_EXISTING_FILE,
+        path=EXISTING_FILE,
         show_default=False,
     )
     bootstrap: int = help_field(
