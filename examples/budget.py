@@ -25,7 +25,7 @@ from typing import Any
 
 from farmkit.core.io import RecordWriter, read_records
 from farmkit.core.runs import read_metrics
-from farmkit.evaluate.winrate import render
+from farmkit.evaluate.boards import table_text
 
 COLUMNS = [
     "method",
@@ -81,7 +81,7 @@ def main() -> None:
     if args.output:
         with RecordWriter(args.output) as writer:
             writer.write_all(table)
-    sys.stdout.write(render(table, "table", COLUMNS))
+    sys.stdout.write(table_text(table, COLUMNS))
 
 
 if __name__ == "__main__":

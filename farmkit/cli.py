@@ -44,6 +44,7 @@ import click
 from farmkit import __version__
 from farmkit.annotate.pools import FLIP_RATE
 from farmkit.core import console
+from farmkit.core import fields as config_fields
 from farmkit.core.allocator import keep_freed_memory
 from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
 from farmkit.core.values import Bounds, Number, check_number
@@ -62,13 +63,31 @@ def input_argument(name: str = "input", nargs: int = 1) -> Callable:
     return click.argument(name, nargs=nargs, type=click.Path(allow_dash=True))
 
 
-output_option = click.option(
+def _output_file(help_text: str) -> Callable:
+    return click.option(
+        "-o",
+        "--output",
+        default="-",
+        type=click.Path(allow_dash=True, dir_okay=False),
+        help=help_text,
+    )
+
+
+output_option = _output_file(
+    "Write records to this file (atomically: whole or not at all; .gz compresses). Default: stdout."
+)
+
+board_output_option = _output_file("Write to this file (atomically). Default: stdout.")
+"""-o of the tools that write a board (farmkit.evaluate.boards): records or text."""
+
+figure_output_option = click.option(
     "-o",
     "--output",
-    default="-",
-    type=click.Path(allow_dash=True, dir_okay=False),
-    help="Write records to this file (atomically: whole or not at all; .gz compresses). Default: stdout.",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The PNG to write (atomically).",
 )
+"""-o of the commands that draw a figure (farm-plot's)."""
 
 
 def _on_error(ctx: click.Context, param: click.Parameter, value: str) -> None:
@@ -484,9 +503,11 @@ output_dir_option = model_dir_option("output")
 # Method configs (farmkit.train.config) as options: defaults < --config FILE.yaml < flags.
 
 
-def _config_option(field: dataclasses.Field) -> Callable:
-    default = field.default if field.default is not dataclasses.MISSING else None
-    name = method_config.concept(field)
+def _config_option(field: dataclasses.Field, default: Any = dataclasses.MISSING) -> Callable:
+    """The option of a config field; `default`: the tool's own, instead of the field's."""
+    if default is dataclasses.MISSING:
+        default = field.default if field.default is not dataclasses.MISSING else None
+    name = config_fields.concept(field)
     if name in SHARED:
         spec = SHARED[name]
         if not spec.own_default and default != spec.default:
@@ -501,29 +522,83 @@ def _config_option(field: dataclasses.Field) -> Callable:
             more_help=field.metadata.get("more_help", ""),
             param_type=click.Choice(choices) if choices and spec.type is click.STRING else None,
         )
-    help_text = field.metadata.get("help", "")
-    name = field.name.replace("_", "-")
-    if method_config._scalar_type(field.type) is bool:
-        return click.option(
-            f"--{name}/--no-{name}", field.name, default=default, show_default=True, help=help_text
-        )
-    return click.option(
-        method_config.option_name(field.name),
-        field.name,
-        type=field_type(field),
-        default=default,
-        show_default=True,
-        help=help_text,
-    )
+    meta = field.metadata
+    flags = meta.get("flags", (config_fields.option_name(field.name),))
+    kwargs: dict[str, Any] = {
+        "default": default,
+        "show_default": meta.get("show_default", True),
+        "help": meta.get("help", ""),
+    }
+    for key in ("metavar", "multiple", "nargs", "required"):
+        if key in meta:
+            kwargs[key] = meta[key]
+    if meta.get("flag"):
+        kwargs["is_flag"] = True
+    elif config_fields.scalar_type(field.type) is bool:
+        flags = (f"{flags[-1]}/--no-{flags[-1][2:]}",)
+    else:
+        kwargs["type"] = field_type(field)
+    if "parse" in meta:
+        kwargs["callback"] = _parsed(meta["parse"])
+    if "aliases" in meta:
+        kwargs["cls"], kwargs["aliases"] = AliasedOption, meta["aliases"]
+    return click.option(*flags, field.name, **kwargs)
+
+
+def _parsed(parse: Callable[[Any], Any]) -> Callable:
+    """A click callback of a field's `parse`: its ValueError is the option's usage error."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    return callback
 
 
 def field_type(field: dataclasses.Field) -> click.ParamType:
-    """The click type of a config field that is not a flag: its choices, its number, or text."""
+    """The click type of a config field that is not a flag: its choices, a path, its number, or
+    text."""
     choices = field.metadata.get("choices")
     if choices:
         return click.Choice(choices)
-    declared = method_config.number(field)
+    if "path" in field.metadata:
+        return click.Path(**field.metadata["path"])
+    declared = config_fields.number(field)
     return number_type(declared) if declared is not None else click.STRING
+
+
+def field_options(
+    config_class: type, *names: str, defaults: dict[str, Any] | None = None
+) -> Callable[[Callable], Callable]:
+    """Decorate a click command with one option per field of `config_class` (or per field named
+    in `names`, in that order: a tool may set its shared bundles between them), for a tool
+    without --config; `tool_config` builds the config from the command's values. `defaults`: the
+    tool's own, where it takes another tool's config (farm-expiter's SFT rounds)."""
+    fields = config_fields.field_values(config_class)
+    chosen = [fields[name] for name in names] if names else list(fields.values())
+    defaults = defaults or {}
+
+    def decorate(function: Callable) -> Callable:
+        for field in reversed(chosen):
+            function = _config_option(field, defaults.get(field.name, dataclasses.MISSING))(
+                function
+            )
+        return function
+
+    return decorate
+
+
+def tool_config(config_class: type, values: dict[str, Any]) -> Any:
+    """The config of a `field_options` tool from its command's values, taking its fields out of
+    `values` (the rest are the tool's arguments and shared options). A combination the dataclass
+    rejects (ValueError in __post_init__) is a usage error (exit 2)."""
+    names = [field.name for field in dataclasses.fields(config_class) if field.name in values]
+    try:
+        return config_class(**{name: values.pop(name) for name in names})
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def config_options(
@@ -537,12 +612,12 @@ def config_options(
     """
 
     groups = [
-        set(method_config.field_values(method_config.RolloutConfig))
+        set(config_fields.field_values(method_config.RolloutConfig))
         if issubclass(config_class, method_config.RolloutConfig)
         else set(),
-        set(method_config.field_values(method_config.ModelArgs)),
-        set(method_config.field_values(method_config.TrackingArgs)),
-        set(method_config.field_values(method_config.GoldArgs)),
+        set(config_fields.field_values(method_config.ModelArgs)),
+        set(config_fields.field_values(method_config.TrackingArgs)),
+        set(config_fields.field_values(method_config.GoldArgs)),
     ]
 
     def group(field: dataclasses.Field) -> int:
@@ -582,10 +657,10 @@ def load_yaml(path: str, config_class: type) -> dict[str, Any]:
         new = method_config.RENAMED_FIELDS[key.replace("-", "_")].replace("_", "-")
         deprecated(context, f"{key} (in {path})", new)
     params = {param.name: param for param in context.command.params} if context else {}
-    fields = method_config.field_values(config_class)
+    fields = config_fields.field_values(config_class)
     values = {}
     for name, value in raw.items():
-        kind = method_config._scalar_type(fields[name].type)
+        kind = config_fields.scalar_type(fields[name].type)
         if value is not None and kind is bool and not isinstance(value, bool):
             raise click.BadParameter(
                 f"{path}: {name} must be true or false, not {value!r}", param_hint="--config"
@@ -620,7 +695,7 @@ def resolve_config(config_class: type, config_file: str | None, flags: dict[str,
     A combination that the dataclass rejects (ValueError in __post_init__) is a usage error (exit 2).
     """
     values = load_yaml(config_file, config_class) if config_file else {}
-    names = set(method_config.field_values(config_class))
+    names = set(config_fields.field_values(config_class))
     context = click.get_current_context(silent=True)
 
     def given(name: str, value: Any) -> bool:

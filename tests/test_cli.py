@@ -692,7 +692,8 @@ def test_best_of_n_settings_are_checked_too():
 
 def test_method_config_fields_take_the_shared_range():
     """A field of a shared concept has SHARED's range, so its option and its field check alike."""
-    from farmkit.train.config import SHARED_NUMBERS, concept, number
+    from farmkit.core.fields import concept, number
+    from farmkit.train.config import SHARED_NUMBERS
 
     for config_class in (SFTConfig, RewardConfig, DPOConfig, PPOConfig, QuarkConfig):
         for field in dataclasses.fields(config_class):
@@ -720,3 +721,67 @@ def test_a_config_key_takes_one_value_not_a_list_or_a_mapping(tool, tmp_path):
             result = CliRunner().invoke(cmd, [*heads, "--config", str(yaml_file)])
             assert result.exit_code == 2, (name, value, result.output)
             assert f"{yaml_file}: {name}: expected one value, not " in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# One option style: every option of every tool comes from its config dataclass (help_field, through
+# farmkit.cli.field_options / config_options) or from a shared bundle of farmkit/cli.py.
+
+# the shared bundles' options that are no concept of SHARED (their parameter names)
+BUNDLED = {"quiet", "verbose", "output", "output_dir", "on_error", "split", "config_file"}
+BUNDLED |= {"reference", "long_prompts", "version"}
+
+
+def tool_module(script: str):
+    return importlib.import_module(SCRIPTS[script].split(":")[0])
+
+
+def config_classes(module) -> list[type]:
+    """The config dataclasses a tool module uses (imported or its own)."""
+    return [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and dataclasses.is_dataclass(value)
+        and any("help" in field.metadata for field in dataclasses.fields(value))
+    ]
+
+
+def untraced_options(script: str) -> list[str]:
+    """The options of a tool that neither a config field nor a shared bundle declares, and the
+    click.option calls in its source."""
+    module = tool_module(script)
+    fields = {
+        field.name: field
+        for config_class in config_classes(module)
+        for field in dataclasses.fields(config_class)
+    }
+    found = []
+    for tool, cmd in commands():
+        if tool.split()[0] != script:
+            continue
+        for option in options(cmd):
+            if shared_name(option) is not None or option.name in BUNDLED:
+                continue
+            field = fields.get(option.name)
+            if field is None or field.metadata.get("help") != option.help:
+                found.append(f"{tool} {option.opts}: from no config field nor shared bundle")
+    source = (ROOT / "tools" / f"{module.__name__.rsplit('.', 1)[1]}.py").read_text()
+    found += [f"{script}: declares an option by hand"] * source.count("click.option(")
+    return found
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_option_comes_from_a_config_field_or_a_shared_bundle(script):
+    assert untraced_options(script) == []
+
+
+def test_a_hand_declared_option_is_found():
+    @click.command()
+    @click.option("--mine", help="Mine.")
+    def cli(mine):
+        pass
+
+    module = type(sys)("farm_x")
+    module.cli = cli
+    assert not config_classes(module)

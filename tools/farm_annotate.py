@@ -8,13 +8,13 @@ import logging
 import click
 import orjson
 
-from farmkit.annotate.pools import SETTINGS
+from farmkit.annotate.pools import AnnotateConfig
 from farmkit.cli import (
     common_options,
     entry_point,
+    field_options,
     input_argument,
     judge_options,
-    number_type,
     on_error_option,
     output_option,
     reference_option,
@@ -29,73 +29,17 @@ from farmkit.core.io import RecordWriter, records_stdout
 @click.command(name="farm-annotate")
 @input_argument("inputs", nargs=-1)
 @output_option
-@click.option(
-    "--pool",
-    help="A pool name (see --list-pools), a pool YAML file, or a learned judge folder (farm-judge-train; judged by it alone, no flips).  [default: sim_ann; with --reference: sim_eval, "
-    "the noise-free evaluation pool]",
-)
+@field_options(AnnotateConfig, "pool")
 @reference_option
-@click.option(
-    "--generator",
-    "generators",
-    multiple=True,
-    metavar="NAME",
-    help="The system that wrote output records without a `generator` field (AlpacaFarm's published "
-    "outputs have none): one name for every input file, or one per file in order; repeatable. "
-    "Default: the file's name (rlhf_ppo.jsonl.gz -> rlhf_ppo), said on stderr.",
-)
-@click.option(
-    "--skip-missing",
-    is_flag=True,
-    help="With --reference: leave out output records whose instruction the reference lacks "
-    "(counted on stderr) instead of stopping.",
-)
-@click.option(
-    "--labels",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Take verdicts from this preference file (human labels) instead of a pool.",
-)
+@field_options(AnnotateConfig, "generators", "skip_missing", "labels")
 @seed_option
 @judge_options(
     max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
     both_orders_help="A pair costs two requests.",
 )
-@click.option(
-    "--assign-by",
-    type=click.Choice(["item", "instruction"]),
-    default="item",
-    show_default=True,
-    help="What draws the judge and the order shown: each pair, or the instruction (every model meets the same "
-    "judge and order on an instruction, which lowers the variance of comparisons between models).",
-)
-@click.option(
-    "--estimate",
-    is_flag=True,
-    help="Print the expected requests, tokens and price as JSON and exit without asking anything.",
-)
-@click.option(
-    "--concurrency",
-    type=number_type(SETTINGS["concurrency"]),
-    help="The most requests in flight at once, fewer while the endpoint is slow (pool default: 16).",
-)
-@click.option(
-    "--timeout",
-    type=number_type(SETTINGS["timeout"]),
-    help="Seconds before a request is abandoned and retried (pool default: 60).",
-)
-@click.option(
-    "--max-retries",
-    type=number_type(SETTINGS["max_retries"]),
-    help="Retries of a failed request (pool default: 6).",
-)
+@field_options(AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries")
 @shared_option("device")  # of the local and reward-model judges
-@click.option(
-    "--progress",
-    is_flag=True,
-    help="Show the progress bar (cache hits, requests, failures, spend) on stderr even "
-    "when stderr is not a terminal; -q silences it.",
-)
-@click.option("--list-pools", is_flag=True, help="Print every shipped pool as JSON lines and exit.")
+@field_options(AnnotateConfig, "progress", "list_pools")
 @on_error_option
 @split_option
 @common_options

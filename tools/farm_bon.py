@@ -13,6 +13,7 @@ from farmkit.cli import (
     common_options,
     decoding_options,
     entry_point,
+    field_options,
     input_argument,
     long_prompts_option,
     model_options,
@@ -23,6 +24,7 @@ from farmkit.cli import (
 from farmkit.core import distributed
 from farmkit.core.io import FarmError, RecordWriter, display_name, read_numbered
 from farmkit.core.provenance import provenance, stamp
+from farmkit.methods.bon import BestOfNOutputs
 
 log = logging.getLogger("farmkit")
 
@@ -47,24 +49,7 @@ log = logging.getLogger("farmkit")
 )
 @shared_option("reward_batch_size")
 @model_options
-@click.option(
-    "--generator",
-    default=None,
-    help="Name of the policy in generator fields (default: its folder name); '-best-of-N' is appended.",
-)
-@click.option(
-    "--all-samples",
-    type=click.Path(dir_okay=False, allow_dash=False),
-    help="Also write every scored sample to this file (output records with reward).",
-)
-@click.option(
-    "--metrics",
-    "metrics_path",
-    type=click.Path(dir_okay=False, allow_dash=False),
-    help="Also write one metrics row per n to this file (the trainers' metrics.jsonl schema: "
-    "step = n, reward, kl = log n - (n-1)/n, response_length, the budget of best-of-n alone, and "
-    "the gold figures with --gold), which farm-plot curves draws.",
-)
+@field_options(BestOfNOutputs)
 @shared_option("gold")
 @shared_option("gold_prompts")
 @shared_option("gold_size")

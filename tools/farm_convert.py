@@ -7,12 +7,14 @@ import click
 from farmkit.cli import (
     common_options,
     entry_point,
+    field_options,
     input_argument,
     log,
     on_error_option,
     output_option,
+    tool_config,
 )
-from farmkit.core.formats import FormatError, to_trl
+from farmkit.core.formats import ConvertConfig, FormatError, to_trl
 from farmkit.core.io import (
     FarmError,
     RecordError,
@@ -22,8 +24,6 @@ from farmkit.core.io import (
     iter_rows,
     numbered_records,
 )
-
-KINDS = ("auto", "preference", "instruction", "output")
 
 
 def guess_kind(record: object) -> str:
@@ -41,27 +41,10 @@ def guess_kind(record: object) -> str:
 @click.command(name="farm-convert")
 @input_argument("records")
 @output_option
-@click.option(
-    "--to",
-    "target",
-    type=click.Choice(["farmkit", "trl", "trl-chat"]),
-    default="farmkit",
-    show_default=True,
-    help="farmkit: any format farmkit reads (TRL, hh-rlhf, chat messages, Parquet) as farmkit records; "
-    "trl: TRL rows with plain-text prompts; trl-chat: TRL rows with chat-message prompts.",
-)
-@click.option(
-    "--kind",
-    type=click.Choice(KINDS),
-    default="auto",
-    show_default=True,
-    help="What the records are: auto guesses from the first record (pairs with chosen/rejected or "
-    "output_1/output_2 are preferences, records with a generator and an output, completion or "
-    "messages are outputs, the rest instructions).",
-)
+@field_options(ConvertConfig)
 @on_error_option
 @common_options
-def cli(records, output, target, kind):
+def cli(records, output, **values):
     """Convert RECORDS between farmkit's record kinds and TRL's dataset formats.
 
     Every farm-* tool already reads TRL, hh-rlhf and chat `messages` files directly; this command
@@ -76,6 +59,8 @@ def cli(records, output, target, kind):
       farm-convert prefs.jsonl --to trl -o prefs.trl.parquet
       farm-convert hh_rlhf_train.jsonl --kind preference -o prefs.jsonl
     """
+    config = tool_config(ConvertConfig, values)
+    target, kind = config.target, config.kind
     name = display_name(records)
     raw = list(iter_rows(records))
     if not raw:

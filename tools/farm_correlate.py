@@ -7,17 +7,19 @@ import itertools
 import click
 
 from farmkit.cli import (
-    AliasedOption,
-    WholeNumber,
+    board_output_option,
     common_options,
     entry_point,
+    field_options,
     log,
 )
-from farmkit.core.io import FarmError, RecordWriter, atomic_path, records_stdout
+from farmkit.core.io import FarmError, write_text
 from farmkit.core.provenance import provenance, stamp
+from farmkit.evaluate.boards import indexed_csv, write_board
 from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
     Annotations,
+    CorrelateConfig,
     alpaca_eval_evaluators,
     board_stem,
     correlate_boards,
@@ -25,126 +27,12 @@ from farmkit.evaluate.correlate import (
     judge_summaries,
     read_board,
 )
-from farmkit.evaluate.winrate import indexed_csv, render
-
-FORMATS = ("jsonl", "table", "csv", "markdown", "alpaca-eval")
-
-
-def _fields(ctx, param, value):
-    return tuple(part.strip() for part in value.split(",") if part.strip()) if value else value
 
 
 @click.command(name="farm-correlate")
 @click.argument("boards", nargs=-1, type=click.Path(allow_dash=True, dir_okay=False))
-@click.option(
-    "--name",
-    "names",
-    multiple=True,
-    metavar="COLUMN",
-    help="Model-name column of the boards (once for all, or once per board). Default: generator, Model, or a CSV's first column.",
-)
-@click.option(
-    "--score",
-    "scores",
-    multiple=True,
-    metavar="COLUMN",
-    help="Score column of the boards (once for all, or once per board; a unique prefix is enough). Default: win_rate.",
-)
-@click.option(
-    "--plot",
-    type=click.Path(dir_okay=False),
-    help="Leaderboard mode: scatter of the first two boards as PNG (labelled points, their intervals, y = x when both share a scale).",
-)
-@click.option(
-    "--max-labels",
-    "max_labels",
-    cls=AliasedOption,
-    aliases=("--labels",),  # farm-annotate's --labels is a FILE of verdicts
-    type=WholeNumber(min=0),
-    metavar="N",
-    help="With --plot: label at most N points. Default: every point up to 25, else 15 (the highest and lowest on each axis, then the largest departures from the trend).",
-)
-@click.option(
-    "--judge",
-    "judges",
-    multiple=True,
-    type=click.Path(allow_dash=True, dir_okay=False),
-    help="Annotation mode: the judge's preference records; each file is a run (repeat for repeated runs).",
-)
-@click.option(
-    "--humans",
-    "humans",
-    multiple=True,
-    type=click.Path(allow_dash=True, dir_okay=False),
-    help="Annotation mode: human preference records (several labels per pair allowed).",
-)
-@click.option(
-    "--key",
-    metavar="FIELD",
-    help="Field that identifies a pair in all files. Default: pair_id, else the texts.",
-)
-@click.option(
-    "--judge-label",
-    default="preference",
-    show_default=True,
-    metavar="FIELD",
-    help="Field holding the judge's label.",
-)
-@click.option(
-    "--human-label",
-    default="preference",
-    show_default=True,
-    callback=_fields,
-    metavar="FIELD[,FIELD...]",
-    help="Field holding a human label; several fields: one annotator each (wide records).",
-)
-@click.option(
-    "--outputs",
-    default="output_1,output_2",
-    show_default=True,
-    callback=_fields,
-    metavar="FIELD1,FIELD2",
-    help="Fields holding the two output texts (for the length, list and position preferences).",
-)
-@click.option(
-    "--min-length-difference",
-    default=30,
-    show_default=True,
-    type=WholeNumber(min=0),
-    metavar="CHARS",
-    help="p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).",
-)
-@click.option(
-    "--human-board",
-    type=click.Path(allow_dash=True, dir_okay=False),
-    metavar="FILE",
-    help="Annotation mode: the human leaderboard each --judge-board is correlated with (Spearman, Pearson).",
-)
-@click.option(
-    "--judge-board",
-    "judge_boards",
-    multiple=True,
-    type=click.Path(allow_dash=True, dir_okay=False),
-    metavar="FILE",
-    help="Annotation mode: a judge's leaderboard, the judge named by the `annotator` of its rows, else "
-    "by the file's name. Repeatable.",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(FORMATS),
-    default="jsonl",
-    show_default=True,
-    help="alpaca-eval (annotation mode): AlpacaEval's evaluators leaderboard CSV (its columns and "
-    "order, percent where it uses percent, # parsed, the annotator as the unnamed first column).",
-)
-@click.option(
-    "-o",
-    "--output",
-    default="-",
-    type=click.Path(allow_dash=True, dir_okay=False),
-    help="Write to this file (atomically). Default: stdout.",
-)
+@field_options(CorrelateConfig)
+@board_output_option
 @common_options
 def cli(
     boards,
@@ -225,7 +113,7 @@ def cli(
                 read_board(human_board, _nth(names, 0), _nth(scores, 0)) if human_board else None
             )
             table = alpaca_eval_evaluators(rows, annotations, human, boards)
-            _write_text(indexed_csv(table, [c for c, _, _ in ALPACA_EVAL_EVALUATORS]), output)
+            write_text(indexed_csv(table, [c for c, _, _ in ALPACA_EVAL_EVALUATORS]), output)
             return
         info = provenance(
             "farm-correlate",
@@ -267,19 +155,7 @@ def cli(
         )
     for row in rows:
         stamp(row, "farm-correlate", info)
-    if fmt == "jsonl":
-        with RecordWriter(output) as writer:
-            writer.write_all(rows)
-        return
-    _write_text(render(rows, fmt), output)
-
-
-def _write_text(text: str, output: str) -> None:
-    if output == "-":
-        records_stdout().write(text.encode("utf-8"))
-    else:
-        with atomic_path(output) as tmp:
-            tmp.write_text(text, encoding="utf-8")
+    write_board(rows, fmt, output)
 
 
 def _judge_boards(paths, judges: list[str], names, scores) -> dict:

@@ -12,11 +12,10 @@ from typing import Any
 import click
 
 from farmkit.cli import (
-    FiniteFloat,
-    WholeNumber,
     common_options,
     decoding_options,
     entry_point,
+    field_options,
     input_argument,
     judge_options,
     log,
@@ -29,10 +28,10 @@ from farmkit.cli import (
     verdict_cache,
 )
 from farmkit.core.io import display_name
-from farmkit.evaluate.run import MIN_VERDICTS, SORT_BY
+from farmkit.evaluate.boards import write_board
+from farmkit.evaluate.run import DEFAULT_POOL, EvalConfig
 
 TOOL = "farm-eval"
-DEFAULT_POOL = "weighted_gpt4_turbo"
 
 
 def sample(model: str, reference: str, output: str, *, seed: int, settings: dict[str, Any]) -> None:
@@ -62,67 +61,7 @@ def sample(model: str, reference: str, output: str, *, seed: int, settings: dict
 @click.command(name=TOOL)
 @input_argument("outputs", nargs=-1)
 @reference_option  # required
-@click.option(
-    "--pool",
-    help=f"The judge: a pool name (farm-annotate --list-pools) or a pool YAML file.  [default: {DEFAULT_POOL}]",
-)
-@click.option(
-    "--labels",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Take verdicts from this file instead of a pool: AlpacaEval annotations or preference "
-    "records with both texts (matched on the instruction and the two outputs; fractions kept).",
-)
-@click.option(
-    "--leaderboard",
-    type=click.Path(exists=True, dir_okay=False),
-    help="A published board (AlpacaEval's leaderboard CSV, or farmkit rows): print it with the new "
-    "rows placed among its rows (a model already on it is replaced).",
-)
-@click.option(
-    "--sort-by",
-    type=click.Choice(sorted(SORT_BY)),
-    default="lc",
-    show_default=True,
-    help="The board's order: the length-controlled win rate, or the raw one.",
-)
-@click.option(
-    "--instruction-difficulty",
-    type=click.Path(exists=True, dir_okay=False),
-    help="Instruction difficulties for the length-controlled win rate, as in farm-winrate "
-    "(AlpacaEval's instruction_difficulty.csv); without it one model's LC has no difficulty term.",
-)
-@click.option(
-    "--context",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Other models' verdicts against the same reference (AlpacaEval annotations with the "
-    "instruction text; repeatable): the length control is fitted jointly with them (instruction "
-    "difficulties, the judge's shared length term), as over a whole board; their rows are not printed.",
-)
-@click.option(
-    "--bootstrap",
-    type=WholeNumber(min=0),
-    default=1000,
-    show_default=True,
-    help="Resamples of the percentile interval of the raw win rate (ci_low, ci_high); 0: none.",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["jsonl", "table", "csv", "markdown", "alpaca-eval"]),
-    default="jsonl",
-    show_default=True,
-    help="jsonl: rows (records); table, csv, markdown: for people and spreadsheets; alpaca-eval: the "
-    "CSV AlpacaEval publishes its leaderboards in (its columns and order; farm-winrate's).",
-)
-@click.option(
-    "--min-verdicts",
-    type=FiniteFloat(0, 1),
-    default=MIN_VERDICTS,
-    show_default=True,
-    help="The fraction of a model's pairs that must have a verdict: fewer is an error (exit 1) "
-    "naming how many lack one and why (labels that do not cover the outputs), not a row.",
-)
+@field_options(EvalConfig)
 @model_options  # --device: also the local and reward-model judges', as in farm-annotate
 @decoding_options(temperature=0.7, generation_batch_size=32)
 @output_option
@@ -243,7 +182,7 @@ def cli(
     )
     board = evaluate.read_board(leaderboard) if leaderboard else []
     rows = evaluate.place(board, rows, sort_by) if rows or board else []
-    evaluate.write_board(rows, fmt, output)
+    write_board(rows, fmt, output, evaluate.TABLE_COLUMNS)
 
 
 main = entry_point(cli)

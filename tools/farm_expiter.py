@@ -2,44 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable
 
 import click
 
 from farmkit.cli import (
-    WholeNumber,
     common_options,
     decoding_options,
     entry_point,
-    field_type,
+    field_options,
     input_argument,
     long_prompts_option,
     model_dir_option,
     model_options,
     seed_option,
     shared_option,
+    tool_config,
 )
 from farmkit.core import distributed
 from farmkit.core.io import FarmError, display_name, read_numbered
+from farmkit.methods.expiter import SFT_ROUND_FIELDS, ExpertIterationConfig
 from farmkit.methods.sft import SFTConfig
 
 log = logging.getLogger("farmkit")
-SFT_FIELDS = {field.name: field for field in dataclasses.fields(SFTConfig)}
-
-
-def sft_option(name: str, default: int) -> Callable[[Callable], Callable]:
-    """An option of farm-sft's config that the SFT rounds take, with its type and help and the
-    default of expert iteration."""
-    field = SFT_FIELDS[name]
-    return click.option(
-        f"--{name.replace('_', '-')}",
-        type=field_type(field),
-        default=default,
-        show_default=True,
-        help=field.metadata["help"],
-    )
 
 
 @click.command(name="farm-expiter")
@@ -48,13 +33,7 @@ def sft_option(name: str, default: int) -> Callable[[Callable], Callable]:
 @input_argument("prompts")
 @model_dir_option("output_dir")  # the last round's policy; its meta.json has every round
 @shared_option("num_samples", 16, dest="n", more_help="The best one becomes a demonstration.")
-@click.option(
-    "--rounds",
-    default=1,
-    show_default=True,
-    type=WholeNumber(min=1),
-    help="Rounds of best-of-n + SFT, each starting from the previous round's policy.",
-)
+@field_options(ExpertIterationConfig)
 @decoding_options(
     temperature=1.0,
     generation_batch_size=16,
@@ -63,14 +42,7 @@ def sft_option(name: str, default: int) -> Callable[[Callable], Callable]:
 )
 @shared_option("rollout_backend")
 @shared_option("reward_batch_size")
-@shared_option("epochs", 1)
-@shared_option("max_steps")
-@shared_option("learning_rate", 2e-5)
-@sft_option("batch_size", 8)
-@sft_option("max_length", 512)
-@shared_option("lora")
-@shared_option("lora_rank")
-@shared_option("lora_alpha")
+@field_options(SFTConfig, *SFT_ROUND_FIELDS, defaults={"epochs": 1})
 @model_options
 @shared_option(
     "resume",
@@ -98,14 +70,6 @@ def cli(
     sample_batch_size,
     rollout_backend,
     reward_batch_size,
-    epochs,
-    max_steps,
-    learning_rate,
-    batch_size,
-    max_length,
-    lora,
-    lora_rank,
-    lora_alpha,
     template,
     device,
     resume,
@@ -115,6 +79,7 @@ def cli(
     gold_size,
     long_prompts,
     seed,
+    **sft_values,
 ):
     """Expert iteration: sample N outputs per prompt of PROMPTS from POLICY, keep the one the reward
     model RM scores highest, fine-tune POLICY on those winners; --rounds repeats it from the new
@@ -156,22 +121,18 @@ def cli(
             seed=seed,
             backend=rollout_backend,
         )
-        sft_config = SFTConfig(
-            epochs=epochs,
-            max_steps=max_steps,
-            learning_rate=learning_rate,
-            batch_size=batch_size,
-            max_length=max_length,
-            lora=lora,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            template=template,
-            device=device,
-            seed=seed,
-            report_to=report_to,
-        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    sft_config = tool_config(
+        SFTConfig,
+        {
+            **sft_values,
+            "template": template,
+            "device": device,
+            "seed": seed,
+            "report_to": report_to,
+        },
+    )
     from farmkit.train.gold import make_gold
 
     judge = make_gold(

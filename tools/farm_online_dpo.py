@@ -10,6 +10,7 @@ from farmkit.cli import (
     common_options,
     config_options,
     entry_point,
+    field_options,
     input_argument,
     judge_options,
     output_dir_option,
@@ -17,7 +18,7 @@ from farmkit.cli import (
     verdict_cache,
 )
 from farmkit.core.io import FarmError, display_name, read_records
-from farmkit.methods.online_dpo import DEFAULT_POOL, OnlineDPOConfig
+from farmkit.methods.online_dpo import Annotation, OnlineDPOConfig
 
 log = logging.getLogger("farmkit")
 
@@ -28,13 +29,7 @@ log = logging.getLogger("farmkit")
 @output_dir_option
 # a rerun of the same command is what resumes online DPO: its rounds are the checkpoints
 @config_options(OnlineDPOConfig, leave_out=("save_steps", "resume"))
-@click.option(
-    "--pool",
-    default=DEFAULT_POOL,
-    show_default=True,
-    help="The farm-annotate pool that labels each round's pairs: a name (farm-annotate "
-    "--list-pools) or a pool YAML file. The default is offline (no endpoint).",
-)
+@field_options(Annotation, "pool")
 @judge_options(
     max_cost_help="It covers the whole run (every round, reruns included): a round gets only the "
     "pairs the rest pays for, and the run stops there.",

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import click
 
-from farmkit.cli import common_options, entry_point, log
+from farmkit.cli import common_options, entry_point, field_options, figure_output_option, log
 from farmkit.core.io import FarmError, RecordWriter
-
-OUTPUT = click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="The PNG to write (atomically).",
-)
+from farmkit.evaluate.plots import CurvesPlot, HistoryPlot, OveroptPlot
 
 
 @click.group(name="farm-plot")
@@ -30,19 +23,8 @@ def cli():
 
 @cli.command(short_help="A model's win rate over time, from a farm-winrate --history file.")
 @click.argument("history", type=click.Path(allow_dash=True, dir_okay=False))
-@click.option(
-    "--generator",
-    "generators",
-    multiple=True,
-    metavar="NAME",
-    help="Draw this model only (repeatable). Default: all.",
-)
-@click.option(
-    "--length-controlled",
-    is_flag=True,
-    help="Draw the length-controlled win rate instead of the raw one.",
-)
-@OUTPUT
+@field_options(HistoryPlot)
+@figure_output_option
 @common_options
 def history(history, generators, length_controlled, output):
     """A model's win rate over time, with its interval as a band, from a `farm-winrate --history` file
@@ -64,24 +46,8 @@ def history(history, generators, length_controlled, output):
 
 @cli.command(short_help="Every numeric metric of training runs against step.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option(
-    "--field",
-    "fields",
-    multiple=True,
-    metavar="NAME",
-    help="Draw only this metric (repeatable). Default: every numeric one but bookkeeping "
-    "(epoch, elapsed_s, round, n, num_tokens, labels_used, tokens_sampled, training_tokens).",
-)
-@click.option(
-    "--x",
-    "x",
-    default="step",
-    show_default=True,
-    metavar="NAME",
-    help="The metric on the horizontal axis: e.g. gold_kl or reward with --field gold_win_rate "
-    "(over-optimization from any run with --gold), tokens_sampled or labels_used (budget).",
-)
-@OUTPUT
+@field_options(CurvesPlot)
+@figure_output_option
 @common_options
 def curves(runs, fields, x, output):
     """Training curves: every numeric field of each run's metrics.jsonl against step (or --x), one
@@ -101,43 +67,11 @@ def curves(runs, fields, x, output):
     training_curves(output, metrics, fields, x)
 
 
-def _pairs(ctx, param, values):
-    pairs = {}
-    for value in values:
-        name, separator, text = value.partition("=")
-        if not separator or not name:
-            raise click.BadParameter(f"{value!r}: expected RM=VALUE")
-        pairs[name] = text
-    return pairs
-
-
 @cli.command(short_help="Gold win rate against surrogate reward, KL and n (best-of-n, PPO).")
 @click.argument("leaderboard", type=click.Path(allow_dash=True, dir_okay=False))
 @click.argument("outputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option(
-    "--scored",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    metavar="FILE",
-    help="A reward model's scores of the whole best-of-n sampling pass (repeatable): adds its agreement with gold.",
-)
-@click.option(
-    "--ppo-run",
-    "ppo_runs",
-    multiple=True,
-    callback=_pairs,
-    metavar="RM=DIR",
-    help="The PPO run against reward model RM (its metrics.jsonl gives each checkpoint's KL). Repeatable.",
-)
-@click.option(
-    "--label",
-    "labels",
-    multiple=True,
-    callback=_pairs,
-    metavar="RM=TEXT",
-    help="Panel title of a reward model.",
-)
-@OUTPUT
+@field_options(OveroptPlot)
+@figure_output_option
 @common_options
 def overopt(leaderboard, outputs, scored, ppo_runs, labels, output):
     """Reward over-optimization: the gold win rate of each best-of-n and PPO system (LEADERBOARD:

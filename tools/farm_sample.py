@@ -6,10 +6,10 @@ from __future__ import annotations
 import click
 
 from farmkit.cli import (
-    WholeNumber,
     common_options,
     decoding_options,
     entry_point,
+    field_options,
     input_argument,
     log,
     long_prompts_option,
@@ -21,6 +21,7 @@ from farmkit.cli import (
 )
 from farmkit.core.io import FarmError, display_name, read_numbered
 from farmkit.core.provenance import config_hash, provenance, stamp
+from farmkit.lm.sampling import SampleSettings
 
 TOOL = "farm-sample"
 
@@ -42,35 +43,9 @@ TOOL = "farm-sample"
     batch_aliases=("--batch-size",),
     batch_dest="batch_size",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "hf", "vllm", "openai"]),
-    default="auto",
-    show_default=True,
-    help="auto: vllm when it is installed and a GPU is present, else hf. openai: MODEL is a model name at "
-    "OPENAI_BASE_URL (key in OPENAI_API_KEY).",
-)
-@click.option(
-    "--generator",
-    default=None,
-    help="Name written in each record's `generator` field "
-    "[default: the model folder's meta.json name, else its base name, else MODEL].",
-)
+@field_options(SampleSettings, "backend", "generator", defaults={"backend": "auto"})
 @model_options
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-    default="auto",
-    show_default=True,
-    help="Weights' precision: auto is float32 on a CPU, bfloat16 on a GPU that supports it.",
-)
-@click.option(
-    "--concurrency",
-    type=WholeNumber(min=1),
-    default=8,
-    show_default=True,
-    help="openai: requests in flight at once.",
-)
+@field_options(SampleSettings, "dtype", "concurrency")
 @shared_option("resume", more_help="With -o: from FILE.resume.jsonl.")
 @long_prompts_option
 @output_option
@@ -123,7 +98,6 @@ def cli(
 
     from farmkit.lm.generation import DecodingConfig
     from farmkit.lm.sampling import (
-        SampleSettings,
         default_backend,
         generator_name,
         sample_to_output,
@@ -155,6 +129,7 @@ def cli(
         device=device,
         dtype=dtype,
         concurrency=concurrency,
+        generator=generator,
     )
     control = None
     if backend != "openai":
@@ -167,7 +142,7 @@ def cli(
                 TOOL,
                 control,
             )
-    name = generator or (model if backend == "openai" else generator_name(model))
+    name = settings.generator or (model if backend == "openai" else generator_name(model))
     info = provenance(
         TOOL,
         seed,

@@ -9,59 +9,29 @@ from farmkit.cli import (
     common_options,
     config_options,
     entry_point,
+    field_options,
     input_argument,
     log,
     model_dir_option,
     on_error_option,
     resolve_config,
     split_option,
+    tool_config,
 )
 from farmkit.core.io import FarmError, display_name, read_numbered, read_records
-from farmkit.methods.sft import NEGATIVE_TOKEN, POSITIVE_TOKEN, SFTConfig
+from farmkit.methods.sft import SFTConfig, SFTData
 
 
 @click.command(name="farm-sft")
 @click.argument("model")
 @input_argument("demos")
 @model_dir_option("output_dir")
-@click.option(
-    "--from-preferences",
-    is_flag=True,
-    help="Binary FeedME: DEMOS are preference records; train on the preferred output of each pair.",
-)
-@click.option(
-    "--reward-conditioning",
-    is_flag=True,
-    help="DEMOS are preference records; train on both outputs, each behind a control token for "
-    "preferred / not preferred. farm-sample then adds the positive token by itself.",
-)
-@click.option(
-    "--positive-token",
-    default=POSITIVE_TOKEN,
-    show_default=True,
-    help="Control token of preferred outputs.",
-)
-@click.option(
-    "--negative-token",
-    default=NEGATIVE_TOKEN,
-    show_default=True,
-    help="Control token of the other outputs.",
-)
+@field_options(SFTData)
 @config_options(SFTConfig)
 @on_error_option
 @split_option
 @common_options
-def cli(
-    model,
-    demos,
-    output_dir,
-    from_preferences,
-    reward_conditioning,
-    positive_token,
-    negative_token,
-    config_file,
-    **values,
-):
+def cli(model, demos, output_dir, config_file, **values):
     """Fine-tune MODEL on DEMOS (instruction, input, output records) and write the model to -o DIR.
 
     MODEL is `embedded`, a model folder, a .gguf file or a hub id. Prompts are formatted exactly as
@@ -74,30 +44,28 @@ def cli(
       farm-sft sft/ prefs.jsonl -o feedme/ --from-preferences
       farm-sft sft/ prefs.jsonl -o conditioned/ --reward-conditioning --lora
     """
-    if from_preferences and reward_conditioning:
-        raise click.UsageError(
-            "--from-preferences and --reward-conditioning are two different modes; pick one"
-        )
-    if positive_token == negative_token:
-        raise click.UsageError("--positive-token and --negative-token must differ")
+    data = tool_config(SFTData, values)
     config = resolve_config(SFTConfig, config_file, values)
 
     name = display_name(demos)
     meta_extra = {"tool": "farm-sft", "inputs": {}}
-    if from_preferences or reward_conditioning:
+    if data.from_preferences or data.reward_conditioning:
         from farmkit.core.records import comparisons
         from farmkit.methods.sft import conditioning_examples, feedme_examples
 
         items, counts = comparisons(read_records(demos, "preference"), source=name)
-        if from_preferences:
+        if data.from_preferences:
             examples, mode = feedme_examples(items), "binary-feedme"
         else:
             examples, mode = (
-                conditioning_examples(items, positive_token, negative_token),
+                conditioning_examples(items, data.positive_token, data.negative_token),
                 "reward-conditioning",
             )
-            meta_extra["sampling_control_token"] = positive_token
-            meta_extra["control_tokens"] = {"positive": positive_token, "negative": negative_token}
+            meta_extra["sampling_control_token"] = data.positive_token
+            meta_extra["control_tokens"] = {
+                "positive": data.positive_token,
+                "negative": data.negative_token,
+            }
         log.info(
             "%s: %d pairs used, %d ties and %d null verdicts left out",
             name,

@@ -8,58 +8,25 @@ from pathlib import Path
 import click
 
 from farmkit.cli import (
-    AliasedOption,
     common_options,
     entry_point,
+    field_options,
     input_argument,
     log,
     seed_option,
+    tool_config,
 )
 from farmkit.core.io import FarmError, RecordWriter, display_name, read_records
 from farmkit.core.provenance import provenance, stamp
-from farmkit.core.split import DEFAULT_SIZES, assign, parse_sizes
-
-DEFAULT_SIZES_TEXT = ",".join(f"{name}={size}" for name, size in DEFAULT_SIZES.items())
-
-
-def _sizes(ctx, param, value):
-    try:
-        return parse_sizes(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+from farmkit.core.split import SplitConfig, assign
 
 
 @click.command(name="farm-split")
 @input_argument("instructions")
-@click.option(
-    "-o",
-    "--output",
-    "output_dir",
-    cls=AliasedOption,
-    aliases=("--output-dir",),
-    type=click.Path(file_okay=False),
-    help="Write DIR/<split>.jsonl, one file per split (each atomically).",
-)
-@click.option(
-    "--tag",
-    is_flag=True,
-    help="Write every record to stdout with a `split` field (null: in no split).",
-)
-@click.option(
-    "--sizes",
-    default=DEFAULT_SIZES_TEXT,
-    show_default=True,
-    callback=_sizes,
-    help="Split names and sizes: counts (scaled down proportionally for a smaller input) or fractions (train=0.9,val=0.1).",
-)
-@click.option(
-    "--exact",
-    is_flag=True,
-    help="Exact sizes, at the price of stability: appending records may move records near a cut.",
-)
+@field_options(SplitConfig)
 @seed_option
 @common_options
-def cli(instructions, output_dir, tag, sizes, exact, seed):
+def cli(instructions, seed, **values):
     """Split INSTRUCTIONS (instruction records; Alpaca JSON or JSONL, `-` for stdin) into disjoint
     splits. Each record's split comes from a seeded hash of its instruction and input, so appending
     records never moves the others to another split (see farmkit/core/split.py). Records with the same
@@ -69,12 +36,14 @@ def cli(instructions, output_dir, tag, sizes, exact, seed):
     farm-split alpaca_data.json -o splits/
     farm-split data.jsonl --tag --sizes train=0.9,val=0.1 --seed 1
     """
+    config = tool_config(SplitConfig, values)
+    output_dir, tag, sizes = config.output_dir, config.tag, config.sizes
     if bool(output_dir) == tag:
         raise click.UsageError(
             "give exactly one of -o DIR (one file per split) or --tag (records on stdout)"
         )
     records = list(read_records(instructions, "instruction"))
-    result = assign(records, sizes, seed=seed, exact=exact)
+    result = assign(records, sizes, seed=seed, exact=config.exact)
     name = display_name(instructions)
     for index, first in result.duplicates[:5]:
         log.warning(
@@ -92,7 +61,7 @@ def cli(instructions, output_dir, tag, sizes, exact, seed):
         "farm-split",
         seed,
         sizes=",".join(f"{n}={v:g}" for n, v in zip(sizes.names, sizes.values, strict=True)),
-        exact=exact or None,
+        exact=config.exact or None,
     )
     if tag:
         with RecordWriter("-") as writer:

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from farmkit.core.values import NON_NEGATIVE, check_number
+from farmkit.core.fields import help_field
+from farmkit.core.values import NON_NEGATIVE, Bounds, check_number
 
 KIND = "learned_judge"
 WEIGHTS_FILE = "weights.npz"
@@ -56,11 +57,19 @@ FEATURE_SETS = ("ngrams+hand", "hand", "length")
 class JudgeConfig:
     """How a learned judge is built and fitted."""
 
-    buckets: int = 2**18  # hashed n-gram features (a power of two)
+    buckets: int = help_field(
+        2**18,
+        "Hashed n-gram features (a power of two); weights.npz holds two bytes per bucket.",
+        bounds=Bounds(min=2),
+    )
     ngrams: int = 2  # word n-grams up to this length
-    l2: float = 3e-6  # ridge penalty on the weights, per pair
+    l2: float = help_field(3e-6, "Ridge penalty.", bounds=NON_NEGATIVE)  # per pair
     max_iterations: int = 300  # L-BFGS iterations
-    features: str = "ngrams+hand"  # which features: ngrams+hand, hand, or length (log word count)
+    features: str = help_field(
+        "ngrams+hand",
+        "Hashed word 1-2-grams plus hand features, the hand features alone, or length alone (a baseline).",
+        FEATURE_SETS,
+    )
 
     def __post_init__(self) -> None:
         if self.buckets < 2 or self.buckets & (self.buckets - 1):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Bounds, Number
 
@@ -56,6 +57,82 @@ JUDGE_NUMBERS = {
     "length_bias": Number(float),
     "position_bias": Number(float),
 }
+
+
+@dataclass
+class AnnotateConfig:
+    """farm-annotate's own settings: the pool (or labels) asked, how it is asked, and what the
+    outputs read are (its seed, judge and device options are the shared ones)."""
+
+    pool: str | None = help_field(
+        None,
+        "A pool name (see --list-pools), a pool YAML file, or a learned judge folder (farm-judge-train; judged by it alone, no flips).  [default: sim_ann; with --reference: sim_eval, "
+        "the noise-free evaluation pool]",
+        show_default=False,
+    )
+    generators: tuple[str, ...] = help_field(
+        (),
+        "The system that wrote output records without a `generator` field (AlpacaFarm's published "
+        "outputs have none): one name for every input file, or one per file in order; repeatable. "
+        "Default: the file's name (rlhf_ppo.jsonl.gz -> rlhf_ppo), said on stderr.",
+        flags=("--generator",),
+        multiple=True,
+        metavar="NAME",
+        show_default=False,
+    )
+    skip_missing: bool = help_field(
+        False,
+        "With --reference: leave out output records whose instruction the reference lacks "
+        "(counted on stderr) instead of stopping.",
+        flag=True,
+        show_default=False,
+    )
+    labels: str | None = help_field(
+        None,
+        "Take verdicts from this preference file (human labels) instead of a pool.",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    assign_by: str = help_field(
+        "item",
+        "What draws the judge and the order shown: each pair, or the instruction (every model meets the same "
+        "judge and order on an instruction, which lowers the variance of comparisons between models).",
+        ("item", "instruction"),
+    )
+    estimate: bool = help_field(
+        False,
+        "Print the expected requests, tokens and price as JSON and exit without asking anything.",
+        flag=True,
+        show_default=False,
+    )
+    concurrency: int | None = help_field(
+        None,
+        "The most requests in flight at once, fewer while the endpoint is slow (pool default: 16).",
+        bounds=SETTINGS["concurrency"].bounds,
+        show_default=False,
+    )
+    timeout: float | None = help_field(
+        None,
+        "Seconds before a request is abandoned and retried (pool default: 60).",
+        bounds=SETTINGS["timeout"].bounds,
+        show_default=False,
+    )
+    max_retries: int | None = help_field(
+        None,
+        "Retries of a failed request (pool default: 6).",
+        bounds=SETTINGS["max_retries"].bounds,
+        show_default=False,
+    )
+    progress: bool = help_field(
+        False,
+        "Show the progress bar (cache hits, requests, failures, spend) on stderr even "
+        "when stderr is not a terminal; -q silences it.",
+        flag=True,
+        show_default=False,
+    )
+    list_pools: bool = help_field(
+        False, "Print every shipped pool as JSON lines and exit.", flag=True, show_default=False
+    )
 
 
 def checked(declared: Number, value: Any, where: str) -> int | float:

@@ -22,13 +22,16 @@ import os
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from farmkit.annotate.learned import KIND, Features, JudgeConfig, Pair, config_dict, fit
+from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError, RecordError, display_name, iter_rows
+from farmkit.core.values import NON_NEGATIVE
 
 
 def _target(preference: Any, source: str, number: int) -> float | None:
@@ -294,6 +297,45 @@ def human_agreement(score: Any, pairs: Sequence[tuple[str, str, str, str, int]])
         margin = rewards[count + k] - rewards[k]
         hits += 0.5 if margin == 0 else float((margin > 0) == (majority == 2))
     return round(hits / count, 4)
+
+
+@dataclass
+class JudgeTrainConfig:
+    """farm-judge-train's settings besides the judge's own (JudgeConfig): where the pairs come
+    from, and how the judge is validated."""
+
+    alpaca_eval: str | None = help_field(
+        None,
+        "AlpacaEval's data folder (eval_set.jsonl, model_outputs/): joins compact AlpacaEval annotations to the outputs they judged.",
+        path={"exists": True, "file_okay": False},
+        show_default=False,
+    )
+    leaderboard: str | None = help_field(
+        None,
+        "The published leaderboard of the judge PREFS come from (AlpacaEval CSV or farm-winrate rows): held-out systems' predicted win rates are ranked against it (Spearman).",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    human: str | None = help_field(
+        None,
+        "Pairs with three human labels (PandaLM's test set JSON): agreement with the human majority, beside length alone and the heuristic gold.",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    folds: int = help_field(
+        5,
+        "Validate holding systems out this many ways (k-fold over generator_2, never over rows); 0 or 1 skips validation.",
+        bounds=NON_NEGATIVE,
+    )
+    data_license: str | None = help_field(
+        None,
+        "License of PREFS, recorded in meta.json (default: CC BY-NC 4.0 for AlpacaEval annotations, else unknown).",
+        flags=("--license",),
+        show_default=False,
+    )
+    source: str | None = help_field(
+        None, "Where PREFS come from, recorded in meta.json.", show_default=False
+    )
 
 
 def train_judge(

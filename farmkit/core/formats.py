@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.fields import help_field
+
 log = logging.getLogger("farmkit")
 
 ROLES = ("system", "user", "assistant")
@@ -37,6 +39,29 @@ SOFT_LABEL_FIELD = "farmkit_preference"
 CHOSEN_FIELD = "farmkit_chosen"
 # TRL's own columns: a farmkit field of one of these names is not carried beside them
 TRL_COLUMNS = ("prompt", "completion", "chosen", "rejected", "messages", "label")
+
+
+CONVERT_KINDS = ("auto", "preference", "instruction", "output")
+
+
+@dataclass
+class ConvertConfig:
+    """farm-convert's settings: the format written and the kind of the records read."""
+
+    target: str = help_field(
+        "farmkit",
+        "farmkit: any format farmkit reads (TRL, hh-rlhf, chat messages, Parquet) as farmkit records; "
+        "trl: TRL rows with plain-text prompts; trl-chat: TRL rows with chat-message prompts.",
+        ("farmkit", "trl", "trl-chat"),
+        flags=("--to",),
+    )
+    kind: str = help_field(
+        "auto",
+        "What the records are: auto guesses from the first record (pairs with chosen/rejected or "
+        "output_1/output_2 are preferences, records with a generator and an output, completion or "
+        "messages are outputs, the rest instructions).",
+        CONVERT_KINDS,
+    )
 
 
 class FormatError(ValueError):

@@ -754,3 +754,15 @@ class RecordWriter:
 def write_records(records: Iterable[Any], path: str | os.PathLike | None = None) -> int:
     with RecordWriter(path) as writer:
         return writer.write_all(records)
+
+
+def write_text(text: str, path: str | os.PathLike | None = None) -> None:
+    """Write `text` (UTF-8) where records would go: to stdout for `-` or None, else to a file
+    written whole or not at all (.gz compresses), as RecordWriter writes records."""
+    if path in (None, "-"):
+        records_stdout().write(text.encode("utf-8"))
+        return
+    with atomic_path(path) as tmp:
+        opener = gzip.open if Path(path).suffix == ".gz" else open
+        with opener(tmp, "wb") as stream:  # type: ignore[operator]
+            stream.write(text.encode("utf-8"))

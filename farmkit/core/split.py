@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from farmkit.core.fields import help_field
 from farmkit.core.seeds import unit_interval
 from farmkit.core.values import POSITIVE, check_number
 
@@ -88,6 +89,41 @@ def parse_sizes(text: str) -> Sizes:
             "sizes mix counts and fractions; expected all counts (sft=10000) or all fractions (sft=0.25)"
         )
     return Sizes(tuple(names), tuple(values), fractions)
+
+
+DEFAULT_SIZES_TEXT = ",".join(f"{name}={size}" for name, size in DEFAULT_SIZES.items())
+
+
+@dataclass
+class SplitConfig:
+    """farm-split's settings (its options; --seed is the shared one)."""
+
+    output_dir: str | None = help_field(
+        None,
+        "Write DIR/<split>.jsonl, one file per split (each atomically).",
+        flags=("-o", "--output"),
+        aliases=("--output-dir",),
+        path={"file_okay": False},
+    )
+    tag: bool = help_field(
+        False,
+        "Write every record to stdout with a `split` field (null: in no split).",
+        flag=True,
+    )
+    sizes: Sizes = help_field(
+        DEFAULT_SIZES_TEXT,
+        "Split names and sizes: counts (scaled down proportionally for a smaller input) or fractions (train=0.9,val=0.1).",
+        parse=parse_sizes,
+    )
+    exact: bool = help_field(
+        False,
+        "Exact sizes, at the price of stability: appending records may move records near a cut.",
+        flag=True,
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sizes, str):  # built in Python: the text --sizes takes
+            self.sizes = parse_sizes(self.sizes)
 
 
 def content_key(record: dict[str, Any]) -> str:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.fields import FILE_OR_STDIN, help_field
 from farmkit.core.io import (
     FarmError,
     RecordError,
@@ -62,9 +63,116 @@ from farmkit.core.io import (
     open_binary,
 )
 from farmkit.core.validate import problems
+from farmkit.core.values import NON_NEGATIVE
+from farmkit.evaluate.boards import BOARD_FORMATS
 
 TIE = 1.5
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
+
+
+def field_names(text: str | None) -> tuple[str, ...] | None:
+    """The fields of a comma-separated list (--human-label, --outputs)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip()) if text else text
+
+
+@dataclass
+class CorrelateConfig:
+    """farm-correlate's settings (its options; -o is the shared board output)."""
+
+    names: tuple[str, ...] = help_field(
+        (),
+        "Model-name column of the boards (once for all, or once per board). Default: generator, Model, or a CSV's first column.",
+        flags=("--name",),
+        multiple=True,
+        metavar="COLUMN",
+        show_default=False,
+    )
+    scores: tuple[str, ...] = help_field(
+        (),
+        "Score column of the boards (once for all, or once per board; a unique prefix is enough). Default: win_rate.",
+        flags=("--score",),
+        multiple=True,
+        metavar="COLUMN",
+        show_default=False,
+    )
+    plot: str | None = help_field(
+        None,
+        "Leaderboard mode: scatter of the first two boards as PNG (labelled points, their intervals, y = x when both share a scale).",
+        path={"dir_okay": False},
+        show_default=False,
+    )
+    max_labels: int | None = help_field(
+        None,
+        "With --plot: label at most N points. Default: every point up to 25, else 15 (the highest and lowest on each axis, then the largest departures from the trend).",
+        bounds=NON_NEGATIVE,
+        aliases=("--labels",),  # farm-annotate's --labels is a FILE of verdicts
+        metavar="N",
+        show_default=False,
+    )
+    judges: tuple[str, ...] = help_field(
+        (),
+        "Annotation mode: the judge's preference records; each file is a run (repeat for repeated runs).",
+        flags=("--judge",),
+        multiple=True,
+        path=FILE_OR_STDIN,
+        show_default=False,
+    )
+    humans: tuple[str, ...] = help_field(
+        (),
+        "Annotation mode: human preference records (several labels per pair allowed).",
+        multiple=True,
+        path=FILE_OR_STDIN,
+        show_default=False,
+    )
+    key: str | None = help_field(
+        None,
+        "Field that identifies a pair in all files. Default: pair_id, else the texts.",
+        metavar="FIELD",
+        show_default=False,
+    )
+    judge_label: str = help_field("preference", "Field holding the judge's label.", metavar="FIELD")
+    human_label: tuple[str, ...] = help_field(
+        "preference",
+        "Field holding a human label; several fields: one annotator each (wide records).",
+        metavar="FIELD[,FIELD...]",
+        parse=field_names,
+    )
+    outputs: tuple[str, ...] = help_field(
+        "output_1,output_2",
+        "Fields holding the two output texts (for the length, list and position preferences).",
+        metavar="FIELD1,FIELD2",
+        parse=field_names,
+    )
+    min_length_difference: int = help_field(
+        30,
+        "p_prefers_longer counts the pairs whose outputs differ by more than this many characters (AlpacaEval's 30).",
+        bounds=NON_NEGATIVE,
+        metavar="CHARS",
+    )
+    human_board: str | None = help_field(
+        None,
+        "Annotation mode: the human leaderboard each --judge-board is correlated with (Spearman, Pearson).",
+        path=FILE_OR_STDIN,
+        metavar="FILE",
+        show_default=False,
+    )
+    judge_boards: tuple[str, ...] = help_field(
+        (),
+        "Annotation mode: a judge's leaderboard, the judge named by the `annotator` of its rows, else "
+        "by the file's name. Repeatable.",
+        flags=("--judge-board",),
+        multiple=True,
+        path=FILE_OR_STDIN,
+        metavar="FILE",
+        show_default=False,
+    )
+    fmt: str = help_field(
+        "jsonl",
+        "alpaca-eval (annotation mode): AlpacaEval's evaluators leaderboard CSV (its columns and "
+        "order, percent where it uses percent, # parsed, the annotator as the unnamed first column).",
+        tuple(BOARD_FORMATS),
+        flags=("--format",),
+    )
 
 
 # ---------------------------------------------------------------- leaderboard mode

@@ -11,9 +11,93 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from farmkit.core.fields import help_field
 from farmkit.core.io import FarmError, atomic_path
 
 DPI = 120
+
+
+def named_values(values: Sequence[str]) -> dict[str, str]:
+    """RM=VALUE texts (farm-plot overopt --ppo-run, --label) by RM."""
+    pairs = {}
+    for value in values:
+        name, separator, text = value.partition("=")
+        if not separator or not name:
+            raise ValueError(f"{value!r}: expected RM=VALUE")
+        pairs[name] = text
+    return pairs
+
+
+# farm-plot's subcommands' settings (their options; -o is the shared figure output)
+
+
+@dataclass
+class HistoryPlot:
+    generators: tuple[str, ...] = help_field(
+        (),
+        "Draw this model only (repeatable). Default: all.",
+        flags=("--generator",),
+        multiple=True,
+        metavar="NAME",
+        show_default=False,
+    )
+    length_controlled: bool = help_field(
+        False,
+        "Draw the length-controlled win rate instead of the raw one.",
+        flag=True,
+        show_default=False,
+    )
+
+
+@dataclass
+class CurvesPlot:
+    fields: tuple[str, ...] = help_field(
+        (),
+        "Draw only this metric (repeatable). Default: every numeric one but bookkeeping "
+        "(epoch, elapsed_s, round, n, num_tokens, labels_used, tokens_sampled, training_tokens).",
+        flags=("--field",),
+        multiple=True,
+        metavar="NAME",
+        show_default=False,
+    )
+    x: str = help_field(
+        "step",
+        "The metric on the horizontal axis: e.g. gold_kl or reward with --field gold_win_rate "
+        "(over-optimization from any run with --gold), tokens_sampled or labels_used (budget).",
+        metavar="NAME",
+    )
+
+
+@dataclass
+class OveroptPlot:
+    scored: tuple[str, ...] = help_field(
+        (),
+        "A reward model's scores of the whole best-of-n sampling pass (repeatable): adds its agreement with gold.",
+        multiple=True,
+        path={"dir_okay": False},
+        metavar="FILE",
+        show_default=False,
+    )
+    ppo_runs: dict[str, str] = help_field(
+        (),
+        "The PPO run against reward model RM (its metrics.jsonl gives each checkpoint's KL). Repeatable.",
+        flags=("--ppo-run",),
+        multiple=True,
+        parse=named_values,
+        metavar="RM=DIR",
+        show_default=False,
+    )
+    labels: dict[str, str] = help_field(
+        (),
+        "Panel title of a reward model.",
+        flags=("--label",),
+        multiple=True,
+        parse=named_values,
+        metavar="RM=TEXT",
+        show_default=False,
+    )
+
+
 LABEL_CHARACTERS = (
     36  # longer bar labels are shortened in the middle, so that they cannot squeeze the bars
 )

@@ -16,10 +16,14 @@ import csv
 import io
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError, display_name, open_binary
+from farmkit.core.values import NON_NEGATIVE, Bounds
+from farmkit.evaluate.boards import BOARD_FORMATS
 
 log = logging.getLogger("farmkit")
 
@@ -39,24 +43,6 @@ def is_model(path: str) -> bool:
         return True
     folder = Path(path)
     return folder.is_dir() and any((folder / name).is_file() for name in MODEL_FILES)
-
-
-def write_board(rows: list[dict[str, Any]], fmt: str, output: str) -> None:
-    """Rows as records (jsonl), as farm-winrate's table, csv or markdown, or as AlpacaEval's
-    leaderboard CSV (alpaca-eval), to stdout or to a file written whole or not at all."""
-    from farmkit.core.io import atomic_path, records_stdout, write_records
-    from farmkit.evaluate.winrate import alpaca_eval_board, render
-
-    if fmt == "jsonl":
-        write_records(rows, output)
-        return
-    board = alpaca_eval_board(rows) if fmt == "alpaca-eval" else render(rows, fmt, TABLE_COLUMNS)
-    text = board.encode()
-    if output == "-":
-        records_stdout().write(text)
-        return
-    with atomic_path(output) as tmp:
-        tmp.write_bytes(text)
 
 
 MIN_VERDICTS = (
@@ -85,6 +71,75 @@ def check_verdicts(preferences: list[dict[str, Any]], minimum: float = MIN_VERDI
                 f"cover its outputs, or --min-verdicts {judged / len(records):.2f} to accept it "
                 f"(now {minimum:g})"
             )
+
+
+# the judge farm-eval asks when neither --pool nor --labels is given
+DEFAULT_POOL = "weighted_gpt4_turbo"
+
+
+@dataclass
+class EvalConfig:
+    """farm-eval's own settings (its sampling and judge options are farm-sample's and
+    farm-annotate's shared ones)."""
+
+    pool: str | None = help_field(
+        None,
+        f"The judge: a pool name (farm-annotate --list-pools) or a pool YAML file.  [default: {DEFAULT_POOL}]",
+        show_default=False,
+    )
+    labels: str | None = help_field(
+        None,
+        "Take verdicts from this file instead of a pool: AlpacaEval annotations or preference "
+        "records with both texts (matched on the instruction and the two outputs; fractions kept).",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    leaderboard: str | None = help_field(
+        None,
+        "A published board (AlpacaEval's leaderboard CSV, or farmkit rows): print it with the new "
+        "rows placed among its rows (a model already on it is replaced).",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    sort_by: str = help_field(
+        "lc",
+        "The board's order: the length-controlled win rate, or the raw one.",
+        tuple(sorted(SORT_BY)),
+    )
+    instruction_difficulty: str | None = help_field(
+        None,
+        "Instruction difficulties for the length-controlled win rate, as in farm-winrate "
+        "(AlpacaEval's instruction_difficulty.csv); without it one model's LC has no difficulty term.",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    context: tuple[str, ...] = help_field(
+        (),
+        "Other models' verdicts against the same reference (AlpacaEval annotations with the "
+        "instruction text; repeatable): the length control is fitted jointly with them (instruction "
+        "difficulties, the judge's shared length term), as over a whole board; their rows are not printed.",
+        multiple=True,
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    bootstrap: int = help_field(
+        1000,
+        "Resamples of the percentile interval of the raw win rate (ci_low, ci_high); 0: none.",
+        bounds=NON_NEGATIVE,
+    )
+    fmt: str = help_field(
+        "jsonl",
+        "jsonl: rows (records); table, csv, markdown: for people and spreadsheets; alpaca-eval: the "
+        "CSV AlpacaEval publishes its leaderboards in (its columns and order; farm-winrate's).",
+        tuple(BOARD_FORMATS),
+        flags=("--format",),
+    )
+    min_verdicts: float = help_field(
+        MIN_VERDICTS,
+        "The fraction of a model's pairs that must have a verdict: fewer is an error (exit 1) "
+        "naming how many lack one and why (labels that do not cover the outputs), not a row.",
+        bounds=Bounds(0, 1),
+    )
 
 
 def leaderboard(

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from farmkit.core.fields import help_field
 from farmkit.core.io import RecordError, bad_records, display_name, iter_json_chunks
 from farmkit.core.validate import first_invalid, problems
+from farmkit.core.values import NON_NEGATIVE, Bounds
+from farmkit.evaluate.boards import BOARD_FORMATS
 from farmkit.evaluate.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
@@ -545,50 +548,6 @@ def paired(model_a: str, model_b: str, items_a: dict, items_b: dict) -> dict[str
 # --sort-by: the figure a board is ordered by
 SORT_BY = {"win_rate": "win_rate", "lc": "length_controlled_win_rate"}
 
-# AlpacaEval's leaderboard CSV (data_AlpacaEval_2/*_leaderboard.csv): its column names in its order,
-# each with the field of a farm-winrate row it holds; the model name is the unnamed first column.
-# `mode` is AlpacaEval's provenance label (verified, minimal, community): a row's own, else community.
-ALPACA_EVAL_BOARD = (
-    ("win_rate", "win_rate"),
-    ("standard_error", "standard_error"),
-    ("n_wins", "n_wins"),
-    ("n_wins_base", "n_losses"),
-    ("n_draws", "n_draws"),
-    ("n_total", "n_total"),
-    ("discrete_win_rate", "discrete_win_rate"),
-    ("mode", "mode"),
-    ("avg_length", "avg_length"),
-    ("length_controlled_winrate", "length_controlled_win_rate"),
-    ("lc_standard_error", "lc_standard_error"),
-)
-
-
-def alpaca_eval_board(rows: Iterable[dict[str, Any]]) -> str:
-    """Leaderboard rows as AlpacaEval writes its leaderboard CSV (pandas' `to_csv` of a frame indexed
-    by model), so `pandas.read_csv(path, index_col=0)` reads them by AlpacaEval's column names."""
-    board = [
-        {"": row["generator"], **{name: row.get(field) for name, field in ALPACA_EVAL_BOARD}}
-        for row in rows
-    ]
-    for row in board:
-        row["mode"] = row["mode"] or "community"
-    return indexed_csv(board, [name for name, _ in ALPACA_EVAL_BOARD])
-
-
-def indexed_csv(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
-    """CSV of rows whose name is under the key "" (an unnamed first column, as pandas writes an
-    index), then `columns` in order; None is an empty cell."""
-    import csv
-    import io
-
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["", *columns])
-    for row in rows:
-        writer.writerow([_csv_value(row.get(name)) for name in ("", *columns)])
-    return buffer.getvalue()
-
-
 # Columns shown by the human-readable formats (jsonl and csv carry every field).
 TABLE_COLUMNS = (
     "generator",
@@ -607,62 +566,89 @@ TABLE_COLUMNS = (
 )
 
 
-def render(rows: Iterable[dict[str, Any]], fmt: str, columns: Sequence[str] | None = None) -> str:
-    """Rows as csv, markdown or an aligned text table (numbers to 2 decimals but in csv)."""
-    import csv
-    import io
+@dataclass
+class WinrateConfig:
+    """farm-winrate's settings (its options; -o and --seed are the shared ones)."""
 
-    rows = [{k: v for k, v in row.items() if k != "provenance"} for row in rows]
-    if not rows:
-        return ""
-    if columns is None:
-        columns = list(dict.fromkeys(k for row in rows for k in row))
-    columns = [c for c in columns if any(c in row for row in rows)]
-    if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(
-            buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n"
-        )
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _csv_value(row.get(k)) for k in columns})
-        return buffer.getvalue()
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in cells]
-        return "\n".join(lines) + "\n"
-    if fmt != "table":
-        raise ValueError(f"unknown format {fmt!r}")
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    numeric = [
-        all(isinstance(row.get(c), (int, float, type(None))) for row in rows) for c in columns
-    ]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    for r in cells:
-        lines.append(
-            "  ".join(
-                v.rjust(w) if right else v.ljust(w)
-                for v, w, right in zip(r, widths, numeric, strict=True)
-            ).rstrip()
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        # two decimals, but small values (p-values) keep two significant digits
-        return f"{value:.2g}" if 0 < abs(value) < 0.005 else f"{value:.2f}"
-    if isinstance(value, (list, tuple)):
-        # long lists (models missing from a board) would swamp a table: the count and the first few
-        shown = ",".join(map(str, value[:3]))
-        return shown if len(value) <= 3 else f"{len(value)}: {shown},..."
-    return str(value)
-
-
-def _csv_value(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return "" if value is None else value
+    reference: str | None = help_field(
+        None,
+        "The generator that is the reference (the name in generator_1/generator_2; farm-annotate "
+        "--reference FILE puts it in position 1): records are oriented so that it is in position 1 "
+        "(records with it in position 2 are swapped); records without it are skipped.",
+        flags=("--reference-generator",),
+        aliases=("--reference",),
+        metavar="NAME",
+    )
+    swap: bool = help_field(
+        False,
+        "The model is in position 1 and the reference in position 2 in every record.",
+        flag=True,
+    )
+    fmt: str = help_field(
+        "jsonl",
+        "jsonl: leaderboard rows (records); table, csv, markdown: for people and spreadsheets; "
+        "alpaca-eval: the CSV AlpacaEval publishes its leaderboards in (its column names and order, the "
+        "model as the unnamed first column; one reference).",
+        tuple(BOARD_FORMATS),
+        flags=("--format",),
+    )
+    sort_by: str = help_field(
+        "win_rate",
+        "Order each reference's rows by the raw win rate or by the length-controlled one (lc), best first.",
+        tuple(SORT_BY),
+    )
+    bootstrap: int = help_field(
+        0,
+        "Add a percentile bootstrap confidence interval (ci_low, ci_high) from N resamples of the items.",
+        bounds=NON_NEGATIVE,
+        metavar="N",
+    )
+    confidence: float = help_field(
+        0.95,
+        "Level of the bootstrap interval.",
+        bounds=Bounds(0, 1, min_open=True, max_open=True),
+    )
+    compare: tuple[tuple[str, str], ...] = help_field(
+        (),
+        "Instead of the leaderboard, compare two models on the items both were judged on: "
+        "difference of win rates, its paired standard error and p-value. Repeatable.",
+        nargs=2,
+        multiple=True,
+        metavar="MODEL_A MODEL_B",
+        show_default=False,
+    )
+    no_length_control: bool = help_field(
+        False,
+        "Skip the length-controlled win rate (faster, and memory "
+        "that does not grow with the records).",
+        flag=True,
+    )
+    difficulty_file: str | None = help_field(
+        None,
+        "Instruction difficulties for the length-controlled win rate (AlpacaEval's instruction_difficulty.csv, "
+        "or records with instruction_difficulty and an id, instruction_index or instruction). Default: "
+        "estimated from the input when it holds two models or more against a reference.",
+        flags=("--instruction-difficulty",),
+        path={"dir_okay": False},
+        metavar="FILE",
+    )
+    dedupe: bool = help_field(
+        False,
+        "Count only the first verdict on each instruction per model and "
+        "reference (repeats are reported either way).",
+        flag=True,
+    )
+    plot: str | None = help_field(
+        None,
+        "Also draw the win rates (and the length-controlled ones) "
+        "with their intervals as a PNG bar chart.",
+        path={"dir_okay": False},
+    )
+    history: str | None = help_field(
+        None,
+        "Also append the rows to this JSONL "
+        "history, stamped with the time, a run id and each input's SHA-256 (safe from concurrent runs); "
+        "`farm-plot history FILE` draws it.",
+        path={"dir_okay": False},
+        metavar="FILE",
+    )

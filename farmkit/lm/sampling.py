@@ -22,8 +22,10 @@ import orjson
 
 from farmkit.core import distributed
 from farmkit.core.endpoint import EndpointClient, EndpointFailed, EndpointFatal, configured, redact
+from farmkit.core.fields import help_field
 from farmkit.core.io import FarmError, RecordWriter
 from farmkit.core.seeds import derive_seed
+from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.generation import DecodingConfig, Sample
 
 log = logging.getLogger("farmkit")
@@ -92,14 +94,32 @@ def request_seed(seed: int, index: int, sample: int = 0) -> int:
 
 @dataclass
 class SampleSettings:
+    """A sampling run's settings; the fields with help are farm-sample's own options (its
+    decoding, model and seed options are the shared ones)."""
+
     model: str
-    backend: str = "hf"
+    backend: str = help_field(
+        "hf",
+        "auto: vllm when it is installed and a GPU is present, else hf. openai: MODEL is a model name at "
+        "OPENAI_BASE_URL (key in OPENAI_API_KEY).",
+        ("auto", "hf", "vllm", "openai"),  # auto: farm-sample picks (default_backend)
+    )
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     seed: int = 0
     template: str = "auto"
     device: str = "auto"
-    dtype: str = "auto"
-    concurrency: int = 8  # openai: requests in flight
+    dtype: str = help_field(
+        "auto",
+        "Weights' precision: auto is float32 on a CPU, bfloat16 on a GPU that supports it.",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
+    concurrency: int = help_field(8, "openai: requests in flight at once.", bounds=AT_LEAST_ONE)
+    generator: str | None = help_field(
+        None,
+        "Name written in each record's `generator` field "
+        "[default: the model folder's meta.json name, else its base name, else MODEL].",
+        show_default=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

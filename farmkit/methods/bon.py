@@ -17,9 +17,35 @@ from typing import Any
 from farmkit.core.io import FarmError, read_records
 from farmkit.core.values import AT_LEAST_ONE
 from farmkit.lm.generation import DecodingConfig, Sample
-from farmkit.train.config import ModelArgs
+from farmkit.train.config import ModelArgs, help_field
 
 log = logging.getLogger("farmkit")
+
+
+@dataclass
+class BestOfNOutputs:
+    """What farm-bon writes besides the best outputs, and how it names them (its options)."""
+
+    generator: str | None = help_field(
+        None,
+        "Name of the policy in generator fields (default: its folder name); '-best-of-N' is appended.",
+        show_default=False,
+    )
+    all_samples: str | None = help_field(
+        None,
+        "Also write every scored sample to this file (output records with reward).",
+        path={"dir_okay": False, "allow_dash": False},
+        show_default=False,
+    )
+    metrics_path: str | None = help_field(
+        None,
+        "Also write one metrics row per n to this file (the trainers' metrics.jsonl schema: "
+        "step = n, reward, kl = log n - (n-1)/n, response_length, the budget of best-of-n alone, and "
+        "the gold figures with --gold), which farm-plot curves draws.",
+        flags=("--metrics",),
+        path={"dir_okay": False, "allow_dash": False},
+        show_default=False,
+    )
 
 
 @dataclass

@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ from farmkit.core import distributed
 from farmkit.core.io import FarmError
 from farmkit.core.runs import METRICS_FILE, read_metrics
 from farmkit.core.seeds import derive_seed
+from farmkit.core.values import AT_LEAST_ONE
 from farmkit.methods.bon import BestOfNConfig, ScoredPrompt, mean_rewards, sample_and_score
-from farmkit.train.config import config_dict
+from farmkit.train.config import config_dict, help_field
 from farmkit.train.metrics import metrics_row, write_metrics
 from farmkit.train.tracking import tracker_dir
 
@@ -38,6 +39,30 @@ def winners(scored: Sequence[ScoredPrompt], n: int) -> list[dict[str, str]]:
         }
         for p in scored
     ]
+
+
+# the settings of farm-sft (SFTConfig) that each round's fine-tuning takes from farm-expiter's options
+SFT_ROUND_FIELDS = (
+    "epochs",
+    "max_steps",
+    "learning_rate",
+    "batch_size",
+    "max_length",
+    "lora",
+    "lora_rank",
+    "lora_alpha",
+)
+
+
+@dataclass
+class ExpertIterationConfig:
+    """farm-expiter's own setting (its sampling and SFT options are farm-bon's and farm-sft's)."""
+
+    rounds: int = help_field(
+        1,
+        "Rounds of best-of-n + SFT, each starting from the previous round's policy.",
+        bounds=AT_LEAST_ONE,
+    )
 
 
 def expert_iteration(

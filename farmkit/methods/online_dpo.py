@@ -99,7 +99,11 @@ class OnlineDPOConfig(DPOConfig):
 class Annotation:
     """How the pool is run: farm-annotate's options."""
 
-    pool: str = DEFAULT_POOL
+    pool: str = help_field(
+        DEFAULT_POOL,
+        "The farm-annotate pool that labels each round's pairs: a name (farm-annotate "
+        "--list-pools) or a pool YAML file. The default is offline (no endpoint).",
+    )
     cache: str | None = "default"  # a SQLite file, "default" or None (no cache)
     max_cost: float | None = None  # USD, over the whole run (all rounds, all reruns)
     prices: str | None = None

@@ -36,6 +36,34 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass
+class SFTData:
+    """What farm-sft's DEMOS are: demonstrations, or preference records trained on in one of two
+    modes (its options; they are no training setting, so no --config key)."""
+
+    from_preferences: bool = help_field(
+        False,
+        "Binary FeedME: DEMOS are preference records; train on the preferred output of each pair.",
+        flag=True,
+    )
+    reward_conditioning: bool = help_field(
+        False,
+        "DEMOS are preference records; train on both outputs, each behind a control token for "
+        "preferred / not preferred. farm-sample then adds the positive token by itself.",
+        flag=True,
+    )
+    positive_token: str = help_field(POSITIVE_TOKEN, "Control token of preferred outputs.")
+    negative_token: str = help_field(NEGATIVE_TOKEN, "Control token of the other outputs.")
+
+    def __post_init__(self) -> None:
+        if self.from_preferences and self.reward_conditioning:
+            raise ValueError(
+                "--from-preferences and --reward-conditioning are two different modes; pick one"
+            )
+        if self.positive_token == self.negative_token:
+            raise ValueError("--positive-token and --negative-token must differ")
+
+
+@dataclass
 class SFTConfig(ModelArgs, TrackingArgs):
     """Every setting of an SFT run; farm-sft's options carry the same help text."""
 

@@ -12,11 +12,15 @@ No click and no torch here: the methods import this and `--help` must stay fast.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.fields import (
+    check_fields,
+    concept,
+    field_values,
+    help_field,
+)
 from farmkit.core.values import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -118,21 +122,6 @@ REPORT_TO = ("none", "tensorboard", "wandb")
 ROLLOUT_BACKENDS = ("auto", "hf", "vllm")
 
 
-def help_field(
-    default: Any,
-    help: str,
-    choices: tuple[str, ...] | None = None,
-    bounds: Bounds = UNBOUNDED,
-    **extra: Any,
-) -> Any:
-    """A dataclass field with its help text, and the allowed values: a choice's, or a number's
-    range (its kind is the field's type; every number must be finite: check_fields)."""
-    metadata: dict[str, Any] = {"help": help, "bounds": bounds, **extra}
-    if choices:
-        metadata["choices"] = choices
-    return dataclasses.field(default=default, metadata=metadata)
-
-
 def shared_field(
     name: str, default: Any, choices: tuple[str, ...] | None = None, more_help: str = ""
 ) -> Any:
@@ -143,43 +132,6 @@ def shared_field(
     help_text = f"{SHARED_HELP[name]} {more_help}" if more_help else SHARED_HELP[name]
     bounds = SHARED_NUMBERS[name].bounds if name in SHARED_NUMBERS else UNBOUNDED
     return help_field(default, help_text, choices, bounds, shared=name, more_help=more_help)
-
-
-def concept(field: dataclasses.Field) -> str:
-    """The shared concept a config field stands for (its own name unless shared_field said)."""
-    return field.metadata.get("shared", field.name)
-
-
-def number(field: dataclasses.Field) -> Number | None:
-    """The kind and range of a numeric field (None for a text, a flag or a choice)."""
-    kind = _scalar_type(field.type)
-    if kind not in (int, float):
-        return None
-    return Number(kind, field.metadata.get("bounds", UNBOUNDED))
-
-
-def check_fields(config: Any) -> None:
-    """Check every numeric field of a config against its declaration (farmkit.core.values): the
-    config of a run built in Python is held to what its options and --config keys are. Fields set
-    to None (an optional number left out) are skipped. Raises ValueError naming the option."""
-    for field in dataclasses.fields(config):
-        declared = number(field)
-        value = getattr(config, field.name)
-        if declared is None or value is None:
-            continue
-        try:
-            setattr(config, field.name, declared.check(value))
-        except ValueError as exc:
-            raise ValueError(f"{option_name(concept(field))}: {exc}") from None
-
-
-def _scalar_type(annotation: Any) -> type:
-    """The one scalar type behind `int`, `float | None`, `str`, ... (None is never a flag value)."""
-    if isinstance(annotation, str):
-        annotation = eval(annotation, {"typing": typing})  # noqa: S307 - our own annotations only
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
-    return annotation
 
 
 @dataclasses.dataclass
@@ -341,14 +293,6 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
 
     def check_rollout(self) -> None:
         """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""
-
-
-def option_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
-def field_values(config_class: type) -> dict[str, dataclasses.Field]:
-    return {field.name: field for field in dataclasses.fields(config_class)}
 
 
 def read_yaml(path: str | Path, config_class: type) -> tuple[dict[str, Any], list[str]]:

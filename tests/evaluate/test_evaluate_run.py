@@ -191,7 +191,7 @@ def test_farm_eval_writes_the_merged_board_as_alpaca_eval_publishes_it(tmp_path)
     """--format alpaca-eval: the merged board in AlpacaEval's leaderboard CSV, read back by pandas with
     AlpacaEval's own column names; the published rows keep their figures and mode."""
     pandas = pytest.importorskip("pandas")
-    from farmkit.evaluate.winrate import ALPACA_EVAL_BOARD
+    from farmkit.evaluate.boards import ALPACA_EVAL_BOARD
 
     written = tmp_path / "merged.csv"
     done = _merge_with_board(

@@ -252,6 +252,14 @@ def test_modes_are_exclusive(tmp_path):
     assert result.exit_code == 2 and "pick one" in result.output
 
 
+def test_the_control_tokens_must_differ(tmp_path):
+    arguments = ["embedded", "x.jsonl", "-o", str(tmp_path / "o"), "--reward-conditioning"]
+    result = CliRunner().invoke(sft_cli, [*arguments, "--negative-token", POSITIVE_TOKEN])
+    assert result.exit_code == 2, result.output
+    assert "Error: --positive-token and --negative-token must differ" in result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_feedme_and_conditioning_examples_follow_the_verdicts():
     from farmkit.core.records import comparisons
 
