@@ -78,6 +78,7 @@ def cli(
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    from farmkit.annotate.run import gold_pool
     from farmkit.methods.online_dpo import Annotation, train_online_dpo
 
     annotation = Annotation(
@@ -91,7 +92,14 @@ def cli(
         device=config.device,
     )
     budget = train_online_dpo(
-        sft, records, output, config, annotation, seed=config.seed, inputs=[prompts]
+        sft,
+        records,
+        output,
+        config,
+        annotation,
+        seed=config.seed,
+        inputs=[prompts],
+        gold_pools=gold_pool,
     )
     log.info(
         "%d rounds, %d labels used (%d trained on), %d annotator requests, %d cache hits, "
