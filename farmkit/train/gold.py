@@ -124,18 +124,13 @@ class GoldRequest:
     @classmethod
     def of(cls, config: Any, **settings: Any) -> GoldRequest:
         """The request of a method's config (its GoldArgs, template, temperature and
-        max_new_tokens); `settings` give the rest or override."""
-        return cls(
-            config.gold,
-            config.gold_prompts,
-            config.gold_size,
-            **{
-                "template": config.template,
-                "temperature": config.temperature,
-                "max_new_tokens": config.max_new_tokens,
-                **settings,
-            },
-        )
+        max_new_tokens, unless `settings` give them); `settings` give the rest."""
+        sampling = {
+            name: getattr(config, name)
+            for name in ("template", "temperature", "max_new_tokens")
+            if name not in settings
+        }
+        return cls(config.gold, config.gold_prompts, config.gold_size, **sampling, **settings)
 
 
 def judge_kind(spec: str) -> str:
