@@ -416,13 +416,13 @@ def farmkit_worker(
     patch(P, "token_logprobs", probe.timed(grad_phase, P.token_logprobs))
     patch(P, "entropy", probe.timed(grad_phase, P.entropy))
     patch(RewardScorer, "score", probe.timed("reward", RewardScorer.score))
-    end_step = RunRecord.end_step
+    log_step = RunRecord.log_step
 
     def step_end(record: Any, *args: Any, **kwargs: Any) -> Any:
         probe.step_end()  # where the step's elapsed_s was just taken
-        return end_step(record, *args, **kwargs)
+        return log_step(record, *args, **kwargs)
 
-    patch(RunRecord, "end_step", step_end)
+    patch(RunRecord, "log_step", step_end)
 
     output = paths["output"]
     args = farmkit_args(

@@ -161,7 +161,7 @@ MUTATIONS = [
     Mutation(
         "Quark: later rounds sampled without the top-quantile token",
         "farmkit/methods/quark.py",
-        "control = token_ids[:1] if round_number > 0 and tokens else []",
+        "control = self.token_ids[:1] if number > 0 and self.tokens else []",
         "control = []",
         ("tests/methods/test_quark.py::test_later_rounds_sample_behind_the_top_quantile_token",),
     ),

@@ -712,6 +712,52 @@ def resolve_config(config_class: type, config_file: str | None, flags: dict[str,
         raise click.UsageError(str(exc)) from None
 
 
+def train_on_prompts(
+    train: Callable[..., Any],
+    config: Any,
+    sft: str,
+    reward_model: str,
+    prompts: str,
+    output: str,
+    summary: Callable[[Any], str | None],
+) -> Any:
+    """What farm-ppo, farm-rloo, farm-grpo and farm-quark do once their options are read into
+    `config`: read PROMPTS (refusing none), check the device and RM before any work, train with
+    `train` (its --gold pools looked up by farm-annotate's loader), log `summary` of the result.
+    Returns what `train` returned."""
+    from farmkit.annotate.run import gold_pool
+    from farmkit.core.io import display_name, read_records
+    from farmkit.lm.models import check_reward_model
+    from farmkit.train.launch import check_device
+
+    records = list(read_records(prompts, "instruction"))
+    if not records:
+        raise FarmError(f"{display_name(prompts)}: no prompts to train on")
+    # a device that is not there is said first, as every trainer says it
+    check_device(config.device)
+    check_reward_model(reward_model)  # before any work: any other model scores at random
+    result = train(
+        sft,
+        reward_model,
+        records,
+        output,
+        config,
+        seed=config.seed,
+        inputs=[prompts],
+        gold_pools=gold_pool,
+    )
+    said = summary(result)
+    if said:
+        log.info(said)
+    log.info("wrote %s", output)
+    return result
+
+
+def last_step(last: dict[str, Any]) -> str | None:
+    """The summary line of a policy-gradient run (farm-ppo, farm-rloo, farm-grpo)."""
+    return f"last step: reward {last['reward']:.4f}, kl {last['kl']:.4f}" if last else None
+
+
 def common_options(function: Callable) -> Callable:
     """-q/--quiet and -v/--verbose; they set the farmkit logger (stderr) and the tqdm switch."""
 

@@ -100,6 +100,7 @@ def cli(
     from farmkit.lm.models import check_reward_model
 
     check_reward_model(rm)  # before any work: any other model scores at random
+    from farmkit.annotate.run import gold_pool
     from farmkit.core.seeds import derive_seed
     from farmkit.lm.sampling import generator_name
     from farmkit.methods.bon import (
@@ -111,7 +112,7 @@ def cli(
         sweep_rows,
     )
     from farmkit.train.budget import reward_model_labels
-    from farmkit.train.gold import describe, make_gold, prompt_key
+    from farmkit.train.gold import GoldRequest, describe, make_gold, prompt_key
     from farmkit.train.metrics import write_metrics
     from farmkit.train.scoring import RewardScorer
 
@@ -129,20 +130,10 @@ def cli(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     started = time.perf_counter()
-    judge = make_gold(
-        gold,
-        gold_prompts,
-        gold_size,
-        records,
-        policy,
-        template=template,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        device=device,
-        batch_size=batch_size,
-        tool="farm-bon",
+    request = GoldRequest(
+        gold, gold_prompts, gold_size, tool="farm-bon", pools=gold_pool, **config.gold_sampling()
     )
+    judge = make_gold(request, records, policy, device=device)
     scorer = RewardScorer(rm, device=device, batch_size=reward_batch_size)
     # under a launcher each process samples and scores its share; the main process alone writes
     scored = sample_and_score(policy, scorer, records, config, device=device)

@@ -54,10 +54,18 @@ def cli(sft: str, prefs: str, output: str, config_file: str | None, **values) ->
     )
     if not pairs:
         raise FarmError(f"{display_name(prefs)}: no usable pairs: every verdict is a tie or null")
+    from farmkit.annotate.run import gold_pool
     from farmkit.methods.dpo import train_dpo
 
     metrics = train_dpo(
-        sft, pairs, output, config, seed=config.seed, inputs=[prefs], counts=dict(counts)
+        sft,
+        pairs,
+        output,
+        config,
+        seed=config.seed,
+        inputs=[prefs],
+        counts=dict(counts),
+        gold_pools=gold_pool,
     )
     if "rewards/margins" in metrics:
         log.info(

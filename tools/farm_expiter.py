@@ -133,22 +133,18 @@ def cli(
             "report_to": report_to,
         },
     )
-    from farmkit.train.gold import make_gold
+    from farmkit.annotate.run import gold_pool
+    from farmkit.train.gold import GoldRequest, make_gold
 
-    judge = make_gold(
+    request = GoldRequest(
         gold,
         gold_prompts,
         gold_size,
-        records,
-        policy,
-        template=template,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        device=device,
-        batch_size=sample_batch_size,
         tool="farm-expiter",
+        pools=gold_pool,
+        **sampling.gold_sampling(),
     )
+    judge = make_gold(request, records, policy, device=device)
     result = expert_iteration(
         policy,
         rm,

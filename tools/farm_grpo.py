@@ -9,10 +9,12 @@ from farmkit.cli import (
     config_options,
     entry_point,
     input_argument,
+    last_step,
     output_dir_option,
     resolve_config,
+    train_on_prompts,
 )
-from farmkit.methods.group import GRPOConfig, run_cli
+from farmkit.methods.group import GRPOConfig, train_group
 
 
 @click.command(name="farm-grpo")
@@ -48,7 +50,8 @@ def cli(
       farm-grpo sft/ rm/ unlabeled.jsonl -o grpo/ --num-samples 8 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128 --dr-grpo
     """
-    run_cli(resolve_config(GRPOConfig, config_file, values), sft, reward_model, prompts, output)
+    config = resolve_config(GRPOConfig, config_file, values)
+    train_on_prompts(train_group, config, sft, reward_model, prompts, output, last_step)
 
 
 main = entry_point(cli)

@@ -74,7 +74,7 @@ def cli(
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
     from farmkit.annotate.pools import load_pool
-    from farmkit.annotate.run import PoolLabeller
+    from farmkit.annotate.run import PoolLabeller, gold_pool
     from farmkit.methods.online_dpo import Annotation, train_online_dpo
 
     annotation = Annotation(
@@ -94,7 +94,15 @@ def cli(
         judges, both_orders=both_orders, cache=cache, prices=prices, device=config.device
     )
     budget = train_online_dpo(
-        sft, records, output, config, annotation, label, seed=config.seed, inputs=[prompts]
+        sft,
+        records,
+        output,
+        config,
+        annotation,
+        label,
+        seed=config.seed,
+        inputs=[prompts],
+        gold_pools=gold_pool,
     )
     log.info(
         "%d rounds, %d labels used (%d trained on), %d annotator requests, %d cache hits, "

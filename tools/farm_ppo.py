@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from farmkit.cli import (
@@ -11,13 +9,12 @@ from farmkit.cli import (
     config_options,
     entry_point,
     input_argument,
+    last_step,
     output_dir_option,
     resolve_config,
+    train_on_prompts,
 )
-from farmkit.core.io import FarmError, display_name, read_records
 from farmkit.methods.ppo import PPOConfig
-
-log = logging.getLogger("farmkit")
 
 
 @click.command(name="farm-ppo")
@@ -51,22 +48,10 @@ def cli(
       farm-ppo sft/ rm/ unlabeled.jsonl -o ppo/ --kl-coef 0.0067 --steps 50 \\
           --rollout-batch-size 32 --minibatch-size 8 --max-new-tokens 128
     """
-    config = resolve_config(PPOConfig, config_file, values)
-    records = list(read_records(prompts, "instruction"))
-    if not records:
-        raise FarmError(f"{display_name(prompts)}: no prompts to train on")
-    from farmkit.lm.models import check_reward_model
-    from farmkit.train.launch import check_device
-
-    # a device that is not there is said first, as every trainer says it
-    check_device(config.device)
-    check_reward_model(reward_model)  # before any work: any other model scores at random
     from farmkit.methods.ppo import train_ppo
 
-    last = train_ppo(sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts])
-    if last:
-        log.info("last step: reward %.4f, kl %.4f", last["reward"], last["kl"])
-    log.info("wrote %s", output)
+    config = resolve_config(PPOConfig, config_file, values)
+    train_on_prompts(train_ppo, config, sft, reward_model, prompts, output, last_step)
 
 
 main = entry_point(cli)

@@ -3,8 +3,6 @@ quantile, train on it behind a reward control token; sampling adds that token.""
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from farmkit.cli import (
@@ -14,11 +12,9 @@ from farmkit.cli import (
     input_argument,
     output_dir_option,
     resolve_config,
+    train_on_prompts,
 )
-from farmkit.core.io import FarmError, display_name, read_records
 from farmkit.methods.quark import QuarkConfig
-
-log = logging.getLogger("farmkit")
 
 
 @click.command(name="farm-quark")
@@ -52,23 +48,14 @@ def cli(
       farm-quark sft/ rm/ unlabeled.jsonl -o quark/ --rounds 4 --prompts-per-round 64 \\
           --num-samples 4 --max-new-tokens 128
     """
-    config = resolve_config(QuarkConfig, config_file, values)
-    records = list(read_records(prompts, "instruction"))
-    if not records:
-        raise FarmError(f"{display_name(prompts)}: no prompts to train on")
-    from farmkit.lm.models import check_reward_model
-    from farmkit.train.launch import check_device
-
-    # a device that is not there is said first, as every trainer says it
-    check_device(config.device)
-    check_reward_model(reward_model)  # before any work: any other model scores at random
     from farmkit.methods.quark import train_quark
 
-    history = train_quark(
-        sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts]
-    )
-    log.info("mean reward by round: %s", ", ".join(f"{entry['reward']:.4f}" for entry in history))
-    log.info("wrote %s", output)
+    config = resolve_config(QuarkConfig, config_file, values)
+    train_on_prompts(train_quark, config, sft, reward_model, prompts, output, rewards_by_round)
+
+
+def rewards_by_round(history: list[dict]) -> str:
+    return "mean reward by round: " + ", ".join(f"{entry['reward']:.4f}" for entry in history)
 
 
 main = entry_point(cli)

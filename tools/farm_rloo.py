@@ -9,10 +9,12 @@ from farmkit.cli import (
     config_options,
     entry_point,
     input_argument,
+    last_step,
     output_dir_option,
     resolve_config,
+    train_on_prompts,
 )
-from farmkit.methods.group import RLOOConfig, run_cli
+from farmkit.methods.group import RLOOConfig, train_group
 
 
 @click.command(name="farm-rloo")
@@ -46,7 +48,8 @@ def cli(
       farm-rloo sft/ rm/ unlabeled.jsonl -o rloo/ --num-samples 4 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128
     """
-    run_cli(resolve_config(RLOOConfig, config_file, values), sft, reward_model, prompts, output)
+    config = resolve_config(RLOOConfig, config_file, values)
+    train_on_prompts(train_group, config, sft, reward_model, prompts, output, last_step)
 
 
 main = entry_point(cli)

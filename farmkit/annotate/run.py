@@ -18,7 +18,7 @@ from farmkit.annotate.cache import VerdictCache
 from farmkit.annotate.cost import PriceTable
 from farmkit.annotate.engine import Annotator, require_endpoint
 from farmkit.annotate.pairs import Item
-from farmkit.annotate.pools import Pool
+from farmkit.annotate.pools import Pool, load_pool
 from farmkit.core.io import FarmError, RecordWriter
 
 log = logging.getLogger("farmkit")
@@ -292,3 +292,38 @@ class PoolLabeller:
                 "price": stats.price,
                 "budget_cut": cut or stats.skipped_budget > 0,
             }
+
+
+class GoldPool:
+    """An annotator pool as the gold judge of a training run asks it (farmkit.train.gold's
+    PoolJudge): each call a Run of the pool over pair records, through the verdict cache."""
+
+    def __init__(self, pool: Pool, seed: int, cache: str | Path | None, device: str) -> None:
+        require_endpoint(pool)  # fail before training, not at the first checkpoint
+        self.pool, self.seed, self.cache, self.device = pool, seed, cache, device
+
+    def preferences(self, pairs: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
+        """The preference of each pair (None: no verdict) and what asking cost."""
+        items = [Item(pair) for pair in pairs]
+        with Run(self.pool, seed=self.seed, cache_path=self.cache, device=self.device) as run:
+            records = list(run.records(items))
+            stats = run.annotator.stats
+            cost = {
+                "pairs": len(items),
+                "requests": stats.requests,
+                "cache_hits": stats.cache_hits,
+                "price": stats.price,
+            }
+        return [record.get("preference") for record in records], cost
+
+
+def gold_pool(spec: str, *, seed: int, cache: str | Path | None, device: str) -> GoldPool:
+    """The pool --gold names (a pool name, YAML file or learned judge folder), as a gold judge: what
+    the training tools hand to farmkit.train.gold (which sits below this pillar)."""
+    try:
+        pool = load_pool(spec)
+    except FarmError as exc:
+        raise FarmError(
+            f"--gold {spec}: neither a reward model folder nor an annotator pool ({exc})"
+        ) from None
+    return GoldPool(pool, seed, cache, device)

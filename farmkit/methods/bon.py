@@ -79,6 +79,16 @@ class BestOfNConfig(ModelArgs):
             "batch_size": self.batch_size,
         }
 
+    def gold_sampling(self) -> dict[str, Any]:
+        """How a gold judge of this run samples its answers (farmkit.train.gold.GoldRequest)."""
+        return {
+            "template": self.template,
+            "temperature": self.temperature,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+        }
+
 
 @dataclass
 class ScoredPrompt:

@@ -266,11 +266,13 @@ def train_dpo(
     gold: Any = None,
     tracker_dir: str | os.PathLike | None = None,
     continuation: Continuation | None = None,
+    gold_pools: Any = None,
 ) -> dict[str, Any]:
     """Train with DPO from `sft` on chosen/rejected pairs and write the policy folder to `output`.
     `start_from`: a policy folder to train instead of `sft` (online DPO's previous round), `sft`
     staying the frozen reference. `gold`: the run's GoldEvaluator (online DPO's, for all its rounds);
-    by default one is made from config.gold. The trained policy's gold figures go on the last
+    by default one is made from config.gold (a pool looked up by the `gold_pools` loader,
+    farmkit.annotate.run.gold_pool). The trained policy's gold figures go on the last
     metrics row. `continuation`: carry an optimizer and a schedule on from an earlier call (online
     DPO's rounds). Returns the last logged training metrics (loss, reward margins, accuracies), with
     `training_tokens`, `optimizer_steps` and the gold figures."""
@@ -284,7 +286,7 @@ def train_dpo(
     from farmkit.lm.models import PromptFormat, load_causal_lm
     from farmkit.train import launch
     from farmkit.train.budget import Budget
-    from farmkit.train.gold import check_processes, make_gold
+    from farmkit.train.gold import GoldRequest, check_processes, make_gold
     from farmkit.train.policy import plain_model
 
     if not pairs:
@@ -310,18 +312,9 @@ def train_dpo(
             f"every pair's prompt is at least max_length={config.max_length} tokens long"
         )
     if gold is None:
-        gold = make_gold(
-            config.gold,
-            config.gold_prompts,
-            config.gold_size,
-            pairs,
-            sft,
-            template=config.template,
-            temperature=1.0,  # DPO samples nothing; the policy's own distribution
-            max_new_tokens=config.max_new_tokens,
-            seed=seed,
-            tool=tool,
-        )
+        # DPO samples nothing: the gold answers come from the policy's own distribution
+        request = GoldRequest.of(config, temperature=1.0, seed=seed, tool=tool, pools=gold_pools)
+        gold = make_gold(request, pairs, sft)
     if len(rows) < len(pairs):
         log.warning(
             "%d of %d pairs left out: their prompt alone fills max_length=%d",

@@ -24,7 +24,6 @@ a group never spans two processes.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,10 +54,8 @@ __all__ = [
     "RLOOConfig",
     "grpo_advantages",
     "rloo_advantages",
-    "run_cli",
     "train_group",
 ]
-log = logging.getLogger("farmkit")
 KL_IN = ("reward", "loss")
 
 KL_COEF_HELP = "Coefficient of the KL penalty to the SFT model (see --kl-in; 0: none, the KL is still measured)."
@@ -275,29 +272,9 @@ class GroupMethod(OnPolicyMethod):
 
 
 def train_group(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """train_group(sft, reward_model, prompts, output, config, seed=0, inputs=None): train a
-    policy with RLOO or GRPO (an RLOOConfig or a GRPOConfig says which) and write it to `output`;
-    returns the last step's metrics."""
+    """train_group(sft, reward_model, prompts, output, config, seed=0, inputs=None,
+    gold_pools=None): train a policy with RLOO or GRPO (an RLOOConfig or a GRPOConfig says which)
+    and write it to `output`; returns the last step's metrics."""
     from farmkit.train.onpolicy import run_method
 
     return run_method(GroupMethod, *args, **kwargs)
-
-
-def run_cli(config: GroupConfig, sft: str, reward_model: str, prompts: str, output: str) -> None:
-    """What farm-rloo and farm-grpo do once their options are read into `config`."""
-    from farmkit.core.io import display_name, read_records
-    from farmkit.lm.models import check_reward_model
-    from farmkit.train.launch import check_device
-
-    records = list(read_records(prompts, "instruction"))
-    if not records:
-        raise FarmError(f"{display_name(prompts)}: no prompts to train on")
-    # a device that is not there is said first, as every trainer says it
-    check_device(config.device)
-    check_reward_model(reward_model)  # before any work: any other model scores at random
-    last = train_group(
-        sft, reward_model, records, output, config, seed=config.seed, inputs=[prompts]
-    )
-    if last:
-        log.info("last step: reward %.4f, kl %.4f", last["reward"], last["kl"])
-    log.info("wrote %s", output)

@@ -326,9 +326,12 @@ def train_online_dpo(
     label: Labeller,
     seed: int = 0,
     inputs: list[str] | None = None,
+    gold_pools: Any = None,
 ) -> dict[str, Any]:
     """Run (or continue) the rounds, `label` labelling each round's pairs (with the pool and
-    settings `annotation` names); returns the budget accounting written to meta.json."""
+    settings `annotation` names); returns the budget accounting written to meta.json.
+    `gold_pools`: the loader of annotator pools a --gold name is looked up in
+    (farmkit.annotate.run.gold_pool)."""
     # One process only: not rank-aware (under a launcher every process would sample, pay the judges
     # for the same pairs and write the rounds), and its DPO rounds would not be the DeepSpeed run
     # launched. Refused before any work, never N copies of the run.
@@ -360,23 +363,17 @@ def train_online_dpo(
     _check_run(out, fingerprint(sft, prompts_hash, config, annotation, seed))
     run_folder = rounds_folder(out)
     # the gold judge watches every round's policy (--gold): made before anything is sampled
-    from farmkit.train.gold import make_gold
+    from farmkit.train.gold import GoldRequest, make_gold
 
-    gold = make_gold(
-        config.gold,
-        config.gold_prompts,
-        config.gold_size,
-        records,
-        sft,
-        template=config.template,
-        temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens,
+    request = GoldRequest.of(
+        config,
         seed=seed,
-        device=annotation.device,
         batch_size=config.generation_batch_size,
         cache=annotation.cache,
         tool=TOOL,
+        pools=gold_pools,
     )
+    gold = make_gold(request, records, sft, device=annotation.device)
     order = prompt_order(len(records), config.rounds * config.prompts_per_round, seed)
     total_steps = config.rounds * steps_per_round(config)
     policy = sft

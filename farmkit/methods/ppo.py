@@ -193,8 +193,9 @@ class PPOMethod(OnPolicyMethod):
 
 
 def train_ppo(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """train_ppo(sft, reward_model, prompts, output, config, seed=0, inputs=None): train a policy
-    with PPO (a PPOConfig) and write it to `output`; returns the last step's metrics."""
+    """train_ppo(sft, reward_model, prompts, output, config, seed=0, inputs=None, gold_pools=None):
+    train a policy with PPO (a PPOConfig) and write it to `output`; returns the last step's
+    metrics."""
     from farmkit.train.onpolicy import run_method
 
     return run_method(PPOMethod, *args, **kwargs)

@@ -227,155 +227,195 @@ def train_quark(
     config: QuarkConfig,
     seed: int = 0,
     inputs: list[str] | None = None,
+    gold_pools: Any = None,
 ) -> list[dict[str, Any]]:
-    """Train with Quark and write the policy folder to `output`; returns the per-round metrics."""
-    import torch
-    from accelerate.utils import gather_object
+    """Train with Quark and write the policy folder to `output`; returns the per-round metrics.
+    `gold_pools`: the loader of annotator pools a --gold name is looked up in
+    (farmkit.annotate.run.gold_pool)."""
+    trainer = QuarkTrainer(sft, reward_model, prompts, output, config, seed, inputs, gold_pools)
+    for number in range(len(trainer.history), config.rounds):  # a resumed run: the rounds left
+        pool = trainer.rollout(number)
+        kept, quantile_scores = trainer.rank(pool)
+        losses, kls, learning_rate = trainer.update(number, kept)
+        trainer.log(number, pool, kept, quantile_scores, losses, kls, learning_rate)
+        trainer.checkpoint(number)
+    trainer.save()
+    return trainer.history
 
-    from farmkit.lm.models import PromptFormat, choose_device
-    from farmkit.train import checkpoints as C
-    from farmkit.train import launch, rl_common, tracking
-    from farmkit.train import policy as P
-    from farmkit.train.budget import Budget, reward_model_labels
-    from farmkit.train.gold import check_processes, make_gold
-    from farmkit.train.rollout_backends import make_backend
-    from farmkit.train.rollouts import load_policy_and_reference, prompt_order, sample_and_score
-    from farmkit.train.scoring import RewardScorer
 
-    backend_kind = rollout_backend_kind(config)  # vllm refused with control tokens, before any work
-    if launch.deepspeed_launched() and config.device != "auto":
-        # Accelerator(cpu=True) would drop DeepSpeed without a word; the run would not be what was launched
-        raise FarmError(
-            "--device: under DeepSpeed the engine places the model; leave --device auto"
+class QuarkTrainer:
+    """One Quark run: the on-policy set-up (farmkit.train.onpolicy's), then per round the rollout
+    of a pool, its ranking into quantiles, the update on the kept responses, the log and the
+    checkpoint; the policy saved at the end."""
+
+    def __init__(
+        self,
+        sft: str,
+        reward_model: str,
+        prompts: list[dict[str, Any]],
+        output: str,
+        config: QuarkConfig,
+        seed: int,
+        inputs: list[str] | None,
+        gold_pools: Any,
+    ) -> None:
+        import torch
+
+        from farmkit.lm.models import PromptFormat, choose_device
+        from farmkit.train import checkpoints as C
+        from farmkit.train import launch, rl_common
+        from farmkit.train import policy as P
+        from farmkit.train.budget import Budget, reward_model_labels
+        from farmkit.train.gold import GoldRequest, make_gold
+        from farmkit.train.onpolicy import (
+            load_models,
+            match_reference,
+            rollout_prompts,
+            start_backend,
+            start_run,
+            without_dropout,
         )
-    accelerator = launch.make_accelerator(
-        cpu=config.device == "cpu",
-        device_placement=False,
-        **tracking.accelerator_kwargs(config.report_to, output),
-    )
-    tracking.start(accelerator, "farm-quark", config_dict(config))
-    if config.gold:
-        check_processes()
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if world > 1 and config.device not in ("auto", "cpu"):
-        raise FarmError(
-            "--device: under accelerate launch every process uses its own device; leave --device auto"
+        from farmkit.train.rollouts import prompt_order
+
+        self.config, self.prompts, self.output, self.seed = config, prompts, output, seed
+        self.sft, self.inputs = sft, inputs
+        backend_kind = rollout_backend_kind(config)  # vllm refused with control tokens, first
+        accelerator = self.accelerator = start_run(
+            config, "farm-quark", output, device_placement=False
         )
-    device = str(accelerator.device) if world > 1 else choose_device(config.device)
-    if not accelerator.is_main_process:
-        log.setLevel(logging.ERROR)  # one process speaks for all
-    torch.manual_seed(seed)
-    with launch.no_zero3_init(accelerator):  # loaded whole; the engine splits the policy alone
-        model, reference, tokenizer = load_policy_and_reference(sft, device)
-        scorer = RewardScorer(reward_model, device=device, batch_size=config.reward_batch_size)
-    scorer.network.requires_grad_(False)
-    tokens = (
-        [quantile_token(q) for q in range(config.num_quantiles)]
-        if config.control_token == "condition"
-        else []
-    )
-    fmt = PromptFormat.for_model(sft, config.template)
-    # token ids, each prompt cut to what the context holds beside max_new_tokens and the control
-    # token that follows it (warned once)
-    plain_prompts = P.fit_rollout_prompts(
-        model,
-        tokenizer,
-        [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
-        config.max_new_tokens,
-        reserve=1 if tokens else 0,
-    )
-    # each control token starts as the token it follows, the last of the prompt (see add_control_tokens)
-    prompt_end = plain_prompts[0][-1]
-    token_ids = P.add_control_tokens(model, tokenizer, tokens, prompt_end) if tokens else []
-    if config.lora:
-        launch.refuse_lora_under_zero3(accelerator, True)
-        model = P.add_lora(model, config.lora_rank, config.lora_alpha, trainable_tokens=token_ids)
-    reference_vocab = reference.get_output_embeddings().weight.shape[0]
-    for network in (model, reference, scorer.network):
-        P.disable_dropout(network)
-        network.eval()
-    gold = make_gold(
-        config.gold,
-        config.gold_prompts,
-        config.gold_size,
-        prompts,
-        sft,
-        template=config.template,
-        temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens,
-        seed=seed,
-        device=device,
-        batch_size=config.generation_batch_size,
-        start_network=reference,
-        tool="farm-quark",
-    )
+        self.world, self.process = accelerator.num_processes, accelerator.process_index
+        device = self.device = (
+            str(accelerator.device) if self.world > 1 else choose_device(config.device)
+        )
+        torch.manual_seed(seed)
+        model, self.reference, self.tokenizer, self.scorer = load_models(
+            accelerator, config, sft, reward_model, device
+        )
+        self.tokens = (
+            [quantile_token(q) for q in range(config.num_quantiles)]
+            if config.control_token == "condition"
+            else []
+        )
+        self.fmt = PromptFormat.for_model(sft, config.template)
+        # each prompt cut to what the context holds beside max_new_tokens and the control token
+        # that follows it
+        self.plain_prompts = rollout_prompts(
+            model,
+            self.tokenizer,
+            self.fmt,
+            prompts,
+            config.max_new_tokens,
+            reserve=1 if self.tokens else 0,
+        )
+        # each control token starts as the token it follows, the last of the prompt (see
+        # add_control_tokens)
+        prompt_end = self.plain_prompts[0][-1]
+        self.token_ids = (
+            P.add_control_tokens(model, self.tokenizer, self.tokens, prompt_end)
+            if self.tokens
+            else []
+        )
+        if config.lora:
+            launch.refuse_lora_under_zero3(accelerator, True)
+            model = P.add_lora(
+                model, config.lora_rank, config.lora_alpha, trainable_tokens=self.token_ids
+            )
+        self.reference_vocab = self.reference.get_output_embeddings().weight.shape[0]
+        without_dropout(model, self.reference, self.scorer.network)
+        self.gold = make_gold(
+            GoldRequest.of(
+                config,
+                seed=seed,
+                batch_size=config.generation_batch_size,
+                tool="farm-quark",
+                pools=gold_pools,
+            ),
+            prompts,
+            sft,
+            device=device,
+            start_network=self.reference,
+        )
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.learning_rate,
+            eps=config.adam_eps,
+        )
+        schedule = (
+            rl_common.linear_schedule(config.warmup_steps, config.rounds)
+            if config.lr_schedule == "linear"
+            else (lambda _: 1.0)
+        )
+        # stepped once per round, as AlpacaFarm
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        # under DeepSpeed the engine's batch is this process's share of a training batch, one step
+        launch.configure_deepspeed(
+            accelerator, -(-config.batch_size // self.world), 1, config.max_grad_norm
+        )
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        accelerator.register_for_checkpointing(self.scheduler)
+        self.checkpoints = C.checkpoint_folder(output, config)
+        state, carried = C.resume_state(self.checkpoints, config)
+        if state is not None:  # the policy, optimizer, scheduler and random states after its round
+            accelerator.load_state(str(state))
+        self.history: list[dict[str, Any]] = carried.get("history", [])
+        if self.gold is not None and "gold" in carried:  # what judging the rounds done cost goes on
+            self.gold.restore(carried["gold"])
+        self.budget = Budget(
+            reward_model_labels(reward_model), self.history[-1] if self.history else None
+        )
+        trained_dtype = match_reference(accelerator, self.model, self.reference)
+        self.backend = start_backend(backend_kind, sft, seed, device, config, trained_dtype)
+        self.order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
+        self.started = time.time() - (self.history[-1]["elapsed_s"] if self.history else 0.0)
 
-    def prompt_length(index: int) -> int:
-        return len(plain_prompts[index])  # token ids, already fitted to the context
+    def prompt_length(self, index: int) -> int:
+        return len(self.plain_prompts[index])  # token ids, already fitted to the context
 
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=config.learning_rate,
-        eps=config.adam_eps,
-    )
-    schedule = (
-        rl_common.linear_schedule(config.warmup_steps, config.rounds)
-        if config.lr_schedule == "linear"
-        else (lambda _: 1.0)
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, schedule
-    )  # stepped once per round, as AlpacaFarm
-    # under DeepSpeed the engine's batch is this process's share of a training batch, one step each
-    launch.configure_deepspeed(accelerator, -(-config.batch_size // world), 1, config.max_grad_norm)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    checkpoints = C.checkpoint_folder(output, config)
-    state, carried = C.resume_state(checkpoints, config)
-    if state is not None:  # the policy, optimizer, scheduler and random states after its round
-        accelerator.load_state(str(state))
-    history: list[dict[str, Any]] = carried.get("history", [])
-    if gold is not None and "gold" in carried:  # what judging the rounds done cost goes on
-        gold.restore(carried["gold"])
-    budget = Budget(reward_model_labels(reward_model), history[-1] if history else None)
-    trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
-    if reference.dtype != trained_dtype:
-        reference.to(trained_dtype)  # DeepSpeed's mixed precision casts the policy: like with like
-    backend = make_backend(
-        backend_kind,
-        sft,
-        seed=seed,
-        device=device,
-        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        dtype=str(trained_dtype).removeprefix("torch."),
-    )
-    log.info("rollouts: %s backend", backend.name)
-    order = prompt_order(len(prompts), config.rounds * config.prompts_per_round, seed)
-    started = time.time() - (history[-1]["elapsed_s"] if history else 0.0)
+    def rollout(self, number: int) -> list[dict[str, Any]]:
+        """The round's pool: its prompts' responses, sampled (round 0 from the SFT model itself,
+        later rounds behind the best quantile's token) and scored; in the order one process would
+        have sampled them."""
+        from accelerate.utils import gather_object
 
-    def sample_round(
-        sampler: Any, chosen: list[int], conditioned_prompts: list[list[int]], round_number: int
+        from farmkit.train import launch
+
+        config, accelerator = self.config, self.accelerator
+        chosen = self.order[
+            number * config.prompts_per_round : (number + 1) * config.prompts_per_round
+        ]
+        chosen = [index for index in chosen for _ in range(config.samples_per_prompt)]
+        control = self.token_ids[:1] if number > 0 and self.tokens else []
+        conditioned_prompts = [prompt + control for prompt in self.plain_prompts]
+        # under ZeRO-3 the policy is gathered whole for the round's sampling (launch.for_generation)
+        with launch.for_generation(accelerator, self.model) as sampler, accelerator.autocast():
+            if number > 0:  # the engine, if it has weights of its own, gets the policy's
+                self.backend.sync(sampler)
+            pool = self.sample_share(sampler, chosen, conditioned_prompts, number)
+        if self.world > 1:  # every process ranks the whole round
+            pool = sorted(gather_object(pool), key=lambda item: item["position"])
+        return pool
+
+    def sample_share(
+        self, sampler: Any, chosen: list[int], conditioned_prompts: list[list[int]], number: int
     ) -> list[dict[str, Any]]:
         """This process's share of the round: every world-th generation batch, sampled and scored."""
+        from farmkit.train.onpolicy import sample
+
+        config, size = self.config, self.config.generation_batch_size
         pool = []
-        for start in range(
-            rank * config.generation_batch_size, len(chosen), world * config.generation_batch_size
-        ):
-            indices = chosen[start : start + config.generation_batch_size]
-            batch = sample_and_score(
+        for start in range(self.process * size, len(chosen), self.world * size):
+            indices = chosen[start : start + size]
+            batch = sample(
+                config,
                 sampler,
-                tokenizer,
-                scorer,
-                prompts,
+                self.tokenizer,
+                self.scorer,
+                self.prompts,
                 conditioned_prompts,
                 indices,
-                temperature=config.temperature,
-                max_new_tokens=config.max_new_tokens,
-                unfinished=config.unfinished,
-                unfinished_penalty=config.unfinished_penalty,
-                seed=derive_seed(seed, "quark rollout", round_number, start),
-                suppress=token_ids,  # a response never holds a control token
-                backend=backend,
+                derive_seed(self.seed, "quark rollout", number, start),
+                self.backend,
+                suppress=self.token_ids,  # a response never holds a control token
             )
             rollout = batch.rollout
             for row, index in enumerate(indices):
@@ -392,23 +432,9 @@ def train_quark(
                 )
         return pool
 
-    for round_number in range(len(history), config.rounds):  # a resumed run: the rounds left
-        chosen = order[
-            round_number * config.prompts_per_round : (round_number + 1) * config.prompts_per_round
-        ]
-        chosen = [index for index in chosen for _ in range(config.samples_per_prompt)]
-        # round 0 samples the SFT model itself; later rounds ask the policy for its best quantile
-        control = token_ids[:1] if round_number > 0 and tokens else []
-        conditioned_prompts = [prompt + control for prompt in plain_prompts]
-        # under ZeRO-3 the policy is gathered whole for the round's sampling (launch.for_generation)
-        with launch.for_generation(accelerator, model) as sampler, accelerator.autocast():
-            if round_number > 0:  # the engine, if it has weights of its own, gets the policy's
-                backend.sync(sampler)
-            pool = sample_round(sampler, chosen, conditioned_prompts, round_number)
-        if (
-            world > 1
-        ):  # every process ranks the whole round, in the order one process would have sampled it
-            pool = sorted(gather_object(pool), key=lambda item: item["position"])
+    def rank(self, pool: list[dict[str, Any]]) -> tuple[list[tuple[dict, int]], list[float]]:
+        """(the kept responses with their quantiles, the mean score of each quantile)."""
+        config = self.config
         quantiles = assign_quantiles([item["score"] for item in pool], config.num_quantiles)
         kept = [
             (item, q)
@@ -419,60 +445,96 @@ def train_quark(
             [item["score"] for item, q in zip(pool, quantiles, strict=True) if q == quantile]
             for quantile in range(config.num_quantiles)
         ]
+        return kept, [sum(scores) / len(scores) for scores in by_quantile]
 
+    def update(
+        self, number: int, kept: list[tuple[dict, int]]
+    ) -> tuple[list[float], list[float], float]:
+        """The round's optimizer steps on the kept responses: each response's log-likelihood behind
+        its quantile's token minus kl_coef * KL(policy || SFT); (losses, KLs) of each step and the
+        round's learning rate. The schedule steps once a round, as AlpacaFarm's."""
+        import torch
+
+        from farmkit.train import checkpoints as C
+        from farmkit.train import policy as P
+        from farmkit.train import rl_common
+
+        config, accelerator, model, token_ids = (
+            self.config,
+            self.accelerator,
+            self.model,
+            self.token_ids,
+        )
+        pad, device = self.tokenizer.pad_token_id, self.device
         losses, kls = [], []
-        rng = random.Random(derive_seed(seed, "quark batches", round_number))
+        rng = random.Random(derive_seed(self.seed, "quark batches", number))
         for batch_items in training_batches(
             kept, config.batch_size, config.epochs_per_round, config.steps_per_round, rng
         ):
-            # a process left without rows repeats one, so that every process joins the gradient all-reduce
-            budget.add(
+            self.budget.add(
                 trained=sum(
-                    prompt_length(item["prompt"]) + bool(token_ids) + len(item["response"])
+                    self.prompt_length(item["prompt"]) + bool(token_ids) + len(item["response"])
                     for item, _ in batch_items
                 )
             )
-            local = batch_items[rank::world] or batch_items[:1]
-            prompt_ids = [plain_prompts[item["prompt"]] for item, _ in local]
+            # a process left without rows repeats one, so that every process joins the gradient
+            # all-reduce
+            local = batch_items[self.process :: self.world] or batch_items[:1]
+            prompt_ids = [self.plain_prompts[item["prompt"]] for item, _ in local]
             responses = [item["response"] for item, _ in local]
             conditioned = P.rollout_from_lists(
                 [ids + token_ids[q : q + 1] for ids, (_, q) in zip(prompt_ids, local, strict=True)],
                 responses,
-                tokenizer.pad_token_id,
+                pad,
                 device,
             )
-            plain = P.rollout_from_lists(prompt_ids, responses, tokenizer.pad_token_id, device)
+            plain = P.rollout_from_lists(prompt_ids, responses, pad, device)
             mask = conditioned.response_mask
             # responses are sampled over the SFT model's vocabulary (control tokens suppressed), and
             # scored over it: the likelihood and the KL are those of the policy that sampled
             logits = P.response_logits(model, conditioned, config.temperature)[
-                ..., :reference_vocab
+                ..., : self.reference_vocab
             ]
             nll = -rl_common.masked_mean(P.token_logprobs(logits, conditioned.response_ids), mask)
             # under a mixed-precision launch the policy's forward runs under autocast: so does the
             # reference's (and the sampling), or the KL is not 0 where the two agree
             with torch.no_grad(), accelerator.autocast():
                 reference_logp = torch.log_softmax(
-                    P.response_logits(reference, plain, config.temperature), dim=-1
+                    P.response_logits(self.reference, plain, config.temperature), dim=-1
                 )
             policy_logp = torch.log_softmax(logits, dim=-1)
             kl = rl_common.masked_mean(
                 (policy_logp.exp() * (policy_logp - reference_logp)).sum(-1), mask
             )
-            optimizer.zero_grad()
+            self.optimizer.zero_grad()
             accelerator.backward(nll + config.kl_coef * kl)
             accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
+            self.optimizer.step()
             losses.append(float(nll.detach()))
             kls.append(float(kl.detach()))
-        learning_rate = scheduler.get_last_lr()[0]
-        scheduler.step()
+        learning_rate = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
         # a step of Quark is a round: --save-steps counts rounds
-        C.check_finite(round_number + 1, sum(losses) + config.kl_coef * sum(kls), model)
-        budget.add(sampled=sum(len(item["response"]) for item in pool))
-        quantile_scores = [sum(scores) / len(scores) for scores in by_quantile]
+        C.check_finite(number + 1, sum(losses) + config.kl_coef * sum(kls), model)
+        return losses, kls, learning_rate
+
+    def log(
+        self,
+        number: int,
+        pool: list[dict[str, Any]],
+        kept: list[tuple[dict, int]],
+        quantile_scores: list[float],
+        losses: list[float],
+        kls: list[float],
+        learning_rate: float,
+    ) -> None:
+        """The round's metrics row (with the gold judge's figures), its log line and trackers."""
+        from farmkit.train import launch, tracking
+
+        config, history = self.config, self.history
+        self.budget.add(sampled=sum(len(item["response"]) for item in pool))
         metrics = {
-            "round": round_number + 1,
+            "round": number + 1,
             "reward": sum(item["reward"] for item in pool) / len(pool),
             "score": sum(item["score"] for item in pool) / len(pool),
             "top_quantile_score": quantile_scores[0],
@@ -483,18 +545,18 @@ def train_quark(
             "learning_rate": learning_rate,
             "nll": sum(losses) / max(1, len(losses)),
             "kl": sum(kls) / max(1, len(kls)),
-            "elapsed_s": round(time.time() - started, 2),
-            **budget.row(),
+            "elapsed_s": round(time.time() - self.started, 2),
+            **self.budget.row(),
         }
-        if gold is not None:  # each round's policy, sampled as the saved one samples
-            with launch.for_generation(accelerator, model) as sampler:
+        if self.gold is not None:  # each round's policy, sampled as the saved one samples
+            with launch.for_generation(self.accelerator, self.model) as sampler:
                 metrics.update(
-                    gold.evaluate(
+                    self.gold.evaluate(
                         sampler,
-                        tokenizer,
-                        f"round-{round_number + 1}",
-                        control=tokens[0] if tokens else None,
-                        suppress=token_ids,
+                        self.tokenizer,
+                        f"round-{number + 1}",
+                        control=self.tokens[0] if self.tokens else None,
+                        suppress=self.token_ids,
                     )
                 )
         # step: optimizer steps over all rounds; loss: the round's mean objective
@@ -505,44 +567,59 @@ def train_quark(
             **metrics,
         )
         history.append(metrics)
-        tracking.log(accelerator, metrics, round_number + 1)
+        tracking.log(self.accelerator, metrics, number + 1)
         log.info(
             "round %d/%d  reward %.4f  top quantile %.4f  nll %.4f  kl %.4f",
-            round_number + 1,
+            number + 1,
             config.rounds,
             metrics["reward"],
             metrics["top_quantile_score"],
             metrics["nll"],
             metrics["kl"],
         )
-        if C.saves_now(round_number + 1, config.rounds, config.save_steps):
-            carry = {"history": history}
-            if gold is not None:
-                carry["gold"] = gold.counters()
-            C.save_resume_state(accelerator, checkpoints, round_number + 1, config, carry)
 
-    backend.close()
-    tracking.finish(accelerator)
-    accelerator.wait_for_everyone()
-    # every process enters: under ZeRO-3 gathering the weights whole is collective
-    with launch.full_weights(accelerator, model) as whole:
-        if accelerator.is_main_process:
-            meta = P.policy_meta(
-                "farm-quark",
-                sft,
-                fmt.resolved(tokenizer),
-                seed,
-                config_dict(config),
-                inputs or [],
-                sampling_control_token=tokens[0] if tokens else None,
-                control_tokens=tokens or None,
-                launch=launch.launch_record(accelerator),
-                budget=budget.block(rounds=len(history)),
-                gold=gold.block() if gold is not None else None,
-            )
-            with tempfile.TemporaryDirectory(prefix="farm-quark-") as scratch:
-                metrics_path = Path(scratch) / "metrics.jsonl"
-                write_metrics(metrics_path, history)
-                P.save_policy(whole, tokenizer, output, meta, extra_files=[metrics_path])
-            shutil.rmtree(checkpoints, ignore_errors=True)  # the run is done: no need to resume it
-    return history
+    def checkpoint(self, number: int) -> None:
+        """Every --save-steps rounds: accelerate's state of the run, with its history."""
+        from farmkit.train import checkpoints as C
+
+        config = self.config
+        if C.saves_now(number + 1, config.rounds, config.save_steps):
+            carry: dict[str, Any] = {"history": self.history}
+            if self.gold is not None:
+                carry["gold"] = self.gold.counters()
+            C.save_resume_state(self.accelerator, self.checkpoints, number + 1, config, carry)
+
+    def save(self) -> None:
+        """The policy folder (meta.json naming the control token it samples behind), with the
+        metrics; the checkpoints removed: the run is done."""
+        from farmkit.train import launch, tracking
+        from farmkit.train import policy as P
+
+        accelerator, tokens = self.accelerator, self.tokens
+        self.backend.close()
+        tracking.finish(accelerator)
+        accelerator.wait_for_everyone()
+        # every process enters: under ZeRO-3 gathering the weights whole is collective
+        with launch.full_weights(accelerator, self.model) as whole:
+            if accelerator.is_main_process:
+                meta = P.policy_meta(
+                    "farm-quark",
+                    self.sft,
+                    self.fmt.resolved(self.tokenizer),
+                    self.seed,
+                    config_dict(self.config),
+                    self.inputs or [],
+                    sampling_control_token=tokens[0] if tokens else None,
+                    control_tokens=tokens or None,
+                    launch=launch.launch_record(accelerator),
+                    budget=self.budget.block(rounds=len(self.history)),
+                    gold=self.gold.block() if self.gold is not None else None,
+                )
+                with tempfile.TemporaryDirectory(prefix="farm-quark-") as scratch:
+                    metrics_path = Path(scratch) / "metrics.jsonl"
+                    write_metrics(metrics_path, self.history)
+                    P.save_policy(
+                        whole, self.tokenizer, self.output, meta, extra_files=[metrics_path]
+                    )
+                # the run is done: no need to resume it
+                shutil.rmtree(self.checkpoints, ignore_errors=True)

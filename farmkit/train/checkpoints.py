@@ -217,25 +217,20 @@ class RunRecord:
 
         return policy_meta(**self.meta_common, step=step, **run_blocks(self.budget, gold))
 
-    def end_step(
-        self,
-        row: dict[str, Any],
-        message: str,
-        model: Any,
-        optimizer: Any,
-        scheduler: Any,
-        tokenizer: Any,
-        gold: Any,
-    ) -> None:
-        """Step `row["step"]` is done: its metrics line, its log line, the trackers, a checkpoint."""
+    def log_step(self, row: dict[str, Any], message: str) -> None:
+        """Step `row["step"]` is done: its metrics line, its log line, the trackers."""
         from farmkit.train import tracking
 
-        done = row["step"]
         if self.accelerator.is_main_process:
             with open(self.metrics_path, "a") as handle:
                 handle.write(metrics_dumps(row))
             log.info(message)
-        tracking.log(self.accelerator, row, done)
+        tracking.log(self.accelerator, row, row["step"])
+
+    def checkpoint(
+        self, done: int, model: Any, optimizer: Any, scheduler: Any, tokenizer: Any, gold: Any
+    ) -> None:
+        """After step `done`: a checkpoint every --save-steps steps (the last step's is the output)."""
         if checkpoint_step(done, self.config) and done < self.config.steps:
             _write_checkpoint(
                 self.accelerator,

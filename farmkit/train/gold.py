@@ -21,7 +21,9 @@ The gold judge:
 - otherwise an annotator pool, a farm-annotate --pool name or YAML file (the offline `gold` pool: the
   gold oracle): each answer judged against the reference answer (the reference in position 1, as
   farm-winrate reads it) through farm-annotate's engine and cache. `gold_win_rate` is farm-winrate's
-  win rate (percent, ties half, null verdicts left out).
+  win rate (percent, ties half, null verdicts left out). The pool is asked through a PoolJudge that
+  the caller's `pools` loader builds (farmkit.annotate.run.gold_pool): this layer sits below the
+  annotate pillar and never imports it.
 Beside them, `gold_kl` is the KL of the checkpoint to the starting model measured on those answers
 (mean over answers of the summed per-token log-ratio, the k1 estimate at the sampling temperature; for
 best-of-n, which has no policy to measure, the analytic bound log n - (n - 1) / n), and
@@ -37,9 +39,10 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
@@ -86,8 +89,53 @@ def choose_prompts(
     return list(chosen.values()), f"the first {len(chosen)} distinct prompts of {where}"
 
 
+class PoolJudge(Protocol):
+    """An annotator pool as the gold evaluation asks it (farmkit.annotate.run.GoldPool is one)."""
+
+    def preferences(self, pairs: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
+        """The preference of each pair record (None: no verdict) and what asking cost (pairs,
+        requests, cache_hits, price)."""
+        ...
+
+
+# a --gold pool name, YAML file or learned judge folder -> its PoolJudge (FarmError when it names
+# no pool), called with the run's seed, cache and device as keywords
+PoolLoader = Callable[..., PoolJudge]
+
+
+@dataclass(frozen=True)
+class GoldRequest:
+    """Everything a run's gold judge is made of but the models and the prompts it trains on
+    (make_gold's one bundle): --gold, --gold-prompts, --gold-size, how the run samples, and the
+    loader of annotator pools (from above this layer; None: a pool named by --gold is refused)."""
+
+    judge: str | None
+    prompts_file: str | None = None
+    size: int = GOLD_SIZE
+    template: str = "auto"
+    temperature: float = 1.0
+    max_new_tokens: int = 300
+    seed: int = 0
+    batch_size: int = 16
+    tool: str = "farmkit"
+    cache: str | None = "default"
+    pools: PoolLoader | None = None
+
+    @classmethod
+    def of(cls, config: Any, **settings: Any) -> GoldRequest:
+        """The request of a method's config (its GoldArgs, template, temperature and
+        max_new_tokens, unless `settings` give them); `settings` give the rest."""
+        sampling = {
+            name: getattr(config, name)
+            for name in ("template", "temperature", "max_new_tokens")
+            if name not in settings
+        }
+        return cls(config.gold, config.gold_prompts, config.gold_size, **sampling, **settings)
+
+
 def judge_kind(spec: str) -> str:
-    """'reward_model' for a reward model folder, 'pool' for an annotator pool (name or YAML file)."""
+    """'reward_model' for a reward model folder, 'pool' for anything else (a learned judge folder,
+    an annotator pool's name or YAML file: the pool loader says whether it names one)."""
     from farmkit.lm.models import check_reward_model, read_meta
 
     path = Path(spec)
@@ -101,14 +149,6 @@ def judge_kind(spec: str) -> str:
                 f"--gold {exc}; or a learned judge folder (farm-judge-train) or an annotator pool"
             ) from None
         return "reward_model"
-    from farmkit.annotate.pools import load_pool
-
-    try:
-        load_pool(spec)
-    except FarmError as exc:
-        raise FarmError(
-            f"--gold {spec}: neither a reward model folder nor an annotator pool ({exc})"
-        ) from None
     return "pool"
 
 
@@ -148,6 +188,7 @@ class GoldEvaluator:
         cache: str | None = "default",
         start_network: Any = None,
         tool: str = "farmkit",
+        pools: PoolLoader | None = None,
     ) -> None:
         check_processes()
         if temperature <= 0:
@@ -162,18 +203,19 @@ class GoldEvaluator:
         self._reference: tuple[list[str], list[bool]] | None = None
         self._reference_scores: list[float] | None = None
         self.scorer: Any = None
-        self.pool: Any = None
+        self.pool: PoolJudge | None = None
         if self.kind == "reward_model":
             from farmkit.train.scoring import RewardScorer
 
             self.scorer = RewardScorer(spec, device=device, batch_size=batch_size)
             self.scorer.network.requires_grad_(False)
-        else:
-            from farmkit.annotate.engine import require_endpoint
-            from farmkit.annotate.pools import load_pool
-
-            self.pool = load_pool(spec)
-            require_endpoint(self.pool)  # fail before training, not at the first checkpoint
+        elif pools is None:
+            raise FarmError(
+                f"--gold {spec}: not a reward model folder, and no annotator pools to look it up in "
+                "(pass pools=farmkit.annotate.run.gold_pool)"
+            )
+        else:  # loaded (and its endpoint checked) before training, not at the first checkpoint
+            self.pool = pools(spec, seed=seed, cache=cache, device=device)
         self.evaluations = 0
         self.tokens_sampled = 0
         self.seconds = 0.0
@@ -380,33 +422,24 @@ class GoldEvaluator:
     def _judge_with_pool(
         self, texts: list[str], reference: list[str], label: str
     ) -> dict[str, float | None]:
-        from farmkit.annotate.pairs import Item
-        from farmkit.annotate.run import Run
-
-        items = [
-            Item(
-                {
-                    "instruction": record["instruction"],
-                    "input": record.get("input") or "",
-                    "output_1": theirs,
-                    "output_2": mine,
-                    "generator_1": "gold-reference",
-                    "generator_2": f"{self.tool}-{label}",
-                    **({"messages": record["messages"]} if "messages" in record else {}),
-                }
-            )
+        pairs = [
+            {
+                "instruction": record["instruction"],
+                "input": record.get("input") or "",
+                "output_1": theirs,
+                "output_2": mine,
+                "generator_1": "gold-reference",
+                "generator_2": f"{self.tool}-{label}",
+                **({"messages": record["messages"]} if "messages" in record else {}),
+            }
             for record, mine, theirs in zip(self.prompts, texts, reference, strict=True)
         ]
-        with Run(self.pool, seed=self.seed, cache_path=self.cache, device=self.device) as run:
-            records = list(run.records(items))
-            stats = run.annotator.stats
-            self.annotation["pairs"] += len(items)
-            self.annotation["requests"] += stats.requests
-            self.annotation["cache_hits"] += stats.cache_hits
-            self.annotation["price"] += stats.price
-        verdicts = [r["preference"] for r in records if r.get("preference") is not None]
+        preferences, cost = self.pool.preferences(pairs)
+        for name in self.annotation:
+            self.annotation[name] += cost[name]
+        verdicts = [preference for preference in preferences if preference is not None]
         if not verdicts:
-            log.warning("gold judge %s: no verdict on %d pairs", self.spec, len(items))
+            log.warning("gold judge %s: no verdict on %d pairs", self.spec, len(pairs))
             return {"gold_win_rate": None}
         return {"gold_win_rate": 100 * sum(v - 1 for v in verdicts) / len(verdicts)}
 
@@ -462,17 +495,33 @@ def describe(figures: dict[str, Any]) -> str:
 
 
 def make_gold(
-    spec: str | None,
-    prompts_file: str | None,
-    size: int,
+    request: GoldRequest,
     training: Sequence[dict[str, Any]],
     start: str,
-    **settings: Any,
+    device: str = "auto",
+    start_network: Any = None,
 ) -> GoldEvaluator | None:
-    """The run's GoldEvaluator, or None without --gold."""
-    if not spec:
-        if prompts_file:
+    """The run's GoldEvaluator, or None without --gold: `training` the prompts the method trains on
+    (the gold prompts' default), `start` the starting model (`start_network` its frozen copy when the
+    method holds one)."""
+    if not request.judge:
+        if request.prompts_file:
             log.warning("--gold-prompts without --gold: no gold judge, the prompts are not used")
         return None
-    prompts, source = choose_prompts(training, prompts_file, size)
-    return GoldEvaluator(spec, prompts, source, start, **settings)
+    prompts, source = choose_prompts(training, request.prompts_file, request.size)
+    return GoldEvaluator(
+        request.judge,
+        prompts,
+        source,
+        start,
+        template=request.template,
+        temperature=request.temperature,
+        max_new_tokens=request.max_new_tokens,
+        seed=request.seed,
+        device=device,
+        batch_size=request.batch_size,
+        cache=request.cache,
+        start_network=start_network,
+        tool=request.tool,
+        pools=request.pools,
+    )

@@ -151,45 +151,151 @@ class OnPolicyMethod:
         return False
 
 
-def rollout_prompts_and_gold(
+# ---------------------------------------------------------------------------------------------
+# The set-up the on-policy loop and Quark share: the launch, the models, the rollout prompts, the
+# gold judge, the reference in the trained precision and the rollout engine.
+
+
+def start_run(config: Any, tool: str, output: str, **accelerator_kwargs: Any) -> Any:
+    """The run's accelerator on --device, its trackers started (--gold refused first under several
+    processes); only the main process logs from here on."""
+    from farmkit.train import launch, tracking
+    from farmkit.train.gold import check_processes
+
+    accelerator = launch.device_accelerator(
+        config.device, **accelerator_kwargs, **tracking.accelerator_kwargs(config.report_to, output)
+    )
+    if config.gold:
+        check_processes()
+    tracking.start(accelerator, tool, config_dict(config))
+    if not accelerator.is_main_process:
+        log.setLevel(logging.ERROR)  # one process speaks for all
+    return accelerator
+
+
+def load_models(
+    accelerator: Any,
     config: Any,
+    sft: str,
+    reward_model: str,
+    device: str,
+    *,
+    reference: bool = True,
+    start_from: Any = None,
+    offload: bool = False,
+) -> tuple[Any, Any, Any, Any]:
+    """(policy, frozen reference or None, tokenizer, reward scorer), loaded whole: the engine splits
+    only what it trains. `offload`: the frozen models' weights kept in CPU memory."""
+    from farmkit.train import launch
+    from farmkit.train.rollouts import load_policy_and_reference
+    from farmkit.train.scoring import RewardScorer
+
+    with launch.no_zero3_init(accelerator):
+        policy, frozen, tokenizer = load_policy_and_reference(
+            sft,
+            device,
+            reference=reference,
+            start_from=start_from,
+            reference_device="cpu" if offload else None,
+        )
+        scorer = RewardScorer(
+            reward_model, device=device, batch_size=config.reward_batch_size, offload=offload
+        )
+    scorer.network.requires_grad_(False)
+    return policy, frozen, tokenizer, scorer
+
+
+def without_dropout(*networks: Any) -> None:
+    """No dropout: rollout and update see the same function."""
+    from farmkit.train import policy as P
+
+    for network in networks:
+        if network is not None:
+            P.disable_dropout(network)
+            network.eval()
+
+
+def rollout_prompts(
     policy: Any,
     tokenizer: Any,
     fmt: Any,
     prompts: list[dict[str, Any]],
-    sft: str,
-    seed: int,
-    device: str,
-    reference: Any,
-    tool: str,
-) -> tuple[list[list[int]], Any]:
-    """The prompts' token ids, each cut to what the context holds beside max_new_tokens (warned
-    once), and the run's gold judge (None without --gold)."""
+    max_new_tokens: int,
+    reserve: int = 0,
+) -> list[list[int]]:
+    """The prompts' token ids, each cut to what the context holds beside max_new_tokens and
+    `reserve` tokens appended later (warned once)."""
     from farmkit.train import policy as P
-    from farmkit.train.gold import make_gold
 
-    policy_prompts = P.fit_rollout_prompts(
+    return P.fit_rollout_prompts(
         policy,
         tokenizer,
         [fmt.prompt(tokenizer, r["instruction"], r.get("input")) for r in prompts],
-        config.max_new_tokens,
+        max_new_tokens,
+        reserve=reserve,
     )
-    gold = make_gold(
-        config.gold,
-        config.gold_prompts,
-        config.gold_size,
-        prompts,
+
+
+def match_reference(accelerator: Any, model: Any, reference: Any) -> Any:
+    """The trained precision (DeepSpeed's mixed precision casts the policy), the reference cast to
+    it: the KL compares like with like."""
+    trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
+    if reference is not None and reference.dtype != trained_dtype:
+        reference.to(trained_dtype)
+    return trained_dtype
+
+
+def start_backend(kind: str, sft: str, seed: int, device: str, config: Any, dtype: Any) -> Any:
+    """The rollout engine (farmkit.train.rollout_backends) of the run, said on stderr."""
+    from farmkit.train.rollout_backends import make_backend
+
+    backend = make_backend(
+        kind,
         sft,
-        template=config.template,
-        temperature=config.temperature,
-        max_new_tokens=config.max_new_tokens,
         seed=seed,
         device=device,
-        batch_size=config.reward_batch_size,
-        start_network=reference,
-        tool=tool,
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        dtype=str(dtype).removeprefix("torch."),
     )
-    return policy_prompts, gold
+    log.info("rollouts: %s backend", backend.name)
+    return backend
+
+
+def sample(
+    config: Any,
+    sampler: Any,
+    tokenizer: Any,
+    scorer: Any,
+    prompts: list[dict[str, Any]],
+    prompt_ids: list[list[int]],
+    rows: list[int],
+    seed: int,
+    backend: Any,
+    suppress: Any = (),
+) -> Any:
+    """The rollout phase: one response to each row's prompt, sampled by `backend` from `sampler` as
+    the config says, scored by the reward model (rollouts.sample_and_score)."""
+    from farmkit.train.rollouts import sample_and_score
+
+    return sample_and_score(
+        sampler,
+        tokenizer,
+        scorer,
+        prompts,
+        prompt_ids,
+        rows,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        unfinished=config.unfinished,
+        unfinished_penalty=config.unfinished_penalty,
+        seed=seed,
+        suppress=suppress,
+        backend=backend,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop.
 
 
 def run_method(
@@ -201,10 +307,18 @@ def run_method(
     config: Any,
     seed: int = 0,
     inputs: list[str] | None = None,
+    gold_pools: Any = None,
 ) -> dict[str, Any]:
     """train_on_policy with a method made from `config` (what train_ppo and train_group call)."""
     return train_on_policy(
-        method_class(config), sft, reward_model, prompts, output, seed=seed, inputs=inputs
+        method_class(config),
+        sft,
+        reward_model,
+        prompts,
+        output,
+        seed=seed,
+        inputs=inputs,
+        gold_pools=gold_pools,
     )
 
 
@@ -216,182 +330,252 @@ def train_on_policy(
     output: str,
     seed: int = 0,
     inputs: list[str] | None = None,
+    gold_pools: Any = None,
 ) -> dict[str, Any]:
-    """Train a policy with `method` and write it to `output`; returns the last step's metrics."""
-    import torch
+    """Train a policy with `method` and write it to `output`; returns the last step's metrics.
+    `gold_pools`: the loader of annotator pools a --gold name is looked up in
+    (farmkit.annotate.run.gold_pool; farmkit.train.gold.PoolLoader)."""
+    trainer = OnPolicyTrainer(method, sft, reward_model, prompts, output, seed, inputs, gold_pools)
+    last = trainer.record.last  # a resumed run with no step left returns the step it resumed
+    for number in range(trainer.start_step, method.config.steps):
+        step = trainer.rollout(number)
+        trainer.score(step)
+        trainer.advantages(step)
+        trainer.update(step)
+        last = trainer.log(step)
+        trainer.checkpoint(step)
+    trainer.save()
+    return last
 
-    from farmkit.lm.models import PromptFormat
-    from farmkit.train import checkpoints as C
-    from farmkit.train import launch, rl_common, tracking
-    from farmkit.train import policy as P
-    from farmkit.train.gold import check_processes
-    from farmkit.train.rollout_backends import (
-        logprob_mismatch,
-        make_backend,
-        resolve_backend,
-        truncated_is_weights,
-    )
-    from farmkit.train.rollouts import load_policy_and_reference, prompt_order, sample_and_score
-    from farmkit.train.scoring import RewardScorer
 
-    config = method.config
-    resolve_backend(config.rollout_backend)  # vllm asked for and missing: say so before any work
-    accelerator = launch.device_accelerator(
-        config.device, **tracking.accelerator_kwargs(config.report_to, output)
-    )
-    if config.gold:
-        check_processes()
-    tracking.start(accelerator, method.tool, config_dict(config))
-    device = str(accelerator.device)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if not accelerator.is_main_process:
-        log.setLevel(logging.ERROR)  # one process speaks for all
-    method.check_processes(world)
-    local_rollouts = config.rollout_batch_size // world
-    local_minibatch = max(1, config.minibatch_size // world)
-    # a minibatch is this many micro-batches; gradients accumulate over them (accelerate, or DeepSpeed's engine)
-    accumulation = -(-local_minibatch // config.micro_batch_size)
-    accelerator.gradient_accumulation_steps = accumulation
-    stage = launch.zero_stage(accelerator)
-    if stage == 3 and config.lora:
-        raise FarmError(
-            "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
+@dataclass
+class Step:
+    """What one step of the loop has made so far, phase by phase (rows of this process)."""
+
+    number: int  # 0-based; the step is `number + 1` once done
+    rows: list[int]  # the rollout's prompt indices
+    batch: Any  # the sampled and scored rollout (rollouts.ScoredRollout)
+    old_logprobs: Any = None  # [rows, tokens] under the sampling policy
+    ref_logprobs: Any = None  # [rows, tokens] under the frozen reference
+    old_values: Any = None  # [rows, tokens] (PPO's value model)
+    entropies: Any = None  # [rows, tokens]
+    prepared: Prepared | None = None
+    engine_figures: dict[str, Any] = field(default_factory=dict)
+    weights: Any = None  # truncated importance weights (None: off)
+    totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
+    row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
+
+    @property
+    def mask(self) -> Any:
+        return self.batch.rollout.response_mask
+
+
+class OnPolicyTrainer:
+    """One on-policy run of a method: the set-up (__init__), the phases of a step (rollout, score,
+    advantages, update, log, checkpoint) and the trained policy's save."""
+
+    def __init__(
+        self,
+        method: OnPolicyMethod,
+        sft: str,
+        reward_model: str,
+        prompts: list[dict[str, Any]],
+        output: str,
+        seed: int,
+        inputs: list[str] | None,
+        gold_pools: Any,
+    ) -> None:
+        import torch
+
+        from farmkit.lm.models import PromptFormat
+        from farmkit.train import checkpoints as C
+        from farmkit.train import launch
+        from farmkit.train.gold import GoldRequest, make_gold
+        from farmkit.train.rollout_backends import resolve_backend
+        from farmkit.train.rollouts import prompt_order
+
+        config = self.config = method.config
+        self.method, self.prompts, self.output, self.seed = method, prompts, output, seed
+        resolve_backend(
+            config.rollout_backend
+        )  # vllm asked for and missing: say so before any work
+        accelerator = self.accelerator = start_run(config, method.tool, output)
+        self.device = str(accelerator.device)
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        method.check_processes(self.world)
+        self.local_minibatch = max(1, config.minibatch_size // self.world)
+        # a minibatch is this many micro-batches; gradients accumulate over them (accelerate, or
+        # DeepSpeed's engine)
+        self.accumulation = -(-self.local_minibatch // config.micro_batch_size)
+        accelerator.gradient_accumulation_steps = self.accumulation
+        stage = launch.zero_stage(accelerator)
+        if stage == 3 and config.lora:
+            raise FarmError(
+                "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
+            )
+        checkpoints, resume_from, self.start_step, state = C.resume_point(output, config)
+        engine = C.engine_state(state, stage)
+        torch.manual_seed(seed)
+        policy, value_model = self._load_models(sft, reward_model, state, engine, resume_from)
+        self.fmt = PromptFormat.for_model(sft, config.template)
+        self.prompt_ids = rollout_prompts(
+            policy, self.tokenizer, self.fmt, prompts, config.max_new_tokens
         )
-
-    checkpoints, resume_from, start_step, state = C.resume_point(output, config)
-    engine = C.engine_state(state, stage)
-    offload = getattr(config, "offload_frozen", False)
-    torch.manual_seed(seed)
-    value_model = None
-    with launch.no_zero3_init(accelerator):
-        policy, reference, tokenizer = load_policy_and_reference(
+        self.gold = make_gold(
+            GoldRequest.of(
+                config,
+                seed=seed,
+                batch_size=config.reward_batch_size,
+                tool=method.tool,
+                pools=gold_pools,
+            ),
+            prompts,
             sft,
-            device,
+            device=self.device,
+            start_network=self.reference,
+        )
+        self._prepare_training(policy, value_model, state, engine)
+        self.backend = start_backend(
+            config.rollout_backend, sft, seed, self.device, config, self.trained_dtype
+        )
+        self.record = C.RunRecord(
+            accelerator,
+            config,
+            checkpoints,
+            self.start_step,
+            reward_model,
+            dict(
+                tool=method.tool,
+                base_model=sft,
+                template=self.fmt.resolved(self.tokenizer),
+                seed=seed,
+                inputs=list(inputs or []),
+            ),
+        )
+        self.order = prompt_order(len(prompts), config.steps * method.prompts_per_step, seed)
+        # the engine starts from the SFT folder: it needs the policy's weights once they differ
+        self.stale = resume_from is not None or state is not None
+        # one epoch of one minibatch: the update's forward runs before any weight changes, so it
+        # gives the old log-probabilities (the ratio's denominator, detached) and no pass of their
+        # own is needed, as TRL's GRPOTrainer does. PPO's value model and truncated importance
+        # sampling (whose weights are needed before the update) keep the pass
+        self.fused = (
+            self.updates_per_step == 1
+            and value_model is None
+            and not config.importance_sampling_cap
+            and not method.advantages_use_old_logprobs()
+        )
+        self.started = time.time()
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def _load_models(
+        self, sft: str, reward_model: str, state: Any, engine: Any, resume_from: Any
+    ) -> tuple[Any, Any]:
+        """(policy, value model or None); the reference, tokenizer and scorer kept on self."""
+        from farmkit.train import launch
+        from farmkit.train import policy as P
+
+        config, method = self.config, self.method
+        offload = getattr(config, "offload_frozen", False)
+        policy, self.reference, self.tokenizer, self.scorer = load_models(
+            self.accelerator,
+            config,
+            sft,
+            reward_model,
+            self.device,
             reference=not config.lora,
             start_from=None if config.lora else resume_from,
-            reference_device="cpu" if offload else None,
+            offload=offload,
         )
-        scorer = RewardScorer(
-            reward_model, device=device, batch_size=config.reward_batch_size, offload=offload
-        )
+        value_model = None
         if method.value_model:
-            value_model = method.load_value_model(
-                reward_model, scorer, tokenizer, state, engine, device
-            )
-    scorer.network.requires_grad_(False)
-    if value_model is not None:
-        value_model.config.pad_token_id = tokenizer.pad_token_id
-    if config.lora:
-        policy = P.add_lora(
-            policy,
-            config.lora_rank,
-            config.lora_alpha,
-            adapter=state / "policy-adapter" if state and engine is None else None,
-        )
-        if value_model is not None:
-            value_model = P.add_lora(
-                value_model,
+            with launch.no_zero3_init(self.accelerator):
+                value_model = method.load_value_model(
+                    reward_model, self.scorer, self.tokenizer, state, engine, self.device
+                )
+            value_model.config.pad_token_id = self.tokenizer.pad_token_id
+        if config.lora:
+            policy = P.add_lora(
+                policy,
                 config.lora_rank,
                 config.lora_alpha,
-                task_type="SEQ_CLS",
-                adapter=state / "value-adapter" if state and engine is None else None,
+                adapter=state / "policy-adapter" if state and engine is None else None,
             )
-    for network in (policy, reference, scorer.network, value_model):
-        if network is not None:
-            P.disable_dropout(network)
-            network.eval()  # no dropout: rollout and update see the same function
+            if value_model is not None:
+                value_model = P.add_lora(
+                    value_model,
+                    config.lora_rank,
+                    config.lora_alpha,
+                    task_type="SEQ_CLS",
+                    adapter=state / "value-adapter" if state and engine is None else None,
+                )
+        without_dropout(policy, self.reference, self.scorer.network, value_model)
+        return policy, value_model
 
-    fmt = PromptFormat.for_model(sft, config.template)
-    policy_prompts, gold = rollout_prompts_and_gold(
-        config, policy, tokenizer, fmt, prompts, sft, seed, device, reference, method.tool
-    )
+    def _prepare_training(self, policy: Any, value_model: Any, state: Any, engine: Any) -> None:
+        """The optimizer and its schedule (a resumed run's put back), the trained module prepared
+        by accelerate (one module, one optimizer: DeepSpeed prepares a single model)."""
+        from farmkit.train import checkpoints as C
+        from farmkit.train import launch
+        from farmkit.train import policy as P
 
-    parameters = [
-        p
-        for model in (policy, value_model)
-        if model is not None
-        for p in model.parameters()
-        if p.requires_grad
-    ]
-    optimizer = P.adamw(parameters, lr=config.learning_rate, eps=config.adam_eps)
-    updates_per_step = config.ppo_epochs * (local_rollouts // local_minibatch)
-    scheduler = C.linear_scheduler(optimizer, config, updates_per_step)
-    C.load_trainer_state(state, engine, optimizer, scheduler)
-    # one module, one optimizer: DeepSpeed prepares a single model. The scheduler stays unprepared:
-    # accelerate would step it once per process
-    launch.configure_deepspeed(
-        accelerator, config.micro_batch_size, accumulation, config.max_grad_norm
-    )
-    module = (
-        P.PolicyAndValue(policy, value_model) if value_model is not None else P.PolicyOnly(policy)
-    )
-    model, optimizer = accelerator.prepare(module, optimizer)
-    C.load_engine_state(model, engine)
-    trained_dtype = next(accelerator.unwrap_model(model).parameters()).dtype
-    if reference is not None and reference.dtype != trained_dtype:
-        reference.to(
-            trained_dtype
-        )  # DeepSpeed's mixed precision casts the policy: the KL compares like with like
-    if reference is not None and offload:
-        launch.offload_frozen(reference, device)  # in the precision it compares in
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    backend = make_backend(
-        config.rollout_backend,
-        sft,
-        seed=seed,
-        device=device,
-        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        dtype=str(trained_dtype).removeprefix("torch."),
-    )
-    log.info("rollouts: %s backend", backend.name)
-    is_cap = config.importance_sampling_cap
+        config, accelerator = self.config, self.accelerator
+        parameters = [
+            p
+            for model in (policy, value_model)
+            if model is not None
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+        optimizer = P.adamw(parameters, lr=config.learning_rate, eps=config.adam_eps)
+        local_rollouts = config.rollout_batch_size // self.world
+        self.updates_per_step = config.ppo_epochs * (local_rollouts // self.local_minibatch)
+        self.scheduler = C.linear_scheduler(optimizer, config, self.updates_per_step)
+        C.load_trainer_state(state, engine, optimizer, self.scheduler)
+        # the scheduler stays unprepared: accelerate would step it once per process
+        launch.configure_deepspeed(
+            accelerator, config.micro_batch_size, self.accumulation, config.max_grad_norm
+        )
+        module = (
+            P.PolicyAndValue(policy, value_model)
+            if value_model is not None
+            else P.PolicyOnly(policy)
+        )
+        self.model, self.optimizer = accelerator.prepare(module, optimizer)
+        self.has_values = value_model is not None
+        C.load_engine_state(self.model, engine)
+        self.trained_dtype = match_reference(accelerator, self.model, self.reference)
+        if self.reference is not None and getattr(config, "offload_frozen", False):
+            launch.offload_frozen(self.reference, self.device)  # in the precision it compares in
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
 
-    def reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-        return accelerator.reduce(tensor, reduction="sum") if world > 1 else tensor
+    def reduce_sum(self, tensor: Any) -> Any:
+        return self.accelerator.reduce(tensor, reduction="sum") if self.world > 1 else tensor
 
     # under a mixed-precision launch the prepared module's forward runs under autocast: the
-    # reference's forward and the sampling must too, or the KL is not 0 before the first update and
-    # the rollout is not drawn from the function the update's ratio assumes
-    def reference_logits(chunk: P.Rollout) -> torch.Tensor:
-        with accelerator.autocast():
-            if reference is not None:
-                return P.response_logits(reference, chunk, config.temperature)
-            policy = accelerator.unwrap_model(model).policy
+    # reference's forward and the sampling must too, or the KL is not 0 before the first update
+    # and the rollout is not drawn from the function the update's ratio assumes
+    def reference_logits(self, chunk: Any) -> Any:
+        from farmkit.train import policy as P
+
+        with self.accelerator.autocast():
+            if self.reference is not None:
+                return P.response_logits(self.reference, chunk, self.config.temperature)
+            policy = self.accelerator.unwrap_model(self.model).policy
             with policy.disable_adapter():
-                return P.response_logits(policy, chunk, config.temperature)
+                return P.response_logits(policy, chunk, self.config.temperature)
 
-    record = C.RunRecord(
-        accelerator,
-        config,
-        checkpoints,
-        start_step,
-        reward_model,
-        dict(
-            tool=method.tool,
-            base_model=sft,
-            template=fmt.resolved(tokenizer),
-            seed=seed,
-            inputs=list(inputs or []),
-        ),
-    )
-    last, budget = record.last, record.budget
-    per_step = method.prompts_per_step
-    order = prompt_order(len(prompts), config.steps * per_step, seed)
-    # the engine starts from the SFT folder: it needs the policy's weights once they differ from it
-    stale = resume_from is not None or state is not None
-    # one epoch of one minibatch: the update's forward runs before any weight changes, so it gives the
-    # old log-probabilities (the ratio's denominator, detached) and no pass of their own is needed,
-    # as TRL's GRPOTrainer does. PPO's value model and truncated importance sampling (whose weights
-    # are needed before the update) keep the pass
-    fused = (
-        updates_per_step == 1
-        and value_model is None
-        and not is_cap
-        and not method.advantages_use_old_logprobs()
-    )
+    def forward(self, chunk: Any) -> tuple[Any, Any]:
+        """(logits, values or None) of the trained module on some rollout rows."""
+        forward = self.model(chunk, self.config.temperature)
+        return forward if self.has_values else (forward, None)
 
-    def engine_mismatch(batch: Any, old_logprobs: Any, mask: Any) -> tuple[dict[str, Any], Any]:
+    def engine_mismatch(self, step: Step) -> tuple[dict[str, Any], Any]:
         """The engine/trainer log-probability figures and the truncated importance weights."""
+        from farmkit.train.rollout_backends import logprob_mismatch, truncated_is_weights
+
+        batch, old_logprobs, mask = step.batch, step.old_logprobs, step.mask
         if batch.engine_logprobs is None:
             return {}, None
         engine_logprobs = batch.engine_logprobs.to(old_logprobs.device)
@@ -400,155 +584,216 @@ def train_on_policy(
             f"rollout_logprob_diff_{name}": value
             for name, value in logprob_mismatch(engine_logprobs, old_logprobs, mask).items()
         }
-        if not is_cap:
+        cap = self.config.importance_sampling_cap
+        if not cap:
             return figures, None
         weights = truncated_is_weights(
-            old_logprobs, engine_logprobs, mask, is_cap, per_sequence=method.sequence_weights()
+            old_logprobs, engine_logprobs, mask, cap, per_sequence=self.method.sequence_weights()
         )
         return figures, weights
 
-    started = time.time()
-    for step in range(start_step, config.steps):
-        batch_indices = method.rows(order[step * per_step : (step + 1) * per_step][rank::world])
-        with launch.for_generation(accelerator, model) as unwrapped, accelerator.autocast():
-            if stale:
-                backend.sync(unwrapped.policy)
-            batch = sample_and_score(
+    # -- the phases of a step ----------------------------------------------------------------------
+
+    def rollout(self, number: int) -> Step:
+        """This process's prompts of the step (a seeded order), sampled and scored."""
+        from farmkit.train import launch
+
+        method, per_step = self.method, self.method.prompts_per_step
+        rows = method.rows(
+            self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
+        )
+        with (
+            launch.for_generation(self.accelerator, self.model) as unwrapped,
+            self.accelerator.autocast(),
+        ):
+            if self.stale:
+                self.backend.sync(unwrapped.policy)
+            batch = sample(
+                self.config,
                 unwrapped.policy,
-                tokenizer,
-                scorer,
-                prompts,
-                policy_prompts,
-                batch_indices,
-                temperature=config.temperature,
-                max_new_tokens=config.max_new_tokens,
-                unfinished=config.unfinished,
-                unfinished_penalty=config.unfinished_penalty,
-                seed=derive_seed(seed, f"{method.name} rollout", step, rank),
-                backend=backend,
+                self.tokenizer,
+                self.scorer,
+                self.prompts,
+                self.prompt_ids,
+                rows,
+                derive_seed(self.seed, f"{method.name} rollout", number, self.rank),
+                self.backend,
             )
-        rollout, mask = batch.rollout, batch.rollout.response_mask
+        return Step(number, rows, batch)
+
+    def score(self, step: Step) -> None:
+        """The sampled tokens' log-probabilities under the frozen reference and (unless the update's
+        own forward gives them: fused) under the sampling policy, with entropies and values."""
+        import torch
+
+        from farmkit.train import policy as P
+
+        rollout, size = step.batch.rollout, self.config.micro_batch_size
         with torch.no_grad():
             old_logprobs, ref_logprobs, old_values, entropies = [], [], [], []
-            for start in range(0, len(batch_indices), config.micro_batch_size):
-                chunk = rollout.rows(slice(start, start + config.micro_batch_size))
-                ref_logprobs.append(P.token_logprobs(reference_logits(chunk), chunk.response_ids))
-                if fused:
+            for start in range(0, len(step.rows), size):
+                chunk = rollout.rows(slice(start, start + size))
+                ref_logprobs.append(
+                    P.token_logprobs(self.reference_logits(chunk), chunk.response_ids)
+                )
+                if self.fused:
                     continue
-                forward = model(chunk, config.temperature)
-                logits, values = forward if value_model is not None else (forward, None)
+                logits, values = self.forward(chunk)
                 old_logprobs.append(P.token_logprobs(logits, chunk.response_ids))
                 entropies.append(P.entropy(logits))
                 if values is not None:
                     old_values.append(values)
-            ref_logprobs = torch.cat(ref_logprobs)
-            if fused:
-                # filled row by row by the update's forward, which runs before any weight changes
-                old_logprobs, entropies = (
-                    torch.zeros_like(ref_logprobs),
-                    torch.zeros_like(mask, dtype=ref_logprobs.dtype),
-                )
-                # the advantages do not read the old log-probabilities (advantages_use_old_logprobs)
-                prepared = method.prepare(batch, ref_logprobs, ref_logprobs, None, reduce_sum)
-                engine_figures, weights = {}, None  # measured after the update
+            step.ref_logprobs = torch.cat(ref_logprobs)
+            if self.fused:  # filled row by row by the update's forward, before any weight changes
+                step.old_logprobs = torch.zeros_like(step.ref_logprobs)
+                step.entropies = torch.zeros_like(step.mask, dtype=step.ref_logprobs.dtype)
             else:
-                old_logprobs, entropies = torch.cat(old_logprobs), torch.cat(entropies)
-                old_values = torch.cat(old_values) * mask if old_values else None
-                prepared = method.prepare(batch, old_logprobs, ref_logprobs, old_values, reduce_sum)
-                engine_figures, weights = engine_mismatch(batch, old_logprobs, mask)
-        totals: dict[str, float] = {}
+                step.old_logprobs, step.entropies = torch.cat(old_logprobs), torch.cat(entropies)
+                step.old_values = torch.cat(old_values) * step.mask if old_values else None
+
+    def advantages(self, step: Step) -> None:
+        """The method's advantages (and KL, returns) of the batch, and the engine's figures."""
+        import torch
+
+        with torch.no_grad():
+            if self.fused:
+                # the advantages do not read the old log-probabilities (advantages_use_old_logprobs);
+                # the engine's figures are measured after the update
+                step.prepared = self.method.prepare(
+                    step.batch, step.ref_logprobs, step.ref_logprobs, None, self.reduce_sum
+                )
+            else:
+                step.prepared = self.method.prepare(
+                    step.batch,
+                    step.old_logprobs,
+                    step.ref_logprobs,
+                    step.old_values,
+                    self.reduce_sum,
+                )
+                step.engine_figures, step.weights = self.engine_mismatch(step)
+
+    def update(self, step: Step) -> None:
+        """ppo_epochs passes over the batch in minibatches of micro-batches; the weights checked."""
+        import torch
+
+        from farmkit.train import checkpoints as C
+        from farmkit.train import policy as P
+
+        config, accelerator, method = self.config, self.accelerator, self.method
+        mask, rollout = step.mask, step.batch.rollout
         for epoch in range(config.ppo_epochs):
             generator = torch.Generator().manual_seed(
-                derive_seed(seed, f"{method.name} minibatches", step, epoch)
+                derive_seed(self.seed, f"{method.name} minibatches", step.number, epoch)
             )
-            permutation = torch.randperm(len(batch_indices), generator=generator)
-            for start in range(0, len(batch_indices), local_minibatch):
-                rows = permutation[start : start + local_minibatch]
+            permutation = torch.randperm(len(step.rows), generator=generator)
+            for start in range(0, len(step.rows), self.local_minibatch):
+                rows = permutation[start : start + self.local_minibatch]
                 responses = len(rows)
                 tokens = mask[rows].sum().clamp(min=1)
                 for micro in range(0, len(rows), config.micro_batch_size):
                     index = rows[micro : micro + config.micro_batch_size].to(mask.device)
                     chunk = rollout.rows(index)
-                    with accelerator.accumulate(model):
-                        forward = model(chunk, config.temperature)
-                        logits, values = forward if value_model is not None else (forward, None)
+                    with accelerator.accumulate(self.model):
+                        logits, values = self.forward(chunk)
                         logprobs = P.token_logprobs(logits, chunk.response_ids)
-                        if fused:
+                        if self.fused:
                             with torch.no_grad():
-                                old_logprobs[index] = logprobs.detach()
-                                entropies[index] = P.entropy(logits.detach())
+                                step.old_logprobs[index] = logprobs.detach()
+                                step.entropies[index] = P.entropy(logits.detach())
                         micro_batch = MicroBatch(
                             logprobs,
                             values,
                             index,
                             chunk.response_mask,
-                            old_logprobs[index],
-                            ref_logprobs[index],
+                            step.old_logprobs[index],
+                            step.ref_logprobs[index],
                             responses,
                             tokens,
-                            None if weights is None else weights[index],
+                            None if step.weights is None else step.weights[index],
                         )
-                        loss, figures = method.loss(micro_batch, prepared)
+                        loss, figures = method.loss(micro_batch, step.prepared)
                         # the loss is already divided by the whole minibatch: undo the launcher's
                         # division by the number of micro-batches
-                        accelerator.backward(loss * accumulation)
+                        accelerator.backward(loss * self.accumulation)
                         if accelerator.sync_gradients:
-                            accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
-                        optimizer.step()  # a no-op until the minibatch's last micro-batch
-                        optimizer.zero_grad()
+                            accelerator.clip_grad_norm_(self.parameters, config.max_grad_norm)
+                        self.optimizer.step()  # a no-op until the minibatch's last micro-batch
+                        self.optimizer.zero_grad()
                     for name, value in figures.items():
-                        totals[name] = (
-                            totals.get(name, 0.0) + float(value.detach()) / updates_per_step
+                        step.totals[name] = (
+                            step.totals.get(name, 0.0)
+                            + float(value.detach()) / self.updates_per_step
                         )
-                scheduler.step()
-        C.check_finite(step + 1, model=model)  # before the next rollout samples from it
-        stale = True  # the policy moved: the engine (if it has its own weights) needs them
-        if fused:  # the KL figures from the log-probabilities the update's forward gave
+                self.scheduler.step()
+        C.check_finite(step.number + 1, model=self.model)  # before the next rollout samples from it
+        self.stale = True  # the policy moved: the engine (if it has its own weights) needs them
+        if self.fused:  # the KL figures from the log-probabilities the update's forward gave
             with torch.no_grad():
-                prepared = method.prepare(batch, old_logprobs, ref_logprobs, None, reduce_sum)
-                engine_figures, _ = engine_mismatch(batch, old_logprobs, mask)
+                step.prepared = method.prepare(
+                    step.batch, step.old_logprobs, step.ref_logprobs, None, self.reduce_sum
+                )
+                step.engine_figures, _ = self.engine_mismatch(step)
 
+    def log(self, step: Step) -> dict[str, Any]:
+        """The step's metrics row (reduced over processes; the gold judge's figures at a
+        checkpoint), written with its log line; returned."""
+        import torch
+
+        from farmkit.train import checkpoints as C
+        from farmkit.train import launch, rl_common
+
+        config, method, reduce_sum = self.config, self.method, self.reduce_sum
+        batch, mask, rollout = step.batch, step.mask, step.batch.rollout
         local = {
             "reward": batch.rewards.sum(),
             "score": batch.scores.sum(),
-            "kl": prepared.kl.sum(),
+            "kl": step.prepared.kl.sum(),
             "response_length": mask.sum(),
             "unfinished": (~rollout.finished).float().sum(),
-            **prepared.sums,
+            **step.prepared.sums,
             "prompt_tokens": rollout.prompt_mask.sum(),
         }
         summed = {name: float(reduce_sum(value.detach().float())) for name, value in local.items()}
-        count = float(reduce_sum(torch.tensor(float(len(batch_indices)), device=mask.device)))
+        count = float(reduce_sum(torch.tensor(float(len(step.rows)), device=mask.device)))
+        budget = self.record.budget
         budget.add(
             sampled=summed["response_length"],
             trained=(summed["prompt_tokens"] + summed["response_length"]) * config.ppo_epochs,
         )
-        done = step + 1
-        last = {
-            "step": step + 1,
+        done = step.number + 1
+        row = {
             "reward": summed["reward"] / count,
             "score": summed["score"] / count,
             "kl": summed["kl"] / count,
-            "entropy": float(rl_common.masked_mean(entropies, mask, reduce_sum)),
+            "entropy": float(rl_common.masked_mean(step.entropies, mask, reduce_sum)),
             "response_length": summed["response_length"] / count,
             "unfinished_fraction": summed["unfinished"] / count,
             **method.step_figures(summed, count),
             **{
-                name: float(reduce_sum(torch.tensor(value, device=mask.device))) / world
-                for name, value in totals.items()
+                name: float(reduce_sum(torch.tensor(value, device=mask.device))) / self.world
+                for name, value in step.totals.items()
             },
-            **engine_figures,
-            "learning_rate": scheduler.get_last_lr()[0],
-            "elapsed_s": round(time.time() - started, 2),
+            **step.engine_figures,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "elapsed_s": round(time.time() - self.started, 2),
             **budget.row(),
         }
-        if gold is not None and C.checkpoint_step(done, config):
-            with launch.for_generation(accelerator, model) as unwrapped:
-                last.update(gold.evaluate(unwrapped.policy, tokenizer, f"step-{done}"))
-        C.check_finite(done, method.total_loss(last))
-        last = metrics_row(method.name, last.pop("step"), method.total_loss(last), **last)
-        message = f"step {done}/{config.steps}  " + method.message(last)
-        record.end_step(last, message, model, optimizer, scheduler, tokenizer, gold)
-    record.save(model, tokenizer, output, gold)
-    backend.close()
-    return last
+        if self.gold is not None and C.checkpoint_step(done, config):
+            with launch.for_generation(self.accelerator, self.model) as unwrapped:
+                row.update(self.gold.evaluate(unwrapped.policy, self.tokenizer, f"step-{done}"))
+        C.check_finite(done, method.total_loss(row))
+        step.row = metrics_row(method.name, done, method.total_loss(row), **row)
+        message = f"step {done}/{config.steps}  " + method.message(step.row)
+        self.record.log_step(step.row, message)
+        return step.row
+
+    def checkpoint(self, step: Step) -> None:
+        """Every --save-steps steps: a policy folder that --resume continues from."""
+        self.record.checkpoint(
+            step.number + 1, self.model, self.optimizer, self.scheduler, self.tokenizer, self.gold
+        )
+
+    def save(self) -> None:
+        """The trained policy as the output folder; the rollout engine closed."""
+        self.record.save(self.model, self.tokenizer, self.output, self.gold)
+        self.backend.close()

@@ -127,12 +127,78 @@ def test_gold_prompts_are_a_fixed_slice_or_a_file(tmp_path):
 
 
 def test_a_gold_judge_that_is_neither_a_pool_nor_a_reward_model_is_refused(tmp_path, world):
+    from farmkit.annotate.run import gold_pool
+
     sft, _, _ = world
+    prompts = [{"instruction": "x"}]
     with pytest.raises(FarmError, match="neither a reward model folder nor an annotator pool"):
-        gold_module.judge_kind("no_such_pool")
+        gold_module.GoldEvaluator("no_such_pool", prompts, "test", str(sft), pools=gold_pool)
     with pytest.raises(FarmError, match="not a reward model"):
         gold_module.judge_kind(str(sft))  # a policy folder
     assert gold_module.judge_kind("gold") == "pool"
+    # a pool name without a loader of pools (this layer cannot look one up itself)
+    with pytest.raises(FarmError, match="--gold gold: not a reward model folder, and no annotator"):
+        gold_module.GoldEvaluator("gold", prompts, "test", str(sft))
+
+
+class RecordingPool:
+    """A PoolJudge that prefers the longer output and records what it was asked."""
+
+    def __init__(self, spec, *, seed, cache, device):
+        self.spec, self.settings, self.asked = spec, (seed, cache, device), []
+
+    def preferences(self, pairs):
+        self.asked.append(pairs)
+        cost = {"pairs": len(pairs), "requests": 3, "cache_hits": 1, "price": 0.5}
+        return [2 if len(p["output_2"]) > len(p["output_1"]) else 1 for p in pairs], cost
+
+
+def test_the_gold_pool_is_the_one_the_caller_passes_in(world):
+    """train/ sits below the annotate pillar: the gold evaluation asks the pool judge its caller
+    built (farmkit.annotate.run.gold_pool in the tools) and imports nothing from farmkit.annotate."""
+    import ast
+
+    sft, _, _ = world
+    source = (ROOT / "farmkit" / "train" / "gold.py").read_text()
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    assert not [name for name in imported if name.startswith("farmkit.annotate")]
+    made: list[RecordingPool] = []
+
+    def pools(spec, **settings):
+        made.append(RecordingPool(spec, **settings))
+        return made[-1]
+
+    request = gold_module.GoldRequest(
+        "my_pool", size=3, max_new_tokens=3, seed=5, cache=None, tool="farm-x", pools=pools
+    )
+    judge = gold_module.make_gold(request, prompt_records(4), str(sft), device="cpu")
+    assert [pool.spec for pool in made] == ["my_pool"]
+    assert made[0].settings == (5, None, "cpu")
+    reference, _ = judge.reference()
+    answers = ["a much longer answer than any reference", "", "z"]
+    figures = judge.judge(answers, [True] * 3, "step-2")
+    (pairs,) = made[0].asked
+    assert [(p["output_1"], p["output_2"]) for p in pairs] == list(
+        zip(reference, answers, strict=True)
+    )
+    assert {(p["generator_1"], p["generator_2"]) for p in pairs} == {
+        ("gold-reference", "farm-x-step-2")
+    }
+    expected = [
+        100.0 * (len(mine) > len(theirs)) for mine, theirs in zip(answers, reference, strict=True)
+    ]
+    assert figures == {"gold_win_rate": pytest.approx(sum(expected) / 3)}
+    assert judge.block()["annotation"] == {
+        "pairs": 3,
+        "requests": 3,
+        "cache_hits": 1,
+        "price": 0.5,
+    }
 
 
 def test_rloo_checkpoints_are_scored_by_the_gold_reward_model(world, tmp_path, monkeypatch):
@@ -358,9 +424,8 @@ def test_every_method_judges_its_checkpoints(world, tmp_path, monkeypatch, metho
         from farmkit.methods.expiter import expert_iteration
         from farmkit.methods.sft import SFTConfig
 
-        judge = gold_module.make_gold(
-            str(gold), None, 8, records, str(sft), max_new_tokens=4, device="cpu"
-        )
+        request = gold_module.GoldRequest(str(gold), size=8, max_new_tokens=4)
+        judge = gold_module.make_gold(request, records, str(sft), device="cpu")
         expert_iteration(
             str(sft),
             str(rm),
