@@ -7,15 +7,6 @@ from __future__ import annotations
 
 from dev.diagrams import import_circles, import_graph, layer_breaks
 
-# Imports against the layers that another part of issue 38 removes: the gold rework (branch
-# i38-loop) takes train.gold off farm-annotate's engine. Delete this once it is merged.
-GOLD_REWORK = {
-    ("farmkit.train.gold", "farmkit.annotate.engine"),
-    ("farmkit.train.gold", "farmkit.annotate.pairs"),
-    ("farmkit.train.gold", "farmkit.annotate.pools"),
-    ("farmkit.train.gold", "farmkit.annotate.run"),
-}
-
 
 def test_no_import_circles():
     circles = import_circles(import_graph())
@@ -23,7 +14,7 @@ def test_no_import_circles():
 
 
 def test_every_import_follows_the_layers():
-    breaks = [edge for edge in layer_breaks(import_graph()) if edge not in GOLD_REWORK]
+    breaks = layer_breaks(import_graph())
     assert breaks == [], (
         "imports against the layers (tools -> cli -> annotate | methods | evaluate -> train -> lm "
         "-> core; lazy imports count): " + ", ".join(f"{m} -> {t}" for m, t in breaks)
