@@ -176,11 +176,9 @@ class GRPOConfig(GroupConfig):
         False,
         "Dr.GRPO: advantages r - group mean, not divided by the group's standard deviation, and each response's token terms summed and divided by max-new-tokens (a constant) instead of averaged over its own length (the defaults of --advantage-estimator and --policy-loss become dr_grpo and seq-mean-token-sum-norm; either given wins). It leaves --kl-coef as it is (Dr.GRPO's paper: 0; --preset dr-grpo sets both).",
     )
-    # None: GRPO's, or Dr.GRPO's with --dr-grpo
-    advantage_estimator: str | None = advantage_estimator_field(None)
-    policy_loss: str | None = policy_loss_field(None)
 
     def __post_init__(self) -> None:
+        # the estimator and the loss not given: GRPO's, or Dr.GRPO's with --dr-grpo
         if self.advantage_estimator is None:
             self.advantage_estimator = "dr_grpo" if self.dr_grpo else "grpo"
         if self.policy_loss is None:
