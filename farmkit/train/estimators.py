@@ -28,7 +28,8 @@ advantages it makes, a loss the kind it takes and how it weighs a response's tok
 which the KL term of --kl-in loss follows). farm-ppo's method makes per-token advantages (TOKEN),
 farm-rloo's and farm-grpo's one per response (RESPONSE); an entry of the other kind is refused
 before any work (check_fit). The options --advantage-estimator and --policy-loss offer every name
-registered here: a new estimator or loss is one registered function (docs/methods.md):
+registered here (or by a module imported before the tool's options are built): a new estimator or
+loss is one registered function (docs/methods.md):
 
     @register_advantage("my-baseline", kind=RESPONSE)
     def my_baseline_advantages(scores: torch.Tensor, k: int) -> torch.Tensor: ...
