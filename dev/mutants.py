@@ -77,8 +77,8 @@ MUTATIONS = [
     Mutation(
         "GRPO: no division by the group's std (where the config applies it)",
         "farmkit/methods/group.py",
-        "scale=not self.dr_grpo)",
-        "scale=False)",
+        '"dr_grpo" if self.dr_grpo else "grpo"',
+        '"dr_grpo"',
         (f"{T_GROUP}::test_grpo_config_standardizes_and_dr_grpo_does_not",),
         fast=True,
     ),

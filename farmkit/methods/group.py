@@ -13,6 +13,9 @@ Every response's advantage applies to each of its tokens. The loss is PPO's clip
 - GRPO clips per-token ratios, averages over each response's tokens, then over responses;
 - Dr.GRPO clips per-token ratios and sums them over each response, divided by a constant (the longest
   response allowed), then averages over responses: no per-response length normalization.
+Each is a name in farmkit.train.estimators' registries (--advantage-estimator, --policy-loss): RLOO
+and GRPO are one method with two sets of defaults, and any registered estimator and loss of
+one advantage per response runs in either.
 The KL to the SFT model is either subtracted from the score before the group advantages
 (kl_in=reward: kl_coef times the response's summed per-token estimate under the sampling policy), or
 added to the loss (kl_in=loss: kl_coef times the per-token estimate of the current policy, weighted
@@ -33,16 +36,20 @@ from farmkit.train.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
     Preset,
+    advantage_estimator_field,
     help_field,
+    policy_loss_field,
     preset_field,
     same_as,
     shared_field,
 )
 from farmkit.train.estimators import (
+    RESPONSE,
     STD_EPS,
+    advantage_estimator,
     grpo_advantages,
+    policy_loss,
     rloo_advantages,
-    seq_mean_token_weights,
 )
 from farmkit.train.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 
@@ -69,8 +76,7 @@ class GroupConfig(OnPolicyConfig):
     """What RLOO and GRPO share; the names are farm-ppo's wherever the setting is the same."""
 
     method: ClassVar[str] = ""
-    tool: ClassVar[str] = ""
-    policy_loss: ClassVar[str] = ""  # its name in farmkit.train.estimators.POLICY_LOSSES
+    advantage_kind: ClassVar[str] = RESPONSE
 
     rollout_batch_size: int = help_field(
         64,
@@ -102,14 +108,6 @@ class GroupConfig(OnPolicyConfig):
             raise ValueError("num-samples must be at least 2: a group of one has no baseline")
         if self.rollout_batch_size % self.samples_per_prompt:
             raise ValueError("rollout-batch-size must be a multiple of num-samples")
-
-    def advantages(self, scores: Any) -> Any:
-        raise NotImplementedError
-
-    def token_weights(self, mask: Any) -> Any:
-        """Weight of each token in the per-response loss (the KL term of kl_in=loss, and GRPO's
-        policy term); the minibatch's loss is the weighted sum divided by its responses."""
-        raise NotImplementedError
 
 
 # One update per rollout batch: the ratio of the update is 1, so nothing is clipped (REINFORCE).
@@ -153,15 +151,11 @@ GRPO_PRESETS = {
 class RLOOConfig(GroupConfig):
     method: ClassVar[str] = "rloo"
     tool: ClassVar[str] = "farm-rloo"
-    policy_loss: ClassVar[str] = "sequence-ratio"
 
     preset: str | None = preset_field(RLOO_PRESETS)
-
-    def advantages(self, scores: Any) -> Any:
-        return rloo_advantages(scores, self.samples_per_prompt)
-
-    def token_weights(self, mask: Any) -> Any:
-        return mask  # the response is one action: its tokens' terms add up
+    # the response is one action: one ratio, its tokens' terms added up
+    advantage_estimator: str = advantage_estimator_field("rloo")
+    policy_loss: str = policy_loss_field("sequence-ratio")
 
 
 @dataclass
@@ -177,24 +171,21 @@ class GRPOConfig(GroupConfig):
     kl_estimator: str = help_field("k3", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
     dr_grpo: bool = help_field(
         False,
-        "Dr.GRPO: advantages r - group mean, not divided by the group's standard deviation, and each response's token terms summed and divided by max-new-tokens (a constant) instead of averaged over its own length. It leaves --kl-coef as it is (Dr.GRPO's paper: 0; --preset dr-grpo sets both).",
+        "Dr.GRPO: advantages r - group mean, not divided by the group's standard deviation, and each response's token terms summed and divided by max-new-tokens (a constant) instead of averaged over its own length (the defaults of --advantage-estimator and --policy-loss become dr_grpo and seq-mean-token-sum-norm; either given wins). It leaves --kl-coef as it is (Dr.GRPO's paper: 0; --preset dr-grpo sets both).",
     )
 
-    def advantages(self, scores: Any) -> Any:
-        return grpo_advantages(scores, self.samples_per_prompt, scale=not self.dr_grpo)
-
-    def token_weights(self, mask: Any) -> Any:
-        if self.dr_grpo:
-            return mask / self.max_new_tokens
-        return seq_mean_token_weights(mask)
-
-    @property
-    def policy_loss(self) -> str:  # type: ignore[override]
-        return "seq-mean-token-sum-norm" if self.dr_grpo else "seq-mean-token-mean"
+    def __post_init__(self) -> None:
+        # the estimator and the loss not given: GRPO's, or Dr.GRPO's with --dr-grpo
+        if self.advantage_estimator is None:
+            self.advantage_estimator = "dr_grpo" if self.dr_grpo else "grpo"
+        if self.policy_loss is None:
+            self.policy_loss = "seq-mean-token-sum-norm" if self.dr_grpo else "seq-mean-token-mean"
+        super().__post_init__()
 
 
 class GroupMethod(OnPolicyMethod):
-    """RLOO, GRPO or Dr.GRPO (the config's class says which) in the on-policy loop."""
+    """RLOO, GRPO or Dr.GRPO in the on-policy loop: the config's estimator and loss say which;
+    its class names the run (metrics' method, the seeds' label)."""
 
     def __init__(self, config: GroupConfig) -> None:
         if not config.method:
@@ -218,7 +209,7 @@ class GroupMethod(OnPolicyMethod):
         return [index for index in prompt_indices for _ in range(self.k)]  # groups of k rows
 
     def sequence_weights(self) -> bool:
-        return self.config.method == "rloo"
+        return policy_loss(self.config.policy_loss).per_response_weights
 
     def advantages_use_old_logprobs(self) -> bool:
         return self.config.kl_in == "reward" and self.config.kl_coef > 0
@@ -233,7 +224,7 @@ class GroupMethod(OnPolicyMethod):
         scores = batch.scores.float()
         if config.kl_in == "reward":
             scores = scores - config.kl_coef * kl.sum(dim=1)
-        advantages = config.advantages(scores)
+        advantages = advantage_estimator(config.advantage_estimator)(scores, self.k)
         group_std = scores.reshape(-1, self.k).std(dim=1)
         return Prepared(
             advantages,
@@ -254,7 +245,14 @@ class GroupMethod(OnPolicyMethod):
         )
         if config.kl_in == "loss" and config.kl_coef > 0:
             kl = rl_common.kl_estimate(micro.logprobs, micro.ref_logprobs, config.kl_estimator)
-            kl_loss = rl_common.masked_sum(kl, config.token_weights(micro.mask)) / micro.responses
+            # weighed as the policy loss weighs its tokens
+            kl_loss = policy_loss(config.policy_loss).aggregate(
+                kl,
+                micro.mask,
+                responses=micro.responses,
+                tokens=micro.tokens,
+                norm=config.max_new_tokens,
+            )
             stats["kl_loss"] = kl_loss.detach()
             loss = loss + config.kl_coef * kl_loss
         return loss, {"policy_loss": loss, **stats}

@@ -10,8 +10,9 @@ process together under accelerate). Clipped policy and value losses, gradient cl
 rate that warms up and decays linearly to 0. A step = one rollout batch, then `ppo_epochs` passes
 over it in minibatches. The loop, checkpoints, --resume and the rollout backends are the one
 on-policy trainer's (farmkit.train.onpolicy); this module holds what is PPO's: the value model,
-the KL-penalized per-token rewards and GAE (farmkit.train.estimators' `gae`), and the clipped
-policy (`token-mean`) and value losses.
+the KL-penalized per-token rewards and their advantages (farmkit.train.estimators' `gae` by
+default, --advantage-estimator), and the clipped policy (`token-mean`, --policy-loss) and value
+losses.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE
@@ -27,10 +28,13 @@ from farmkit.train.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
     Preset,
+    advantage_estimator_field,
     help_field,
+    policy_loss_field,
     preset_field,
     shared_field,
 )
+from farmkit.train.estimators import TOKEN
 from farmkit.train.onpolicy import MicroBatch, OnPolicyMethod, Prepared
 
 log = logging.getLogger("farmkit")
@@ -74,6 +78,9 @@ PPO_PRESETS = {
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
+    tool: ClassVar[str] = "farm-ppo"
+    advantage_kind: ClassVar[str] = TOKEN
+
     preset: str | None = preset_field(PPO_PRESETS)
     steps: int = help_field(
         100,
@@ -120,6 +127,8 @@ class PPOConfig(OnPolicyConfig):
     value_loss_coef: float = help_field(
         0.1, "Weight of the value loss in the total loss.", bounds=NON_NEGATIVE
     )
+    advantage_estimator: str = advantage_estimator_field("gae")
+    policy_loss: str = policy_loss_field("token-mean")
     offload_frozen: bool = help_field(
         False,
         "Keep the frozen reference and reward models in CPU memory and copy each layer's weights to the GPU only while it runs (accelerate's cpu_offload): they then take about one layer of GPU memory each, at the price of copying their weights in every forward pass (see docs/scaling.md).",
@@ -130,7 +139,7 @@ class PPOMethod(OnPolicyMethod):
     """PPO in the on-policy loop: a value model beside the policy, GAE advantages."""
 
     name = "ppo"
-    tool = "farm-ppo"
+    tool = PPOConfig.tool
     value_model = True
 
     def load_value_model(
@@ -162,7 +171,7 @@ class PPOMethod(OnPolicyMethod):
         )
         if config.whiten_rewards:
             rewards = rl_common.masked_whiten(rewards, mask, shift_mean=False, reduce=reduce)
-        advantages, returns = advantage_estimator("gae")(
+        advantages, returns = advantage_estimator(config.advantage_estimator)(
             rewards, old_values, mask, config.gamma, config.lam, reduce=reduce
         )
         return Prepared(advantages, kl, returns=returns, old_values=old_values)
@@ -171,7 +180,9 @@ class PPOMethod(OnPolicyMethod):
         from farmkit.train import rl_common
 
         config = self.config
-        loss, policy_stats = micro.surrogate("token-mean", prepared.advantages, config.clip_range)
+        loss, policy_stats = micro.surrogate(
+            config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens
+        )
         value_loss, value_stats = rl_common.clipped_value_loss(
             micro.values,
             micro.rows(prepared.old_values),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from farmkit.core.fields import (
     check_fields,
@@ -31,6 +31,13 @@ from farmkit.core.values import (
 )
 from farmkit.lm.generation import DECODING_NUMBERS
 from farmkit.lm.models import TEMPLATES
+from farmkit.train.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_KINDS,
+    POLICY_LOSSES,
+    check_fit,
+    names_of,
+)
 
 # ---------------------------------------------------------------------------------------------
 # One help text per concept shared by several tools (the CLI dialect; tests/test_cli.py).
@@ -223,12 +230,45 @@ class RolloutConfig(ModelArgs):
             raise ValueError("temperature must be positive")
 
 
+def _by_kind(registry: dict[str, Any]) -> str:
+    """The registered names of each kind of advantages, a sentence each."""
+    return " ".join(
+        f"{description[0].upper()}{description[1:]}: {names_of(registry, kind)}."
+        for kind, description in ADVANTAGE_KINDS.items()
+    )
+
+
+def advantage_estimator_field(default: str | None) -> Any:
+    """--advantage-estimator, with the method's default: every name of the registry
+    (farmkit.train.estimators) is a choice; one of another kind is refused by check_fit."""
+    return help_field(
+        default,
+        "How a step's scores become advantages: an estimator registered in "
+        f"farmkit.train.estimators (docs/methods.md). {_by_kind(ADVANTAGE_ESTIMATORS)}",
+        tuple(ADVANTAGE_ESTIMATORS),
+    )
+
+
+def policy_loss_field(default: str | None) -> Any:
+    """--policy-loss, with the method's default, as advantage_estimator_field."""
+    return help_field(
+        default,
+        "How PPO's clipped surrogate is aggregated over tokens and responses into the loss: a "
+        f"loss registered in farmkit.train.estimators (docs/methods.md). {_by_kind(POLICY_LOSSES)}",
+        tuple(POLICY_LOSSES),
+    )
+
+
 @dataclasses.dataclass
 class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
     """What the methods of the one on-policy trainer (farm-ppo, farm-rloo, farm-grpo;
     farmkit.train.onpolicy) share: steps of one rollout batch and `ppo-epochs` passes over it in
     minibatches of micro-batches, checkpoints, --resume and LoRA. Each method words the batch sizes
-    its own way (prompts or responses) and sets its own KL coefficient."""
+    its own way (prompts or responses) and sets its own KL coefficient, and its own defaults of
+    the advantage estimator and the policy loss, of the kind of advantages it makes."""
+
+    tool: ClassVar[str] = ""
+    advantage_kind: ClassVar[str] = ""  # farmkit.train.estimators.TOKEN or RESPONSE
 
     steps: int = help_field(
         100,
@@ -284,12 +324,15 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "response). 0: off (TRL and verl cap at 2 when they turn it on).",
         bounds=NON_NEGATIVE,
     )
+    advantage_estimator: str | None = advantage_estimator_field(None)
+    policy_loss: str | None = policy_loss_field(None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.check_rollout()
         if self.rollout_batch_size % self.minibatch_size:
             raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
+        check_fit(self.tool, self.advantage_kind, self.advantage_estimator, self.policy_loss)
 
     def check_rollout(self) -> None:
         """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""

@@ -29,6 +29,7 @@ from farmkit.methods.group import (
     rloo_advantages,
     train_group,
 )
+from farmkit.train.estimators import policy_loss
 
 SCORES = torch.tensor([1.0, 2.0, 3.0, 6.0, 0.5, 0.5, 0.5, 2.5])  # two groups of k = 4
 
@@ -83,11 +84,19 @@ def test_dr_grpo_keeps_the_scale_and_drops_the_length_normalization():
     assert torch.allclose(rloo_advantages(SCORES, 4), dr * 4 / 3)
     # GRPO averages each response over its own tokens; Dr.GRPO divides by a constant
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    grpo = GRPOConfig(max_new_tokens=8).token_weights(mask)
-    drgrpo = GRPOConfig(max_new_tokens=8, dr_grpo=True).token_weights(mask)
-    assert torch.allclose(grpo.sum(dim=1), torch.ones(2))  # every response weighs the same
-    assert torch.allclose(drgrpo.sum(dim=1), torch.tensor([2 / 8, 4 / 8]))  # longer weighs more
-    assert torch.equal(RLOOConfig().token_weights(mask), mask)
+
+    def response_weights(config):
+        """What each response's tokens weigh together in the config's loss (and KL term)."""
+        aggregate = policy_loss(config.policy_loss).aggregate
+        return torch.stack(
+            [aggregate(row, row, responses=1, tokens=row.sum(), norm=8) for row in mask[:, None]]
+        )
+
+    grpo = response_weights(GRPOConfig(max_new_tokens=8))
+    drgrpo = response_weights(GRPOConfig(max_new_tokens=8, dr_grpo=True))
+    assert torch.allclose(grpo, torch.ones(2))  # every response weighs the same
+    assert torch.allclose(drgrpo, torch.tensor([2 / 8, 4 / 8]))  # longer weighs more
+    assert torch.equal(response_weights(RLOOConfig()), mask.sum(dim=1))  # one action: summed
 
 
 def _method(config):
@@ -363,3 +372,58 @@ def test_cli_rejects_bad_combinations_before_loading_anything(tmp_path, tool):
     )
     assert result.exit_code == 2 and "at least 2" in result.output
     assert not (tmp_path / "out").exists()
+
+
+# A new estimator and a new loss, each one registered function, as farmkit.train.estimators' own
+# are: a constant advantage no group baseline can give (each group's advantages sum to 0), and
+# GRPO's loss that also counts its calls in the metrics.
+TOY_REGISTRY = """
+import torch
+
+from farmkit.train import estimators as E
+
+
+@E.register_advantage("constant", E.RESPONSE)
+def constant_advantages(scores, k):
+    return torch.full_like(scores, 0.25)
+
+
+@E.register_policy_loss("counted", E.RESPONSE, E.seq_mean_token_mean)
+def counted_loss(*args, **kwargs):
+    loss, stats = E.seq_mean_token_mean_loss(*args, **kwargs)
+    return loss, {**stats, "counted_calls": torch.tensor(1.0)}
+"""
+
+
+def test_a_registered_estimator_and_loss_run_in_farm_grpo_by_name(models, tmp_path):
+    """Registered before the command is built (a fresh process imports the module first), they are
+    choices of the real farm-grpo, which trains with them: its metrics show the constant advantage
+    and one counted call per update, and meta.json records both names."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "toy_registry.py").write_text(TOY_REGISTRY)
+    sft, rm = models
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", prompt_records(4))
+    output = tmp_path / "out"
+    code = "import sys, toy_registry\nfrom farmkit.tools.farm_grpo import main\nmain(sys.argv[1:])"
+    args = "--steps 1 --rollout-batch-size 4 --num-samples 2 --minibatch-size 2 "
+    args += "--micro-batch-size 2 --max-new-tokens 3 --kl-coef 0 --save-steps 0 -q"
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(sft), str(rm), str(prompts), "-o", str(output)]
+        + ["--advantage-estimator", "constant", "--policy-loss", "counted", *args.split()],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    meta = json.loads((output / "meta.json").read_text())
+    assert (meta["config"]["advantage_estimator"], meta["config"]["policy_loss"]) == (
+        "constant",
+        "counted",
+    )
+    (row,) = read_metrics(output / "metrics.jsonl")
+    assert row["advantage_abs"] == 0.25
+    assert row["counted_calls"] == 1.0  # every update (2 minibatches x 2 epochs) called it

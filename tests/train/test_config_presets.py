@@ -42,6 +42,8 @@ ALPACAFARM_PPO = {
     "kl_estimator": "clamped",  # ppo_trainer._shape_reward: clamp(logprobs - ref_logprobs, min=0)
     "max_grad_norm": 1.0,  # transformers.TrainingArguments' default
     "unfinished": "truncate",  # truncate_tokens None: post_reward penalizes nothing
+    "advantage_estimator": "gae",  # ppo_trainer: GAE with a value model
+    "policy_loss": "token-mean",  # ppo_trainer: per-token ratios, averaged over tokens
 }
 
 # tatsu-lab/alpaca_farm, examples/scripts/rlhf_quark.sh at 12a7a93 (line), or the code it runs
@@ -66,7 +68,15 @@ ALPACAFARM_QUARK = {
 }
 
 # Ahmadian et al. 2024: REINFORCE with the leave-one-out baseline, one update per batch
-AHMADIAN_RLOO = {"ppo_epochs": 1, "minibatch_size": 64, "kl_in": "reward", "kl_estimator": "k1"}
+# (the leave-one-out baseline, the whole response one action)
+AHMADIAN_RLOO = {
+    "ppo_epochs": 1,
+    "minibatch_size": 64,
+    "kl_in": "reward",
+    "kl_estimator": "k1",
+    "advantage_estimator": "rloo",
+    "policy_loss": "sequence-ratio",
+}
 # DeepSeekMath (Shao et al. 2024), its RL setup: lr 1e-6, KL 0.04, 64 outputs per question, max
 # length 1024, batch 1024, a single update after each exploration stage
 DEEPSEEKMATH_GRPO = {
@@ -80,8 +90,16 @@ DEEPSEEKMATH_GRPO = {
     "minibatch_size": 1024,
     "ppo_epochs": 1,
     "dr_grpo": False,
+    "advantage_estimator": "grpo",  # normalized by the group's std
+    "policy_loss": "seq-mean-token-mean",  # each output's tokens averaged, then the outputs
 }
-DR_GRPO = {"dr_grpo": True, "kl_coef": 0.0}
+# Dr.GRPO: no std division, each output's token terms summed and divided by a constant
+DR_GRPO = {
+    "dr_grpo": True,
+    "kl_coef": 0.0,
+    "advantage_estimator": "dr_grpo",
+    "policy_loss": "seq-mean-token-sum-norm",
+}
 
 CASES = [
     (PPOConfig, "alpacafarm", ALPACAFARM_PPO),

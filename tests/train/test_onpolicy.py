@@ -39,15 +39,82 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
         "seq-mean-token-mean",
         "seq-mean-token-sum-norm",
     }
-    assert RLOOConfig().policy_loss == "sequence-ratio"
-    assert GRPOConfig().policy_loss == "seq-mean-token-mean"
-    assert GRPOConfig(dr_grpo=True).policy_loss == "seq-mean-token-sum-norm"
+    # each method's defaults are what it ran before it chose them by name
+    chosen = {
+        "ppo": PPOConfig(),
+        "rloo": RLOOConfig(),
+        "grpo": GRPOConfig(),
+        "dr-grpo": GRPOConfig(dr_grpo=True),
+    }
+    assert {name: (c.advantage_estimator, c.policy_loss) for name, c in chosen.items()} == {
+        "ppo": ("gae", "token-mean"),
+        "rloo": ("rloo", "sequence-ratio"),
+        "grpo": ("grpo", "seq-mean-token-mean"),
+        "dr-grpo": ("dr_grpo", "seq-mean-token-sum-norm"),
+    }
+    # --dr-grpo changes the defaults only: a name given wins
+    given = GRPOConfig(dr_grpo=True, advantage_estimator="rloo", policy_loss="sequence-ratio")
+    assert (given.advantage_estimator, given.policy_loss) == ("rloo", "sequence-ratio")
     with pytest.raises(ValueError, match="unknown policy loss"):
         E.policy_loss("token-sum")
     scores = torch.tensor([1.0, 2.0, 4.0, 4.0])
     assert torch.allclose(
         E.advantage_estimator("dr_grpo")(scores, 2), torch.tensor([-0.5, 0.5, 0, 0])
     )
+
+
+PER_TOKEN = "per-token advantages from a value model (farm-ppo)"
+PER_RESPONSE = "one advantage per response from its group of k samples (farm-rloo, farm-grpo)"
+GROUP_LOSSES = "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm"
+
+
+@pytest.mark.parametrize(
+    ("tool", "option", "message"),
+    [
+        (
+            "farm_grpo",
+            "--advantage-estimator gae",
+            f"--advantage-estimator gae is for {PER_TOKEN}; farm-grpo takes rloo, grpo, dr_grpo",
+        ),
+        (
+            "farm_rloo",
+            "--policy-loss token-mean",
+            f"--policy-loss token-mean is for {PER_TOKEN}; farm-rloo takes {GROUP_LOSSES}",
+        ),
+        (
+            "farm_ppo",
+            "--advantage-estimator rloo",
+            f"--advantage-estimator rloo is for {PER_RESPONSE}; farm-ppo takes gae",
+        ),
+        (
+            "farm_ppo",
+            "--policy-loss seq-mean-token-mean",
+            f"--policy-loss seq-mean-token-mean is for {PER_RESPONSE}; farm-ppo takes token-mean",
+        ),
+    ],
+)
+def test_an_estimator_or_loss_of_another_kind_is_a_usage_error_before_any_work(
+    tool, option, message, tmp_path
+):
+    """Every registered name is a choice of every on-policy tool; one whose kind of advantages
+    the tool's method does not make is refused before anything is loaded, naming the tools it is
+    for and what this one takes."""
+    import importlib
+
+    from click.testing import CliRunner
+    from policy_fixtures import write_jsonl
+
+    cli = importlib.import_module(f"farmkit.tools.{tool}").cli
+    params = {param.name: param for param in cli.params}
+    assert tuple(params["advantage_estimator"].type.choices) == tuple(E.ADVANTAGE_ESTIMATORS)
+    assert tuple(params["policy_loss"].type.choices) == tuple(E.POLICY_LOSSES)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", prompt_records(2))
+    output = tmp_path / "out"
+    args = ["no-sft/", "no-rm/", str(prompts), "-o", str(output), *option.split()]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.endswith(f"Error: {message}\n")
+    assert not output.exists()
 
 
 @pytest.mark.parametrize("name", sorted(E.POLICY_LOSSES))
@@ -58,12 +125,11 @@ def test_importance_weights_scale_each_terms_share_of_the_loss(name):
     old = logprobs.detach() + 0.05 * torch.randn(4, 5)
     mask = torch.ones(4, 5)
     mask[1, 3:] = 0
-    per_row = name in ("sequence-ratio", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-    advantages = torch.randn(4) if per_row else torch.randn(4, 5)
+    loss = E.policy_loss(name)  # what it declares says what it takes
+    advantages = torch.randn(4) if loss.kind == E.RESPONSE else torch.randn(4, 5)
     kwargs = dict(tokens=mask.sum(), responses=4, norm=5)
-    loss = E.policy_loss(name)
     plain, _ = loss(logprobs, old, advantages, mask, 0.2, **kwargs)
-    ones = torch.ones(4) if name == "sequence-ratio" else torch.ones(4, 5)
+    ones = torch.ones(4) if loss.per_response_weights else torch.ones(4, 5)
     same, _ = loss(logprobs, old, advantages, mask, 0.2, weights=ones, **kwargs)
     assert torch.allclose(plain, same)
     dropped = ones.clone()
