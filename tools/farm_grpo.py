@@ -14,7 +14,7 @@ from farmkit.cli import (
     resolve_config,
     train_on_prompts,
 )
-from farmkit.methods.group import GRPOConfig, train_group
+from farmkit.methods.group import GRPOConfig
 
 
 @click.command(name="farm-grpo")
@@ -50,6 +50,8 @@ def cli(
       farm-grpo sft/ rm/ unlabeled.jsonl -o grpo/ --num-samples 8 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128 --dr-grpo
     """
+    from farmkit.methods.group import train_group
+
     config = resolve_config(GRPOConfig, config_file, values)
     train_on_prompts(train_group, config, sft, reward_model, prompts, output, last_step)
 

@@ -14,7 +14,7 @@ from farmkit.cli import (
     resolve_config,
     train_on_prompts,
 )
-from farmkit.methods.group import RLOOConfig, train_group
+from farmkit.methods.group import RLOOConfig
 
 
 @click.command(name="farm-rloo")
@@ -48,6 +48,8 @@ def cli(
       farm-rloo sft/ rm/ unlabeled.jsonl -o rloo/ --num-samples 4 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128
     """
+    from farmkit.methods.group import train_group
+
     config = resolve_config(RLOOConfig, config_file, values)
     train_on_prompts(train_group, config, sft, reward_model, prompts, output, last_step)
 
