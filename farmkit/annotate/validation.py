@@ -59,24 +59,17 @@ def is_compact_annotation(record: dict[str, Any]) -> bool:
 def records_pairs(rows: Iterable[tuple[int, Any]], source: str) -> list[Pair]:
     """Pairs from preference records (read as read_records reads them; TRL rows converted)."""
     from farmkit.core.io import check_rows
+    from farmkit.core.records import pair_texts
 
     pairs = []
     for number, record in enumerate(check_rows(rows, source, "preference"), start=1):
-        if not isinstance(record.get("output_1"), str) or not isinstance(
-            record.get("output_2"), str
-        ):
-            raise RecordError(
-                source, number, "the preference has no output texts; expected output_1 and output_2"
-            )
+        texts = pair_texts(record, source, number)
         target = _target(record.get("preference"), source, number)
         if target is None:
             continue
         pairs.append(
             Pair(
-                record.get("instruction", ""),
-                record.get("input") or "",
-                record["output_1"],
-                record["output_2"],
+                *texts,
                 target,
                 str(record.get("generator_2") or record.get("generator") or ""),
             )

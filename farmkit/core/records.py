@@ -25,6 +25,18 @@ def preference_target(preference: float | None) -> float | None:
     return float(preference) - 1.0
 
 
+def pair_texts(record: dict[str, Any], source: str, number: int) -> tuple[str, str, str, str]:
+    """A preference record's instruction, input ("" when absent) and two output texts; a RecordError
+    naming line `number` of `source` when it lacks the outputs (AlpacaEval's compact annotations keep
+    only their lengths)."""
+    output_1, output_2 = record.get("output_1"), record.get("output_2")
+    if not isinstance(output_1, str) or not isinstance(output_2, str):
+        raise RecordError(
+            source, number, "the preference has no output texts; expected output_1 and output_2"
+        )
+    return record.get("instruction", ""), record.get("input") or "", output_1, output_2
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One usable verdict: target is P(output_2 better) in [0, 1]."""
@@ -64,12 +76,7 @@ def comparisons(
     kept: list[Comparison] = []
     counts: Counter = Counter()
     for number, record in enumerate(records, start=1):
-        if not isinstance(record.get("output_1"), str) or not isinstance(
-            record.get("output_2"), str
-        ):
-            raise RecordError(
-                source, number, "the preference has no output texts; expected output_1 and output_2"
-            )
+        texts = pair_texts(record, source, number)
         target = preference_target(record.get("preference"))
         if target is None:
             counts["null"] += 1
@@ -80,10 +87,7 @@ def comparisons(
         counts["used"] += 1
         kept.append(
             Comparison(
-                record.get("instruction", ""),
-                record.get("input") or "",
-                record["output_1"],
-                record["output_2"],
+                *texts,
                 target,
                 record.get("messages") or None,
                 (record.get("finished_1") is not False, record.get("finished_2") is not False),

@@ -20,6 +20,7 @@ from typing import Any
 from farmkit.core.io import FarmError, atomic_path
 from farmkit.core.runs import METRICS_FILE
 from farmkit.core.values import AT_LEAST_ONE, POSITIVE, Bounds, check_number
+from farmkit.train.checkpoints import resume_field, save_steps_field
 from farmkit.train.config import (
     GoldArgs,
     ModelArgs,
@@ -89,17 +90,8 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
     device: str = shared_field("device", "auto")
-    save_steps: int = shared_field(
-        "save_steps",
-        0,
-        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
-    )
-    resume: bool = shared_field(
-        "resume",
-        False,
-        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
-        "with none (killed before its first save), the run starts from the beginning.",
-    )
+    save_steps: int = save_steps_field()
+    resume: bool = resume_field()
 
     def __post_init__(self) -> None:
         super().__post_init__()

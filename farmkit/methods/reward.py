@@ -25,6 +25,7 @@ from farmkit.core.runs import METRICS_FILE
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
 from farmkit.lm.models import PromptFormat, resolve
 from farmkit.train import tracking
+from farmkit.train.checkpoints import resume_field, save_steps_field
 from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
 from farmkit.train.metrics import MetricsWriter
 from farmkit.train.scoring import reward_format, reward_text, sequence_rewards, tail_token_ids
@@ -72,17 +73,8 @@ class RewardConfig(ModelArgs, TrackingArgs):
     eval_every: int = help_field(
         0, "Held-out evaluation every K steps (0: at the end only).", bounds=NON_NEGATIVE
     )
-    save_steps: int = shared_field(
-        "save_steps",
-        0,
-        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
-    )
-    resume: bool = shared_field(
-        "resume",
-        False,
-        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
-        "with none (killed before its first save), the run starts from the beginning.",
-    )
+    save_steps: int = save_steps_field()
+    resume: bool = resume_field()
     device: str = shared_field("device", "auto")
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ from farmkit.core.io import FarmError
 from farmkit.core.records import Comparison
 from farmkit.core.runs import METRICS_FILE
 from farmkit.core.values import AT_LEAST_ONE, Bounds
+from farmkit.train.checkpoints import resume_field, save_steps_field
 from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
 from farmkit.train.metrics import from_trainer_log, write_metrics
 
@@ -90,17 +91,8 @@ class SFTConfig(ModelArgs, TrackingArgs):
     lora_dropout: float = help_field(
         0.05, "Dropout on the LoRA adapter's input.", bounds=Bounds(0, 1, max_open=True)
     )
-    save_steps: int = shared_field(
-        "save_steps",
-        0,
-        more_help="Optimizer steps; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
-    )
-    resume: bool = shared_field(
-        "resume",
-        False,
-        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
-        "with none (killed before its first save), the run starts from the beginning.",
-    )
+    save_steps: int = save_steps_field()
+    resume: bool = resume_field()
     logging_steps: int = help_field(
         10,
         "Log the training loss every this many steps (a short run more often: at least every steps/10, and the last step).",

@@ -23,13 +23,33 @@ from typing import Any
 
 from farmkit.core.io import FarmError
 from farmkit.core.runs import METRICS_FILE
-from farmkit.train.config import config_dict
+from farmkit.train.config import config_dict, shared_field
 from farmkit.train.metrics import dumps as metrics_dumps
 
 log = logging.getLogger("farmkit")
 TRAINER_STATE = "trainer"
 ENGINE_STATE = "engine"  # under DeepSpeed: the engine's own checkpoint, in the trainer state
 STATE_FILE = "state.json"  # written last: the checkpoint is complete
+
+
+def save_steps_field(steps: str = "Optimizer steps") -> Any:
+    """The --save-steps field of a method whose checkpoints go to DIR-checkpoints/ (none by default);
+    `steps` says what a step is for the method."""
+    return shared_field(
+        "save_steps",
+        0,
+        more_help=f"{steps}; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
+    )
+
+
+def resume_field() -> Any:
+    """The --resume field of a method whose checkpoints go to DIR-checkpoints/."""
+    return shared_field(
+        "resume",
+        False,
+        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
+        "with none (killed before its first save), the run starts from the beginning.",
+    )
 
 
 def checkpoint_folder(output: str, config: Any) -> Path:

@@ -137,21 +137,14 @@ def sample_rollout(
     `suppress` (Quark's control tokens, which the reference model does not have) are never sampled:
     the method then scores responses over the rest of the vocabulary. `prompts` are token ids (from
     fit_rollout_prompts), or texts, fitted to the context here."""
-    from transformers import GenerationConfig
+    from farmkit.lm.generation import plain_generation_config
 
     if prompts and isinstance(prompts[0], str):
         prompts = fit_rollout_prompts(model, tokenizer, prompts, max_new_tokens)
     batch = pad_left(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items()}
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    own = inner.generation_config
-    inner.generation_config = GenerationConfig(
-        bos_token_id=own.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    try:
+    with plain_generation_config(model, tokenizer):
         output = model.generate(
             **batch,
             do_sample=True,
@@ -163,8 +156,6 @@ def sample_rollout(
             eos_token_id=tokenizer.eos_token_id,
             suppress_tokens=list(suppress) or None,
         )
-    finally:
-        inner.generation_config = own
     width = batch["input_ids"].shape[1]
     response_ids = output[:, width:]
     mask, finished = response_mask(response_ids, tokenizer.eos_token_id)
