@@ -1,12 +1,16 @@
 """The laboratory end to end: examples/Makefile at SIZE=ci runs every step (split, SFT, pairs,
 noisy annotation, reward model, the seven methods, evaluation with the simulated pool and the gold
 annotator, leaderboards, correlation, plots) on the tiny model; a second make does nothing, and
-re-annotating the same outputs is served from the cache. (The tiny model exercises the recipe, not
-the methods: `make demo` itself is the run on the embedded model.) The tests that run the recipe are
+re-annotating the same outputs is served from the cache. Then `make methods-at-equal-budget`
+(examples/budget.mk) on the same run: PPO, RLOO, GRPO, DPO, online DPO and best-of-n from the demo's
+SFT model and reward model, every one at the same N_PREF labels, each judged by the gold pool on the
+val prompts. (The tiny model exercises the recipes, not the methods: `make demo` itself is the run on
+the embedded model, and the README's table the equal-budget one.) The tests that run a recipe are
 marked `recipe`; the size table's test only plans commands (`make -n`) and stays in make test-fast."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +19,7 @@ from pathlib import Path
 import forkserver
 import orjson
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_tool
 
 EXAMPLES = ROOT / "examples"
 # the file each system's outputs are in, and its name on the leaderboards (SIZE=ci: best of 2)
@@ -30,6 +34,9 @@ SYSTEMS = {
     "bon": "sft-best-of-2",
 }
 N_VAL = 6  # SIZE=ci's val split
+N_PREF = 8  # SIZE=ci: the labels every method at an equal budget gets
+# the equal-budget recipe's trained methods (budget.mk's EB_METHODS); best-of-n beside them
+BUDGET_METHODS = ["ppo", "rloo", "grpo", "dpo", "odpo"]
 
 
 def _make(*args: str, check: bool = True, timeout: float = 2400) -> subprocess.CompletedProcess:
@@ -198,24 +205,58 @@ def test_reannotation_is_served_from_the_cache(ci_run):
         for line in planned.splitlines()
         if line.startswith("farm-annotate") and "/sim/" in line
     ][0]
-    rerun = subprocess.run(
-        command.replace(" -q", "").split(),
-        capture_output=True,
-        text=True,
-        env={
-            **os.environ,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        },
-    )
-    assert rerun.returncode == 0, rerun.stderr
+    # forked from the fork server (run_tool), as the recipe's own commands are
+    rerun = run_tool(*command.replace(" -q", "").split())
+    stderr = rerun.stderr.decode()
+    assert rerun.returncode == 0, stderr
     assert (
         f"{N_VAL - differing[file]} identical pairs tied), 0 requests, {differing[file]} cache hits"
-        in rerun.stderr
-    ), rerun.stderr
+        in stderr
+    ), stderr
     _make("results", *variables)
     after = {path: path.read_bytes() for path in sorted((out / "eval").rglob("*.jsonl"))}
     assert after == before
     _check_leaderboards(out)
+
+
+@pytest.mark.recipe
+def test_every_method_at_one_label_budget_is_judged_by_gold(ci_run):
+    # on the demo's run: its split, SFT model, preferences and reward model are made once, and the
+    # equal-budget methods start from them as budget.mk says they do
+    variables, out = ci_run
+    result = _make("methods-at-equal-budget", *variables)
+    folder = out / "equal-budget"
+    rows = {row["method"]: row for row in _records(folder / "budget.jsonl")}
+    assert sorted(rows) == sorted([*BUDGET_METHODS, "bon (n=2)"])
+    # `make methods-at-equal-budget` prints the table, one line per method
+    table = (folder / "table.txt").read_text()
+    assert table in result.stdout and len(table.splitlines()) == 1 + len(rows)
+    for name, row in rows.items():
+        assert row["labels"] == N_PREF, name  # the equal label budget
+    assert rows["dpo"]["tokens sampled"] == 0  # DPO samples nothing to train
+    assert all(rows[m]["tokens sampled"] > 0 for m in ("ppo", "rloo", "grpo", "odpo"))
+    assert rows["bon (n=2)"]["KL"] == pytest.approx(math.log(2) - 0.5)
+    for method in BUDGET_METHODS:
+        meta = orjson.loads((folder / method / "meta.json").read_bytes())
+        assert meta["budget"]["labels_used"] == N_PREF
+        assert meta["gold"]["kind"] == "pool" and meta["gold"]["judge"] == "gold"
+        assert meta["gold"]["prompts"] == N_VAL  # the val prompts, held out from training
+        judged = [r for r in _records(folder / method / "metrics.jsonl") if "gold_win_rate" in r]
+        assert len(judged) == {"dpo": 1, "odpo": 2}.get(method, 2)  # checkpoints, rounds, the end
+        # the table's row is the method's last gold-judged checkpoint and its own budget
+        assert rows[method]["gold win rate"] == judged[-1]["gold_win_rate"], method
+        assert rows[method]["length"] == judged[-1]["gold_answer_length"], method
+        assert rows[method]["wall s"] == meta["budget"]["wall_seconds"], method
+        # the surrogate reward of its answers to the val prompts, scored by the reward model
+        answers = _records(folder / "answers" / f"{method}.jsonl")
+        assert len(answers) == N_VAL and all("reward" in a for a in answers)
+    online = orjson.loads((folder / "odpo" / "meta.json").read_bytes())["budget"]
+    assert online["rounds"] == 2 and online["labels_used"] == N_PREF  # 2 rounds of 4 pairs
+    bon = _records(folder / "bon" / "metrics.jsonl")
+    assert [row["n"] for row in bon] == [1, 2] and all("gold_win_rate" in row for row in bon)
+    assert rows["bon (n=2)"]["gold win rate"] == bon[-1]["gold_win_rate"]
+    assert rows["bon (n=2)"]["length"] == bon[-1]["gold_answer_length"]
+    _assert_png(folder / "budget.png")
 
 
 @pytest.mark.parametrize("size,column", [("ci", 0), ("demo", 1), ("study", 2), ("full", 3)])

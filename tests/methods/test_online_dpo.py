@@ -231,7 +231,10 @@ def test_max_cost_stops_the_run_cleanly(sft, prompts, tmp_path):
         # enough for part of the first round: it is labelled as far as the budget goes, trained, and
         # the run ends there with a loadable policy
         output = tmp_path / "budget"
-        result = run(sft, prompts, output, *common, "--max-cost", "1.0", env=env)
+        # one DPO step: what this test checks is the budget, not what the round learned
+        result = run(
+            sft, prompts, output, *common, "--max-cost", "1.0", "--max-steps", "1", env=env
+        )
         assert result.exit_code == 0, result.output
     lines = metrics(output)
     assert [line["round"] for line in lines] == [1]
@@ -271,7 +274,8 @@ def test_default_pool_is_offline_and_the_folder_samples(sft, prompts, tmp_path, 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     output = tmp_path / "offline"
     gold = ("--gold", "gold", "--gold-size", "8")  # the offline gold pool watches the round
-    result = run(sft, prompts, output, "--rounds", "1", "--no-cache", *gold)
+    # one DPO step: the test checks what DPO is given and what the gold pool says, not learning
+    result = run(sft, prompts, output, "--rounds", "1", "--no-cache", "--max-steps", "1", *gold)
     assert result.exit_code == 0, result.output
     # OUTPUT is the policy folder, written whole; the run's rounds live beside it
     assert not list(output.glob("round_*")) and not (output / "run.json").exists()
