@@ -26,6 +26,7 @@ from typing import Any
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, Bounds
+from farmkit.train.checkpoints import resume_field, save_steps_field
 from farmkit.train.config import (
     GoldArgs,
     Preset,
@@ -140,17 +141,8 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
-    save_steps: int = shared_field(
-        "save_steps",
-        0,
-        more_help="Steps are rounds here; checkpoints go to DIR-checkpoints/ (removed when the run ends).",
-    )
-    resume: bool = shared_field(
-        "resume",
-        False,
-        more_help="From the newest complete checkpoint in DIR-checkpoints/; "
-        "with none (killed before its first save), the run starts from the beginning.",
-    )
+    save_steps: int = save_steps_field("Steps are rounds here")
+    resume: bool = resume_field()
 
     def __post_init__(self) -> None:
         super().__post_init__()
