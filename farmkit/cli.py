@@ -753,6 +753,42 @@ def train_on_prompts(
     return result
 
 
+def policy_command(
+    name: str,
+    config_class: type,
+    train: str,
+    help: str,
+    summary: Callable[[Any], str | None] | None = None,
+) -> click.Command:
+    """The command of an on-policy trainer (farm-ppo, farm-rloo, farm-grpo, farm-quark): SFT RM
+    PROMPTS -o DIR and `config_class`'s options (--preset, --config and the shared ones), then
+    train_on_prompts with `train` ("module:function", imported when the command runs, so --help
+    loads no torch) and `summary` of its result (default: last_step)."""
+    import importlib
+
+    @click.command(name=name, help=help)
+    @click.argument("sft")
+    @click.argument("reward_model", metavar="RM")
+    @input_argument("prompts")
+    @output_dir_option
+    @config_options(config_class)
+    @common_options
+    def command(
+        sft: str,
+        reward_model: str,
+        prompts: str,
+        output: str,
+        config_file: str | None,
+        **values: Any,
+    ) -> None:
+        module, _, function = train.partition(":")
+        trainer = getattr(importlib.import_module(module), function)
+        config = resolve_config(config_class, config_file, values)
+        train_on_prompts(trainer, config, sft, reward_model, prompts, output, summary or last_step)
+
+    return command
+
+
 def last_step(last: dict[str, Any]) -> str | None:
     """The summary line of a policy-gradient run (farm-ppo, farm-rloo, farm-grpo)."""
     return f"last step: reward {last['reward']:.4f}, kl {last['kl']:.4f}" if last else None

@@ -2,36 +2,13 @@
 
 from __future__ import annotations
 
-import click
-
-from farmkit.cli import (
-    common_options,
-    config_options,
-    entry_point,
-    input_argument,
-    last_step,
-    output_dir_option,
-    resolve_config,
-    train_on_prompts,
-)
+from farmkit.cli import entry_point, policy_command
 from farmkit.methods.group import GRPOConfig
 
-
-@click.command(name="farm-grpo")
-@click.argument("sft")
-@click.argument("reward_model", metavar="RM")
-@input_argument("prompts")
-@output_dir_option
-@config_options(GRPOConfig)
-@common_options
-def cli(
-    sft: str,
-    reward_model: str,
-    prompts: str,
-    output: str,
-    config_file: str | None,
-    **values,
-) -> None:
+cli = policy_command(
+    "farm-grpo",
+    GRPOConfig,
+    "farmkit.methods.group:train_group",
     """Train SFT with GRPO to maximize RM's reward on PROMPTS (instruction records), KL to SFT
     in the loss; write the policy to -o DIR.
 
@@ -49,13 +26,8 @@ def cli(
     Example:
       farm-grpo sft/ rm/ unlabeled.jsonl -o grpo/ --num-samples 8 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128 --dr-grpo
-    """
-    from farmkit.methods.group import train_group
-
-    config = resolve_config(GRPOConfig, config_file, values)
-    train_on_prompts(train_group, config, sft, reward_model, prompts, output, last_step)
-
-
+    """,
+)
 main = entry_point(cli)
 
 if __name__ == "__main__":

@@ -2,36 +2,13 @@
 
 from __future__ import annotations
 
-import click
-
-from farmkit.cli import (
-    common_options,
-    config_options,
-    entry_point,
-    input_argument,
-    last_step,
-    output_dir_option,
-    resolve_config,
-    train_on_prompts,
-)
+from farmkit.cli import entry_point, policy_command
 from farmkit.methods.ppo import PPOConfig
 
-
-@click.command(name="farm-ppo")
-@click.argument("sft")
-@click.argument("reward_model", metavar="RM")
-@input_argument("prompts")
-@output_dir_option
-@config_options(PPOConfig)
-@common_options
-def cli(
-    sft: str,
-    reward_model: str,
-    prompts: str,
-    output: str,
-    config_file: str | None,
-    **values,
-) -> None:
+cli = policy_command(
+    "farm-ppo",
+    PPOConfig,
+    "farmkit.methods.ppo:train_ppo",
     """Train SFT with PPO to maximize RM's reward on PROMPTS (instruction records) minus a KL
     penalty to SFT; write the policy to -o DIR.
 
@@ -47,13 +24,8 @@ def cli(
     Example:
       farm-ppo sft/ rm/ unlabeled.jsonl -o ppo/ --kl-coef 0.0067 --steps 50 \\
           --rollout-batch-size 32 --minibatch-size 8 --max-new-tokens 128
-    """
-    from farmkit.methods.ppo import train_ppo
-
-    config = resolve_config(PPOConfig, config_file, values)
-    train_on_prompts(train_ppo, config, sft, reward_model, prompts, output, last_step)
-
-
+    """,
+)
 main = entry_point(cli)
 
 if __name__ == "__main__":

@@ -3,35 +3,18 @@ quantile, train on it behind a reward control token; sampling adds that token.""
 
 from __future__ import annotations
 
-import click
-
-from farmkit.cli import (
-    common_options,
-    config_options,
-    entry_point,
-    input_argument,
-    output_dir_option,
-    resolve_config,
-    train_on_prompts,
-)
+from farmkit.cli import entry_point, policy_command
 from farmkit.methods.quark import QuarkConfig
 
 
-@click.command(name="farm-quark")
-@click.argument("sft")
-@click.argument("reward_model", metavar="RM")
-@input_argument("prompts")
-@output_dir_option
-@config_options(QuarkConfig)
-@common_options
-def cli(
-    sft: str,
-    reward_model: str,
-    prompts: str,
-    output: str,
-    config_file: str | None,
-    **values,
-) -> None:
+def rewards_by_round(history: list[dict]) -> str:
+    return "mean reward by round: " + ", ".join(f"{entry['reward']:.4f}" for entry in history)
+
+
+cli = policy_command(
+    "farm-quark",
+    QuarkConfig,
+    "farmkit.methods.quark:train_quark",
     """Train SFT with Quark on PROMPTS (instruction records) scored by RM; write the policy to -o DIR.
 
     Each round samples responses, ranks them by RM's score into quantiles and trains on the best
@@ -47,17 +30,9 @@ def cli(
     Example:
       farm-quark sft/ rm/ unlabeled.jsonl -o quark/ --rounds 4 --prompts-per-round 64 \\
           --num-samples 4 --max-new-tokens 128
-    """
-    from farmkit.methods.quark import train_quark
-
-    config = resolve_config(QuarkConfig, config_file, values)
-    train_on_prompts(train_quark, config, sft, reward_model, prompts, output, rewards_by_round)
-
-
-def rewards_by_round(history: list[dict]) -> str:
-    return "mean reward by round: " + ", ".join(f"{entry['reward']:.4f}" for entry in history)
-
-
+    """,
+    summary=rewards_by_round,
+)
 main = entry_point(cli)
 
 if __name__ == "__main__":

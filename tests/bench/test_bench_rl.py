@@ -37,7 +37,10 @@ def test_settings_reach_both_tools_alike(method, tmp_path, monkeypatch):
     args = bench.farmkit_args(method, settings, "sft", "rm", "prompts.jsonl", str(tmp_path / "o"))
     tool = __import__(f"farmkit.tools.farm_{method}", fromlist=["main"])
     seen = []
-    monkeypatch.setattr(tool, "train_on_prompts", lambda train, config, *rest: seen.append(config))
+    # the on-policy commands' one body (cli.policy_command) hands the config to train_on_prompts
+    monkeypatch.setattr(
+        "farmkit.cli.train_on_prompts", lambda train, config, *rest: seen.append(config)
+    )
     with pytest.raises(SystemExit) as exit:
         tool.main(args)  # the console script's own option parsing
     assert exit.value.code == 0
