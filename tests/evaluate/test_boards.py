@@ -60,8 +60,12 @@ def test_text_boards_leave_out_provenance_and_follow_the_columns():
 
 
 def test_a_failed_board_leaves_the_old_file(tmp_path):
+    """The write fails after the file is opened (a generator name that is no UTF-8: a lone
+    surrogate), so only writing beside the file and renaming it keeps the old board."""
     path = tmp_path / "board.csv"
     path.write_text("old\n")
-    with pytest.raises(KeyError):
-        boards.write_board([{"win_rate": 1.0}], "alpaca-eval", str(path))  # no generator
+    rows = [{"generator": "model-\ud800", "win_rate": 50.0}]
+    with pytest.raises(UnicodeEncodeError):
+        boards.write_board(rows, "csv", str(path), ["generator", "win_rate"])
     assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["board.csv"]  # no temporary file left
