@@ -50,6 +50,7 @@ def cli(prefs, output, seed, **values):
     farm-winrate prefs.jsonl --format table
     farm-winrate annotations.json --reference-generator text_davinci_003 --bootstrap 1000 --plot board.png
     farm-winrate prefs.jsonl --compare ppo sft
+    farm-winrate sim_prefs.jsonl --humans labels.jsonl --format table
     farm-winrate nightly_prefs.jsonl --bootstrap 1000 --history winrates.jsonl -q > /dev/null
     """
     config = tool_config(WinrateConfig, values)
