@@ -202,13 +202,13 @@ class PairLedger:
         labelled = judged & (human[:, 0] > 0)
         judge = np.divide(simulated[:, 1], simulated[:, 0], where=judged, out=np.zeros(len(slots)))
         label = np.divide(human[:, 1], human[:, 0], where=labelled, out=np.zeros(len(slots)))
-        return {
-            slot: _row(
+        rows = {}
+        for slot in np.unique(slots).tolist():
+            mine = slots == slot
+            rows[slot] = _row(
                 label[labelled & mine], judge[labelled & mine], judge[judged & mine], confidence
             )
-            for slot in np.unique(slots).tolist()
-            for mine in [slots == slot]
-        }
+        return rows
 
 
 def _row(

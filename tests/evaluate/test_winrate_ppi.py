@@ -174,14 +174,8 @@ def test_humans_add_prediction_powered_columns(tmp_path, simulated):
     table = invoke(
         str(simulated), "--humans", str(path), "--reference-generator", "ref", "--format", "table"
     )
-    assert table.stdout.splitlines()[0].split()[-6:] == [
-        "n_human",
-        "human_win_rate",
-        "ppi_win_rate",
-        "ppi_standard_error",
-        "ppi_ci_low",
-        "ppi_ci_high",
-    ]
+    shown = "n_human human_win_rate ppi_win_rate ppi_standard_error ppi_ci_low ppi_ci_high"
+    assert table.stdout.splitlines()[0].split()[-6:] == shown.split()
 
 
 @pytest.mark.parametrize(
