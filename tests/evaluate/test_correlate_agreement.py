@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from farmkit.tools.farm_correlate import cli
 
+from farmkit.core.io import dumps
 from farmkit.evaluate.correlate import (
     alt_test,
     benjamini_yekutieli,
@@ -35,7 +36,7 @@ FLEISS_TABLE = [
 
 
 def write_jsonl(path, records):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    path.write_bytes(b"".join(map(dumps, records)))  # farmkit's own JSONL writer
     return path
 
 
