@@ -931,11 +931,7 @@ class Overlap:
                 scores = held_out(runs[i], [label for _, label in pair.humans])
                 sums[i], counts[i] = math.fsum(scores), len(scores)
         value, bounds = self.figure(sums, counts)
-        humans = {
-            person: [labels.get(i) for i in range(len(self.pairs))]
-            for person, labels in self.labels.items()
-        }
-        test = alt_test(humans, runs, epsilon, self.weights)
+        test = alt_test(self.labels, runs, epsilon, self.weights)
         return {
             "n_overlap": sum(1 for labels in runs if labels),
             "held_out_agreement": value,
@@ -945,34 +941,36 @@ class Overlap:
 
 
 def alt_test(
-    humans: dict[str, Sequence[float | None]],
+    humans: dict[str, Sequence[float | None] | dict[int, float]],
     judge: Sequence[Sequence[float]],
     epsilon: float = 0.15,
     weights: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The alternative annotator test (definitions in the module's docstring) of a judge whose
-    runs' labels of pair i are judge[i] against humans[name][i] (None: not labelled), on the pairs
-    with three human labels or more; `weights` (resample_weights over the pairs) give the
-    advantage probability an interval."""
+    runs' labels of pair i are judge[i] against humans[name][i] (a list with None where a human
+    did not label, or a dict by pair index), on the pairs with three human labels or more;
+    `weights` (resample_weights over the pairs) give the advantage probability an interval."""
     from scipy import stats
 
-    usable = [
-        i
-        for i, runs in enumerate(judge)
-        if runs and sum(h[i] is not None for h in humans.values()) >= 3
-    ]
-    compared: dict[str, tuple[list[int], np.ndarray, np.ndarray]] = {}
+    by_pair: dict[int, list[tuple[str, float]]] = defaultdict(list)
     for name, labels in humans.items():
-        rows = []
-        for i in usable:
-            if labels[i] is None:
-                continue
-            others = [h[i] for other, h in humans.items() if other != name and h[i] is not None]
-            human_score = np.mean([labels[i] == o for o in others])
-            judge_score = np.mean([np.mean([run == o for o in others]) for run in judge[i]])
-            rows.append((i, human_score, judge_score))
-        if len(rows) >= 2:
-            index, human_scores, judge_scores = zip(*rows, strict=True)
+        for i, label in labels.items() if isinstance(labels, dict) else enumerate(labels):
+            if label is not None:
+                by_pair[i].append((name, label))
+    rows: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for i, runs in enumerate(judge):
+        labelled = by_pair.get(i, [])
+        if not runs or len(labelled) < 3:
+            continue
+        for k, (name, label) in enumerate(labelled):
+            others = [other for _, other in labelled[:k] + labelled[k + 1 :]]
+            human_score = np.mean([label == other for other in others])
+            judge_score = np.mean([np.mean([run == other for other in others]) for run in runs])
+            rows[name].append((i, human_score, judge_score))
+    compared: dict[str, tuple[list[int], np.ndarray, np.ndarray]] = {}
+    for name in sorted(rows):
+        if len(rows[name]) >= 2:
+            index, human_scores, judge_scores = zip(*rows[name], strict=True)
             compared[name] = (list(index), np.array(human_scores), np.array(judge_scores))
     result: dict[str, Any] = dict.fromkeys(ALT_TEST_FIELDS)
     result["epsilon"] = epsilon
