@@ -180,15 +180,23 @@ def test_annotators_answering_at_once_from_several_processes_never_collide(tmp_p
 
 
 @pytest.mark.heavy
-def test_a_second_server_on_the_same_labels_is_refused(tmp_path):
-    pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
+def test_outputs_with_a_reference_and_a_second_server_on_the_same_labels_is_refused(tmp_path):
+    outputs, reference = tmp_path / "outputs.jsonl", tmp_path / "reference.jsonl"
+    for path, generator in ((outputs, "model"), (reference, "ref")):
+        path.write_text(
+            json.dumps({"instruction": "Colour?", "output": f"{generator} says blue"}) + "\n"
+        )
     labels = tmp_path / "labels.jsonl"
     guidelines = tmp_path / "ours.md"
     guidelines.write_text("Prefer the shorter answer.\n")
-    first = Server(tmp_path, str(pairs), "-o", str(labels), "--guidelines", str(guidelines))
+    command = [str(outputs), "--reference", str(reference), "-o", str(labels)]
+    first = Server(tmp_path, *command, "--guidelines", str(guidelines))
     assert first.links["annotator-1"].startswith("http://127.0.0.1:")  # loopback unless --host
-    assert first.get("annotator-1")["guidelines"] == "Prefer the shorter answer.\n"
-    second = label(str(pairs), "-o", str(labels))
+    state = first.get("annotator-1")
+    assert state["guidelines"] == "Prefer the shorter answer.\n"
+    item = state["item"]
+    assert {item["left"], item["right"]} == {"ref says blue", "model says blue"}
+    second = label(*command)
     first.stop()
     assert second.returncode == 1
     stderr = second.stderr.decode()
