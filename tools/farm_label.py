@@ -43,11 +43,19 @@ def cli(pairs, reference, seed, **values):
     farm-label outputs.jsonl --reference ref.jsonl -o labels.jsonl --annotators 3 --checks known.jsonl
     """
     config = tool_config(LabelConfig, values)
-    from farmkit.annotate.label import server
+    if config.output == "-" or config.output.endswith(".gz"):
+        raise click.BadParameter(
+            "LABELS is a plain JSONL file that is rewritten as answers come (not - or .gz)",
+            param_hint="-o",
+        )
+    try:
+        from farmkit.annotate.label import server
+    except ImportError:
+        raise FarmError("farm-label needs its web server: pip install 'farmkit[label]'") from None
     from farmkit.annotate.label.store import open_store, read_checks
     from farmkit.annotate.pairs import read_items
 
-    # every input is read and checked before anything is written or bound
+    # every input is read and checked, and the port taken, before anything is written
     items = [item.record for item in read_items(pairs, reference)]
     if not items:
         raise FarmError(
@@ -56,9 +64,9 @@ def cli(pairs, reference, seed, **values):
         )
     checks = read_checks(config.checks) if config.checks else []
     guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
+    listener = server.bind(config.host, config.port)
+    url = server.base_url(listener, config.host)
     with open_store(config.output, items, checks, config.annotators, config.overlap, seed) as store:
-        listener = server.bind(config.host, config.port)
-        url = server.base_url(listener, config.host)
         for name, token in store.tokens.items():
             click.echo(f"farm-label: {name} {url}/a/{token}", err=True)
         click.echo(f"farm-label: status {url}/status/{store.admin}", err=True)

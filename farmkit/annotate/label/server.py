@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -294,8 +295,6 @@ def _stop(number: int, frame: Any) -> None:
 
 def serve(app: Starlette, listener: socket.socket) -> None:
     """Serve until SIGINT or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
-    import uvicorn
-
     # uvicorn re-raises the signal that stopped it once it is done: with these handlers that is an
     # exception caught here, so a SIGTERM ends the command as a Ctrl-C does, with the summary
     previous = {number: signal.signal(number, _stop) for number in (signal.SIGINT, signal.SIGTERM)}

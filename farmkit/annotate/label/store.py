@@ -289,7 +289,7 @@ def _write_durably(path: Path, data: bytes, mode: int | None = None) -> None:
 def read_checks(path: str) -> list[dict[str, Any]]:
     """The known-answer pairs of --checks: preference records whose preference is 1, 2 or 1.5."""
     checks = []
-    for where, record in read_numbered(path, "preference"):
+    for where, record in read_numbered(path, "pair"):
         if record.get("preference") not in KNOWN:
             raise FarmError(
                 f"{where}: preference is {record.get('preference')!r}; expected a check's known "
