@@ -206,6 +206,16 @@ def click(selector: str):
     return lambda driver: driver.find_element(By.CSS_SELECTOR, selector).click()
 
 
+def double_click(selector: str):
+    """An action: double-click the element SELECTOR."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    return lambda driver: (
+        ActionChains(driver).double_click(driver.find_element(By.CSS_SELECTOR, selector)).perform()
+    )
+
+
 def press(key: str):
     """An action: press KEY on the page (a real key event, through chromedriver)."""
     from selenium.webdriver.common.action_chains import ActionChains

@@ -15,6 +15,7 @@ from dev.browser import (
     choose,
     chromium_missing,
     click,
+    double_click,
     open_browser,
     open_page,
     page_state,
@@ -306,3 +307,28 @@ def test_a_killed_server_restarted_resumes_the_page_with_nothing_lost_or_doubled
     finally:
         server.stop()
     check_labels(read_labels(output), seen, "carol")
+
+
+def test_a_double_click_or_a_double_key_sends_one_answer(tmp_path):
+    write_pairs(tmp_path / "pairs.jsonl", 4)
+    output = tmp_path / "labels.jsonl"
+    with LabelServer(tmp_path / "pairs.jsonl", "-o", output, "--port", "0") as server:
+        with open_browser() as driver:
+            open_page(driver, next(link for name, link in server.links.items() if name != "status"))
+            # every request takes 300 ms, so the second press comes while the first is in flight
+            driver.execute_cdp_cmd("Network.enable", {})
+            driver.execute_cdp_cmd(
+                "Network.emulateNetworkConditions",
+                {
+                    "offline": False,
+                    "latency": 300,
+                    "downloadThroughput": -1,
+                    "uploadThroughput": -1,
+                },
+            )
+            once = act(driver, press("22"))
+            assert (once["progress"], once["error"]) == ("1 / 4", None)
+            twice = act(driver, double_click('button[data-choice="B_much"]'))
+            assert (twice["progress"], twice["error"]) == ("2 / 4", None)
+    labels = read_labels(output)
+    assert [label["strength"] for label in labels] == ["slightly", "much"]
