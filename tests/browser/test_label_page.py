@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +53,16 @@ def write_pairs(path, count: int, topic: str = "question") -> list[dict]:
     return pairs
 
 
+@contextmanager
+def serving(tmp_path, count: int, *options: str) -> Iterator[tuple[LabelServer, list[dict], Path]]:
+    """farm-label on COUNT pairs written under tmp_path, with OPTIONS, on a free port:
+    (the server, the pairs, its -o)."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl", count)
+    output = tmp_path / "labels.jsonl"
+    with LabelServer(tmp_path / "pairs.jsonl", "-o", output, "--port", "0", *options) as server:
+        yield server, pairs, output
+
+
 def read_labels(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -91,11 +104,7 @@ def label(driver, choice: str, by_key: bool) -> tuple[dict, dict]:
 
 
 def test_a_batch_by_clicks_and_keys(tmp_path):
-    pairs = write_pairs(tmp_path / "pairs.jsonl", 10)
-    output = tmp_path / "labels.jsonl"
-    with LabelServer(
-        tmp_path / "pairs.jsonl", "-o", output, "--annotators", "alice", "--port", "0"
-    ) as server:
+    with serving(tmp_path, 10, "--annotators", "alice") as (server, pairs, output):
         with open_browser() as driver:
             state = open_page(driver, server.links["alice"])
             assert state["progress"] == "0 / 10"
@@ -130,11 +139,7 @@ def test_a_batch_by_clicks_and_keys(tmp_path):
 
 
 def test_undo_by_key_and_button_and_a_reload_midway(tmp_path):
-    write_pairs(tmp_path / "pairs.jsonl", 5)
-    output = tmp_path / "labels.jsonl"
-    with LabelServer(
-        tmp_path / "pairs.jsonl", "-o", output, "--port", "0", "--annotators", "bob"
-    ) as server:
+    with serving(tmp_path, 5, "--annotators", "bob") as (server, _, output):
         with open_browser() as driver:
             first = open_page(driver, server.links["bob"])
             assert not first["can_undo"]
@@ -166,11 +171,7 @@ def test_undo_by_key_and_button_and_a_reload_midway(tmp_path):
 
 
 def test_two_annotators_at_once_each_see_only_their_items(tmp_path):
-    pairs = write_pairs(tmp_path / "pairs.jsonl", 8)
-    output = tmp_path / "labels.jsonl"
-    with LabelServer(
-        tmp_path / "pairs.jsonl", "-o", output, "--annotators", "alice,bob", "--port", "0"
-    ) as server:
+    with serving(tmp_path, 8, "--annotators", "alice,bob") as (server, pairs, output):
         with open_browser() as alice, open_browser() as bob:
             drivers = {"alice": alice, "bob": bob}
             seen = {name: [] for name in drivers}
@@ -255,11 +256,7 @@ def test_injected_outputs_run_nothing_and_stay_visible_as_text(tmp_path):
 
 
 def test_a_wrong_token_shows_403_and_nothing_else(tmp_path):
-    write_pairs(tmp_path / "pairs.jsonl", 3)
-    output = tmp_path / "labels.jsonl"
-    with LabelServer(
-        tmp_path / "pairs.jsonl", "-o", output, "--annotators", "alice", "--port", "0"
-    ) as server:
+    with serving(tmp_path, 3, "--annotators", "alice") as (server, _, output):
         good = server.links["alice"]
         wrong = good.rsplit("/", 1)[0] + "/" + "x" * 32
         with open_browser() as driver:
@@ -310,9 +307,7 @@ def test_a_killed_server_restarted_resumes_the_page_with_nothing_lost_or_doubled
 
 
 def test_a_double_click_or_a_double_key_sends_one_answer(tmp_path):
-    write_pairs(tmp_path / "pairs.jsonl", 4)
-    output = tmp_path / "labels.jsonl"
-    with LabelServer(tmp_path / "pairs.jsonl", "-o", output, "--port", "0") as server:
+    with serving(tmp_path, 4) as (server, _, output):
         with open_browser() as driver:
             open_page(driver, next(link for name, link in server.links.items() if name != "status"))
             # every request takes 300 ms, so the second press comes while the first is in flight
