@@ -202,9 +202,10 @@ def test_a_malformed_answer_is_400_and_nothing_is_written(session, body):
         "/a/{admin}/api/state",
     ],
 )
-def test_a_wrong_or_missing_token_gets_403_and_the_same_body(session, path):
+@pytest.mark.parametrize("wrong", ["x" * 32, "%C3%A9t%C3%A9", "..%2F..%2Fetc"])
+def test_a_wrong_or_missing_token_gets_403_and_the_same_body(session, path, wrong):
     store, client = session
-    url = path.format(wrong="x" * 32, alice=store.tokens["alice"], admin=store.admin)
+    url = path.format(wrong=wrong, alice=store.tokens["alice"], admin=store.admin)
     reply = client.get(url)
     assert (reply.status_code, reply.text) == (403, FORBIDDEN)
     reply = client.post(
@@ -220,6 +221,13 @@ def test_the_page_and_its_assets_are_served(session):
     page = client.get(f"/a/{store.tokens['bob']}")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert client.get("/static/label.js").status_code == 200
+    # the session file (the tokens) is beside the page's folder here: out of reach
+    for escape in (
+        "/static/../labels.jsonl.session.json",
+        "/static/..%2Flabels.jsonl.session.json",
+    ):
+        reply = client.get(escape)
+        assert reply.status_code != 200 and store.admin not in reply.text
 
 
 def test_every_reply_carries_the_security_headers_and_the_api_is_not_cached(session):

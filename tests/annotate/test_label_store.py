@@ -112,6 +112,7 @@ def test_an_existing_file_that_is_not_a_session_is_left_alone(tmp_path):
     with pytest.raises(FarmError, match="exists and is not a farm-label session"):
         opened(tmp_path)
     assert (tmp_path / "labels.jsonl").read_text() == '{"precious": true}\n'
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["labels.jsonl"]
 
 
 def test_checks_must_be_pairs_with_a_known_preference(tmp_path):

@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_tool
 
 pytest.importorskip("uvicorn")
 
@@ -44,6 +43,11 @@ with open(acked, "a") as out:
         out.write(item + "\n")
         out.flush()
 """
+
+
+def label(*args: str) -> subprocess.CompletedProcess:
+    """farm-label run to its end (a refusal): a plain process, since it loads no model."""
+    return subprocess.run([TOOL, *args], capture_output=True, timeout=120)
 
 
 def write_pairs(path: Path, count: int) -> Path:
@@ -123,7 +127,7 @@ def test_kill_9_mid_answering_then_the_same_command_resumes_with_nothing_lost_or
     assert len(acknowledged) >= 5
 
     # another PAIRS for the same LABELS is refused, and changes nothing
-    other = run_tool("farm-label", str(write_pairs(tmp_path / "other.jsonl", 39)), *command[1:])
+    other = label(str(write_pairs(tmp_path / "other.jsonl", 39)), *command[1:])
     assert other.returncode == 1
     assert "started with other pairs (a different assignment)" in other.stderr.decode()
 
@@ -136,6 +140,7 @@ def test_kill_9_mid_answering_then_the_same_command_resumes_with_nothing_lost_or
     assert alice[: len(acknowledged)] == acknowledged and len(alice) - len(acknowledged) <= 1
     state = again.get("alice")
     assert state["progress"]["done"] == len(alice)
+    assert state["guidelines"].startswith("# How to judge a pair")  # farmkit's own
     assert state["item"]["item_id"] not in alice
     finished = client(again.links["alice"], acked, "B_slightly")
     assert finished.wait(timeout=120) == 0
@@ -175,11 +180,23 @@ def test_annotators_answering_at_once_from_several_processes_never_collide(tmp_p
 
 
 @pytest.mark.heavy
-def test_a_second_server_on_the_same_labels_is_refused(tmp_path):
-    pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
+def test_outputs_with_a_reference_and_a_second_server_on_the_same_labels_is_refused(tmp_path):
+    outputs, reference = tmp_path / "outputs.jsonl", tmp_path / "reference.jsonl"
+    for path, generator in ((outputs, "model"), (reference, "ref")):
+        path.write_text(
+            json.dumps({"instruction": "Colour?", "output": f"{generator} says blue"}) + "\n"
+        )
     labels = tmp_path / "labels.jsonl"
-    first = Server(tmp_path, str(pairs), "-o", str(labels))
-    second = run_tool("farm-label", str(pairs), "-o", str(labels))
+    guidelines = tmp_path / "ours.md"
+    guidelines.write_text("Prefer the shorter answer.\n")
+    command = [str(outputs), "--reference", str(reference), "-o", str(labels)]
+    first = Server(tmp_path, *command, "--guidelines", str(guidelines))
+    assert first.links["annotator-1"].startswith("http://127.0.0.1:")  # loopback unless --host
+    state = first.get("annotator-1")
+    assert state["guidelines"] == "Prefer the shorter answer.\n"
+    item = state["item"]
+    assert {item["left"], item["right"]} == {"ref says blue", "model says blue"}
+    second = label(*command)
     first.stop()
     assert second.returncode == 1
     stderr = second.stderr.decode()
@@ -192,9 +209,7 @@ def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = run_tool(
-            "farm-label", str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--port", str(port)
-        )
+        result = label(str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--port", str(port))
     assert result.returncode == 1
     stderr = result.stderr.decode()
     assert f"farm-label: error: cannot listen on 127.0.0.1:{port}: " in stderr
@@ -224,7 +239,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, setup, args, 
     names = {"pairs": pairs, "checks": checks, "tmp": tmp_path}
     filled = [arg.format(**names) for arg in args]
     output = [] if "-o" in filled else ["-o", str(tmp_path / "labels.jsonl")]
-    result = run_tool("farm-label", str(pairs), *output, *filled)
+    result = label(str(pairs), *output, *filled)
     assert result.returncode == code, result.stderr.decode()
     assert message.format(**names) in result.stderr.decode()
     assert "Traceback" not in result.stderr.decode()

@@ -84,6 +84,7 @@ class Store:
         assignment was drawn from), read the tokens (new ones for a new session) and replay the
         journal. Raises FarmError when another server holds LABELS or it was made otherwise."""
         self.output.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.journal_path.exists()
         journal = os.open(self.journal_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -100,6 +101,8 @@ class Store:
             self._rewrite(checks=True)
         except BaseException:
             self.close()
+            if new and not self.session_path.exists():  # refused before it began: leave no trace
+                self.journal_path.unlink(missing_ok=True)
             raise
         return self
 
