@@ -308,10 +308,12 @@ class Annotator:
 
     def estimate(self, items: list[Item], plan: Plan) -> dict[str, Any]:
         prompt = completion = 0
-        price = 0.0
+        price = batch_price = 0.0
         for request in plan.requests:
             p, c, cost = self.request_cost(request, items)
             prompt, completion, price = prompt + p, completion + c, price + cost
+            model = self.pool.model_for(self.pool.judges[request[0].judge]) or ""
+            batch_price += self.prices.price(model, p, c, batch=True) if cost else 0.0
         paid = [self._classes[r[0].judge].priced for r in plan.requests]
         return {
             "items": len(items),
@@ -325,6 +327,7 @@ class Annotator:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "price": round(price, 6),
+            "batch_price": round(batch_price, 6),  # the same requests through a Batch API
             "unpriced_models": sorted(self.prices.unpriced),
         }
 
