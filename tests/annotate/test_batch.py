@@ -284,3 +284,35 @@ def test_a_schema_1_cache_gains_the_batch_tables_and_keeps_its_verdicts(tmp_path
     cache.close()
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone() == ("2",)
+
+
+def test_farm_eval_passes_batch_through(setup):
+    from farmkit.tools.farm_eval import cli as evaluate
+
+    outputs, reference = setup.tmp / "outputs.jsonl", setup.tmp / "reference.jsonl"
+    questions = [f"Question {i}?" for i in range(4)]
+    reference.write_bytes(
+        b"".join(
+            orjson.dumps({"instruction": q, "output": "Yes.", "generator": "ref"}) + b"\n"
+            for q in questions
+        )
+    )
+    outputs.write_bytes(
+        b"".join(
+            orjson.dumps({"instruction": q, "output": "Yes, and here is why.", "generator": "m"})
+            + b"\n"
+            for q in questions
+        )
+    )
+    args = [str(outputs), "--reference", str(reference), "--pool", setup.pool]
+    args += ["--cache", setup.cache, "--batch", "submit", "--bootstrap", "0"]
+    with BatchServer(polls=1) as server:
+        runner = CliRunner()
+        first = runner.invoke(evaluate, args, env=_env(server), catch_exceptions=False)
+        assert first.exit_code == 0 and first.stdout == ""
+        assert _pending(setup.cache) == 4
+        second = runner.invoke(evaluate, args, env=_env(server), catch_exceptions=False)
+        assert second.exit_code == 0, second.stderr
+        (row,) = [orjson.loads(line) for line in second.stdout.splitlines()]
+        assert row["generator"] == "m" and row["win_rate"] == 100.0
+        assert server.direct == 0 and set(server.answered.values()) == {1}
