@@ -52,6 +52,14 @@ def _longer(record: dict) -> int:
     return 2 if len(record["output_2"]) > len(record["output_1"]) else 1
 
 
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch):
+    """Look at a batch every 50 ms (1 s at first, in real runs): the fake finishes in a few looks."""
+    from farmkit.annotate import batch
+
+    monkeypatch.setattr(batch, "FIRST_POLL", 0.05)
+
+
 @pytest.fixture(name="setup")
 def setup_fixture(tmp_path):
     pool = tmp_path / "pool.yaml"
