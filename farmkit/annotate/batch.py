@@ -23,6 +23,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -265,8 +266,12 @@ class BatchMode:
             float(settings["backoff"]),
             self.stats,
         )
-        self.unparsed: dict[str, Verdict] = {}  # key -> its reply, unreadable, in this run
+        # key -> its verdict-less answer in this run (a reply that could not be read, or none after
+        # max_retries + 1 batches): not sent again by this run
+        self.unparsed: dict[str, Verdict] = {}
         self.failed: set[str] = set()  # keys of lines a batch did not answer, in this run
+        self.tries: Counter = Counter()  # key -> batches that left it unanswered, in this run
+        self.most_tries = int(settings["max_retries"])
         self.committed: dict[str, float] = {}  # intent -> worst price, of this run's batches
 
     # -- the run ----------------------------------------------------------------------------
@@ -438,8 +443,15 @@ class BatchMode:
             read = self._reply(replies.get(custom_id), spec, batch)
             if isinstance(read, str):
                 log.info("farm-annotate: batch %s, %s: %s", batch.get("id"), custom_id, read)
-                self.failed.update(keys)
                 self.stats.failed += 1
+                self.tries.update(keys)
+                if max(self.tries[key] for key in keys) > self.most_tries:
+                    # a batch after batch leaves it unanswered (a model the endpoint refuses in
+                    # batches, say): no verdict, with the reason, rather than a new batch every poll
+                    reason = f"no reply in {self.most_tries + 1} batches: {read}"
+                    self.unparsed.update({key: Verdict(None, reason=reason) for key in keys})
+                else:
+                    self.failed.update(keys)
                 continue
             self.stats.collected += 1
             for key, verdict in zip(keys, read, strict=True):
@@ -457,7 +469,9 @@ class BatchMode:
     ) -> list[Verdict] | str:
         """The verdicts of one line's reply, or why it has none (to be asked again)."""
         if entry is None:
-            return f"no reply (batch {batch.get('status')})"
+            errors = (batch.get("errors") or {}).get("data") or [{}]
+            said = f": {errors[0].get('message')}" if errors[0].get("message") else ""
+            return redact(f"no reply (batch {batch.get('status')}{said})", self.client.api_key)
         response = entry.get("response") if isinstance(entry.get("response"), dict) else {}
         if entry.get("error") or response.get("status_code") != 200:
             error = entry.get("error") or (response.get("body") or {}).get("error") or {}

@@ -25,7 +25,7 @@ import socket
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +255,7 @@ class VerdictCache:
         intent: str,
         endpoint: str,
         lines: list[tuple[str, list[str], dict[str, Any]]],
-        worst: Any,
+        worst: Callable[[list[str]], float],
     ) -> list[str]:
         """Record the intent to send `lines` ((custom_id, keys, spec)) as one batch, before anything
         is uploaded, and return the custom_ids taken: a line whose keys are answered, pending in

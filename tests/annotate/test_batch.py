@@ -324,3 +324,15 @@ def test_farm_eval_passes_batch_through(setup):
         (row,) = [orjson.loads(line) for line in second.stdout.splitlines()]
         assert row["generator"] == "m" and row["win_rate"] == 100.0
         assert server.direct == 0 and set(server.answered.values()) == {1}
+
+
+def test_batches_that_keep_failing_end_in_null_verdicts_not_a_batch_every_poll(setup):
+    # the pool's max_retries is 2: a question gets three batches, then no verdict with the reason
+    with BatchServer(outcomes=["failed"] * 10) as server:
+        done = _annotate(setup, server, "--batch", "--batch-wait", "30", input=_pairs(2))
+        assert done.code == 0, done.stderr
+        assert server.calls["POST /v1/batches"] == 3 and not server.answered
+    assert [r["preference"] for r in done.records] == [None, None]
+    assert {r["preference_reason"] for r in done.records} == {
+        "no reply in 3 batches: no reply (batch failed)"
+    }
