@@ -32,7 +32,7 @@ import orjson
 
 from farmkit.annotate.backends import backend_class
 from farmkit.annotate.base import Verdict
-from farmkit.annotate.cache import VerdictCache
+from farmkit.annotate.cache import PENDING_IN_BATCH, VerdictCache
 from farmkit.annotate.cost import prompt_bound
 from farmkit.annotate.engine import Annotator, Ask, Plan, _stored
 from farmkit.annotate.openai_backend import base_url, endpoint, read_reply, request_body
@@ -551,7 +551,7 @@ def hold_pending(cache: VerdictCache, plan: Plan) -> int:
     pending = cache.pending_keys(ask.key for ask in asks)
     if not pending:
         return 0
-    verdict = Verdict(None, reason="pending in a batch: collect it with --batch")
+    verdict = Verdict(None, reason=PENDING_IN_BATCH)
     for ask in asks:
         if ask.key in pending:
             for each in [ask, *plan.followers.get(ask.key, [])]:

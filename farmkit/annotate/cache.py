@@ -124,6 +124,8 @@ def _alive(pid: int, owner: str) -> bool:
     return not (started and recorded and recorded != started)
 
 
+# the reason a direct run gives a question that a pending batch asks (it is not asked twice)
+PENDING_IN_BATCH = "pending in a batch: collect it with --batch"
 # an intent recorded on another host, whose batch id never came: how long before another run takes
 # it for abandoned and looks for its batch itself (a live run creates its batch within seconds)
 ORPHAN_AFTER = 3600.0

@@ -336,3 +336,30 @@ def test_batches_that_keep_failing_end_in_null_verdicts_not_a_batch_every_poll(s
     assert {r["preference_reason"] for r in done.records} == {
         "no reply in 3 batches: no reply (batch failed)"
     }
+
+
+def test_a_direct_run_leaves_out_what_a_batch_took_after_its_plan(setup, monkeypatch):
+    """A batch recorded by another run between a direct run's plan and its requests: the direct
+    run does not ask those questions (the batch pays for them), it gives them no verdict."""
+    from farmkit.annotate.pairs import Item
+    from farmkit.annotate.pools import load_pool
+    from farmkit.annotate.run import Run
+
+    items = [Item(orjson.loads(line)) for line in _pairs(4).splitlines()]
+    with BatchServer() as server:
+        for name, value in _env(server).items():
+            monkeypatch.setenv(name, value)
+        with Run(load_pool(setup.pool), cache_path=setup.cache) as run:
+            plan = run.annotator.plan(items)
+            taken = plan.requests[0]
+            other = VerdictCache(setup.cache)
+            assert other.record_batch(
+                "elsewhere", server.url, [("c", [a.key for a in taken], {})], lambda ids: 0.0
+            ) == ["c"]
+            records = list(run.annotator.run(items, plan))
+            other.close()
+        asked = sum(len(request) for request in plan.requests) - len(taken)
+        assert server.direct == len(plan.requests) - 1 and asked > 0
+    held = [r for r in records if r["preference"] is None]
+    assert len(held) == len(taken)
+    assert {r["preference_reason"] for r in held} == {"pending in a batch: collect it with --batch"}
