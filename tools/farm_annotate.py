@@ -8,6 +8,7 @@ import logging
 import click
 import orjson
 
+from farmkit.annotate.batch import BatchConfig
 from farmkit.annotate.pools import AnnotateConfig
 from farmkit.cli import (
     common_options,
@@ -38,6 +39,7 @@ from farmkit.core.io import RecordWriter, records_stdout
     both_orders_help="A pair costs two requests.",
 )
 @field_options(AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries")
+@field_options(BatchConfig)
 @shared_option("device")  # of the local and reward-model judges
 @field_options(AnnotateConfig, "progress", "list_pools")
 @on_error_option
@@ -64,6 +66,10 @@ def cli(
     concurrency,
     timeout,
     max_retries,
+    batch,
+    batch_wait,
+    batch_fallback,
+    ledger,
     device,
     progress,
     list_pools,
@@ -139,13 +145,19 @@ def cli(
         device=device,
         show_progress=progress,
         assign_by=assign_by,
+        batch=BatchConfig(batch, batch_wait, batch_fallback, ledger),
     ) as run:
         if estimate:
             records_stdout().write(orjson.dumps(run.estimate(items)) + b"\n")
             return
-        with RecordWriter(output) as writer:
-            writer.write_all(run.records(items))
-    run.summary()
+
+        def write(records) -> None:
+            with RecordWriter(output) as writer:
+                writer.write_all(records)
+
+        status = run.annotate(items, write)
+    if status:
+        raise SystemExit(status)
 
 
 main = entry_point(cli)

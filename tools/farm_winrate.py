@@ -52,8 +52,16 @@ def cli(prefs, output, seed, **values):
     farm-winrate prefs.jsonl --compare ppo sft
     farm-winrate sim_prefs.jsonl --humans labels.jsonl --format table
     farm-winrate nightly_prefs.jsonl --bootstrap 1000 --history winrates.jsonl -q > /dev/null
+    farm-winrate --ledger spend.jsonl -o spend_by_day.jsonl
     """
     config = tool_config(WinrateConfig, values)
+    if config.ledger:
+        if prefs:
+            raise click.UsageError("--ledger totals a ledger; leave PREFS out")
+        from farmkit.annotate.ledger import totals
+
+        write_board(totals(config.ledger), config.fmt, output)
+        return
     if config.reference and config.swap:
         raise click.UsageError(
             "--reference-generator orients each record by itself; it cannot be combined with --swap"

@@ -82,6 +82,7 @@ class Backend:
     parses: ClassVar[bool] = (
         False  # reads verdicts from a judge's text: records count parse failures
     )
+    batched: ClassVar[bool] = False  # may be asked through a Batch API (farm-annotate --batch)
 
     def __init__(self, pool: Pool, options: dict[str, Any]) -> None:
         self.pool, self.options = pool, options

@@ -8,6 +8,12 @@ for the verdict instead of paying for it again. A claim ends when its verdict is
 releases it (a failure, the end of the run), when its process is gone (same host: exited, killed
 and not yet reaped, or its pid since reused) or when its lease ends (a live run renews its claims'
 leases as it goes, so only a run that died on another host is waited for that long).
+
+Questions sent through a Batch API (farmkit.annotate.batch) are pending for hours: the batches a run
+means to create or has created (`batches`, one row per intent, written before anything is uploaded),
+the lines of each (`batch_lines`: a custom_id, the keys it asks and how to read its reply) and the key
+-> line index (`batch_keys`) live here too, so that a later run collects them and no run asks a
+pending question again. Schema 2 added these tables; a schema 1 file gains them when opened.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import socket
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +33,19 @@ import orjson
 
 from farmkit.core.io import FarmError, process_umask
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 VERDICTS = "key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL"
 CLAIMS = "key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, expires REAL NOT NULL"
+# schema 2: pending batches. batch_id and file_id stay NULL until the endpoint gave them; `worst` is
+# the most the batch can be billed (USD), `endpoint` where it was sent
+BATCHES = (
+    "intent TEXT PRIMARY KEY, endpoint TEXT NOT NULL, batch_id TEXT, file_id TEXT, "
+    "owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, created REAL NOT NULL, worst REAL NOT NULL"
+)
+BATCH_LINES = (
+    "custom_id TEXT PRIMARY KEY, intent TEXT NOT NULL, keys BLOB NOT NULL, spec BLOB NOT NULL"
+)
+BATCH_KEYS = "key TEXT PRIMARY KEY, custom_id TEXT NOT NULL"
 
 
 def _create(path: Path) -> None:
@@ -108,6 +124,13 @@ def _alive(pid: int, owner: str) -> bool:
     return not (started and recorded and recorded != started)
 
 
+# the reason a direct run gives a question that a pending batch asks (it is not asked twice)
+PENDING_IN_BATCH = "pending in a batch: collect it with --batch"
+# an intent recorded on another host, whose batch id never came: how long before another run takes
+# it for abandoned and looks for its batch itself (a live run creates its batch within seconds)
+ORPHAN_AFTER = 3600.0
+
+
 def cache_key(parts: dict[str, Any]) -> str:
     """A stable hash of everything that can change a verdict."""
     return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
@@ -131,12 +154,29 @@ class VerdictCache:
             _retry_busy(lambda: self._db.execute("PRAGMA journal_mode=WAL"))
             self._db.execute(f"CREATE TABLE IF NOT EXISTS verdicts ({VERDICTS})")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS claims ({CLAIMS})")
+            self._migrate()
             pid = os.getpid()
             self.owner = f"{socket.gethostname()}:{pid}:{_started(pid) or ''}:{os.urandom(6).hex()}"
         except sqlite3.DatabaseError as exc:
             raise FarmError(
                 f"{self.path}: cannot open the annotation cache ({exc}); pass --cache PATH or --no-cache"
             ) from None
+
+    def _migrate(self) -> None:
+        """Bring a schema 1 file to schema 2 (the batch tables; nothing else changed)."""
+        row = self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'batch_keys'"
+        ).fetchone()
+        if row is not None:
+            return
+        with self._transaction():
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS batches ({BATCHES})")
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS batch_lines ({BATCH_LINES})")
+            self._db.execute(f"CREATE TABLE IF NOT EXISTS batch_keys ({BATCH_KEYS})")
+            self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+            )
 
     def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
         keys = list(dict.fromkeys(keys))
@@ -173,15 +213,7 @@ class VerdictCache:
             for key in dict.fromkeys(keys):
                 if key in answered:
                     continue
-                row = self._db.execute(
-                    "SELECT owner, host, pid, expires FROM claims WHERE key = ?", (key,)
-                ).fetchone()
-                if (
-                    row is not None
-                    and row[0] != self.owner
-                    and row[3] > now
-                    and not (row[1] == host and not _alive(row[2], row[0]))
-                ):
+                if self._claimed_elsewhere(key, host, now):
                     theirs.append(key)
                     continue
                 self._db.execute(
@@ -190,6 +222,136 @@ class VerdictCache:
                 )
                 mine.append(key)
         return mine, theirs, answered
+
+    def _claimed_elsewhere(self, key: str, host: str, now: float) -> bool:
+        """Whether another live run holds a claim on `key` (inside a transaction)."""
+        row = self._db.execute(
+            "SELECT owner, host, pid, expires FROM claims WHERE key = ?", (key,)
+        ).fetchone()
+        return (
+            row is not None
+            and row[0] != self.owner
+            and row[3] > now
+            and not (row[1] == host and not _alive(row[2], row[0]))
+        )
+
+    # -- pending batches (farmkit.annotate.batch) ----------------------------------------------
+
+    def pending_keys(self, keys: Iterable[str]) -> set[str]:
+        """The keys among `keys` that a pending batch asks."""
+        keys = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        for start in range(0, len(keys), 900):
+            chunk = keys[start : start + 900]
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                key
+                for (key,) in self._db.execute(
+                    f"SELECT key FROM batch_keys WHERE key IN ({marks})", chunk
+                )
+            )
+        return found
+
+    def record_batch(
+        self,
+        intent: str,
+        endpoint: str,
+        lines: list[tuple[str, list[str], dict[str, Any]]],
+        worst: Callable[[list[str]], float],
+    ) -> list[str]:
+        """Record the intent to send `lines` ((custom_id, keys, spec)) as one batch, before anything
+        is uploaded, and return the custom_ids taken: a line whose keys are answered, pending in
+        another batch or claimed by a live run is left out (in the same transaction, so two runs
+        never both send a question). `worst(taken custom_ids)`: the batch's worst price (USD)."""
+        host, now = socket.gethostname(), time.time()
+        taken: list[str] = []
+        with self._transaction():
+            for custom_id, keys, spec in lines:
+                if (
+                    self.get_many(keys)
+                    or self.pending_keys(keys)
+                    or any(self._claimed_elsewhere(key, host, now) for key in keys)
+                ):
+                    continue
+                self._db.execute(
+                    "INSERT OR REPLACE INTO batch_lines VALUES (?, ?, ?, ?)",
+                    (custom_id, intent, orjson.dumps(keys), orjson.dumps(spec)),
+                )
+                self._db.executemany(
+                    "INSERT INTO batch_keys VALUES (?, ?)", [(key, custom_id) for key in keys]
+                )
+                taken.append(custom_id)
+            if taken:
+                self._db.execute(
+                    "INSERT INTO batches VALUES (?, ?, NULL, NULL, ?, ?, ?, ?, ?)",
+                    (intent, endpoint, self.owner, host, os.getpid(), now, worst(taken)),
+                )
+        return taken
+
+    def set_batch(self, intent: str, column: str, value: str) -> None:
+        """Note the endpoint's id of an intent's uploaded file (`file_id`) or its batch (`batch_id`)."""
+        assert column in ("file_id", "batch_id")
+        with self._transaction():
+            self._db.execute(f"UPDATE batches SET {column} = ? WHERE intent = ?", (value, intent))
+
+    def batches(self) -> list[dict[str, Any]]:
+        """Every pending batch, oldest first, with `orphaned`: its batch id is not known yet and the
+        run that recorded it is gone (killed between recording and creating it)."""
+        host, now = socket.gethostname(), time.time()
+        rows = self._db.execute(
+            "SELECT intent, endpoint, batch_id, file_id, owner, host, pid, created, worst "
+            "FROM batches ORDER BY created"
+        ).fetchall()
+        found = []
+        for intent, endpoint, batch_id, file_id, owner, on, pid, created, worst in rows:
+            gone = owner != self.owner and (
+                not _alive(pid, owner) if on == host else created + ORPHAN_AFTER < now
+            )
+            found.append(
+                {
+                    "intent": intent,
+                    "endpoint": endpoint,
+                    "batch_id": batch_id,
+                    "file_id": file_id,
+                    "created": created,
+                    "worst": worst,
+                    "orphaned": batch_id is None and gone,
+                }
+            )
+        return found
+
+    def batch_lines(self, intent: str) -> dict[str, tuple[list[str], dict[str, Any]]]:
+        """custom_id -> (keys, spec) of an intent's lines still pending."""
+        return {
+            custom_id: (orjson.loads(keys), orjson.loads(spec))
+            for custom_id, keys, spec in self._db.execute(
+                "SELECT custom_id, keys, spec FROM batch_lines WHERE intent = ?", (intent,)
+            )
+        }
+
+    def settle_lines(
+        self, intent: str, custom_ids: list[str], verdicts: dict[str, dict[str, Any]]
+    ) -> None:
+        """Lines of `intent` that are done (answered, or to be asked again): their `verdicts` written
+        and the lines no longer pending, in one transaction; the intent ends with its last line."""
+        now = time.time()
+        with self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)",
+                [(key, orjson.dumps(value), now) for key, value in verdicts.items()],
+            )
+            self._db.executemany(
+                "DELETE FROM batch_keys WHERE custom_id = ?", [(c,) for c in custom_ids]
+            )
+            self._db.executemany(
+                "DELETE FROM batch_lines WHERE custom_id = ? AND intent = ?",
+                [(c, intent) for c in custom_ids],
+            )
+            left = self._db.execute(
+                "SELECT 1 FROM batch_lines WHERE intent = ? LIMIT 1", (intent,)
+            ).fetchone()
+            if left is None:
+                self._db.execute("DELETE FROM batches WHERE intent = ?", (intent,))
 
     def renew(self, lease: float) -> None:
         """Extend every claim this run holds to `lease` seconds from now."""

@@ -23,7 +23,7 @@ import orjson
 
 from farmkit.annotate.backends import Backends, backend_class
 from farmkit.annotate.base import FatalBackendError, RequestFailed, Verdict
-from farmkit.annotate.cache import VerdictCache, cache_key
+from farmkit.annotate.cache import PENDING_IN_BATCH, VerdictCache, cache_key
 from farmkit.annotate.cost import (
     EXPECTED_COMPLETION_TOKENS,
     MESSAGE_TOKENS,
@@ -308,10 +308,12 @@ class Annotator:
 
     def estimate(self, items: list[Item], plan: Plan) -> dict[str, Any]:
         prompt = completion = 0
-        price = 0.0
+        price = batch_price = 0.0
         for request in plan.requests:
             p, c, cost = self.request_cost(request, items)
             prompt, completion, price = prompt + p, completion + c, price + cost
+            model = self.pool.model_for(self.pool.judges[request[0].judge]) or ""
+            batch_price += self.prices.price(model, p, c, batch=True) if cost else 0.0
         paid = [self._classes[r[0].judge].priced for r in plan.requests]
         return {
             "items": len(items),
@@ -325,6 +327,7 @@ class Annotator:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "price": round(price, 6),
+            "batch_price": round(batch_price, 6),  # the same requests through a Batch API
             "unpriced_models": sorted(self.prices.unpriced),
         }
 
@@ -554,17 +557,31 @@ class Annotator:
             return asks, []
         # the claim reads the verdicts in its own transaction: a key answered by another run since the
         # plan (or since this run last looked) is settled from the cache, never claimed and paid again
-        _, theirs, answered = self.cache.claim(
+        mine, theirs, answered = self.cache.claim(
             [ask.key for ask in asks if ask.key is not None], lease
         )
         for ask in asks:
             if ask.key in answered:
                 self._settle(ask, _verdict(answered[ask.key]), cached=True)
+        self._leave_batched(asks, mine)
         rest = [ask for ask in asks if ask.verdict is None]
         taken = set(theirs)
         return [ask for ask in rest if ask.key not in taken], [
             ask for ask in rest if ask.key in taken
         ]
+
+    def _leave_batched(self, asks: list[Ask], mine: list[str]) -> None:
+        """Questions a batch took since the plan (farm-annotate --batch in another run) are not
+        asked directly: paid once, by the batch. Read after this run's claim, so a batch recorded
+        later saw the claim and left them out."""
+        assert self.cache is not None
+        batched = self.cache.pending_keys(mine)
+        if not batched:
+            return
+        self.cache.release(list(batched))
+        for ask in asks:
+            if ask.key in batched and ask.verdict is None:
+                self._settle(ask, Verdict(None, reason=PENDING_IN_BATCH))
 
     def _settle(self, ask: Ask, verdict: Verdict, cached: bool = False) -> None:
         """Give `ask`, and the same question asked elsewhere in this run, its verdict."""

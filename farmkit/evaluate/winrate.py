@@ -708,3 +708,11 @@ class WinrateConfig:
         path={"dir_okay": False},
         metavar="FILE",
     )
+    ledger: str | None = help_field(
+        None,
+        "Instead of ranking PREFS, total this farm-annotate --ledger file: one row per day (UTC) with its "
+        "runs, pairs, requests, tokens and price, batch and direct apart, each judge's as price:MODEL; "
+        "`farm-plot curves FILE` draws the rows written with -o.",
+        path={"exists": True, "dir_okay": False},
+        metavar="FILE",
+    )

@@ -98,7 +98,8 @@ SHARED_HELP = {
     "max_cost": "Budget in USD. Refuses a model without a known price (give one with --prices); each "
     "request in flight holds its worst case (max_tokens, and the prompt at the densest billing "
     "seen), so concurrent requests cannot overshoot the cap.",
-    "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
+    "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M} (and batch: the share of it a "
+    "Batch API bills, default 0.5).",
 }
 
 # The kind and range of every numeric concept several tools share: the options (farmkit.cli.SHARED)
