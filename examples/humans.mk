@@ -11,8 +11,8 @@
 #   make humans HUMAN_ANNOTATORS=alice,bob,carol HUMAN_OVERLAP=0.25 HUMAN_HOST=0.0.0.0 HUMAN_PORT=8000
 #
 # The pairs are a seeded uniform sample of the judged ones (human_sample.py), as prediction-powered
-# inference assumes. LABELS is complete when it holds every annotator's queue: round(HUMAN_OVERLAP
-# * pairs) pairs labelled by every annotator and the others by one each (farm-label's assignment).
+# inference assumes. LABELS is complete when every annotator has labelled their whole queue, as
+# `farm-label ... --status` says.
 
 HUMAN_N ?= 40
 HUMAN_ANNOTATORS ?= 3
@@ -37,16 +37,17 @@ $(HUMAN_SIM): $(SIM_EVALS)
 $(HUMAN_PAIRS): $(HUMAN_SIM)
 	$(PYTHON) human_sample.py $< -n $(HUMAN_N) --seed $(SEED) -o $@
 
+# farm-label's own command, and its --status (exit 0 once LABELS is complete, 75 before; 1 while a
+# server holds LABELS): the recipe asks farm-label rather than counting lines itself
+HUMAN_LABEL = farm-label $(HUMAN_PAIRS) -o $(HUMAN_LABELS) --annotators $(HUMAN_ANNOTATORS) \
+	--overlap $(HUMAN_OVERLAP) --seed $(SEED)
+
 humans: $(HUMAN_PAIRS) $(HUMAN_SIM)
-	@pairs=$$(wc -l < $(HUMAN_PAIRS)); labels=$$(cat $(HUMAN_LABELS) 2>/dev/null | wc -l); \
-	expected=$$($(PYTHON) -c "a = '$(HUMAN_ANNOTATORS)'; n = int(a) if a.isdigit() else len(a.split(',')); \
-	shared = round($(HUMAN_OVERLAP) * $$pairs); print(shared * n + $$pairs - shared)"); \
-	if [ "$$labels" -ge "$$expected" ]; then \
+	@if $(HUMAN_LABEL) --status -q > /dev/null; then \
 	  $(HUMAN_REPORT); \
 	else \
-	  echo "humans: $$labels of $$expected labels in $(HUMAN_LABELS); serving them (Ctrl-C stops, the same command resumes)"; \
-	  farm-label $(HUMAN_PAIRS) -o $(HUMAN_LABELS) --annotators $(HUMAN_ANNOTATORS) --overlap $(HUMAN_OVERLAP) \
-	    --host $(HUMAN_HOST) --port $(HUMAN_PORT) --seed $(SEED); \
+	  echo "humans: $(HUMAN_LABELS) is not complete; serving it (Ctrl-C stops, the same command resumes)"; \
+	  $(HUMAN_LABEL) --host $(HUMAN_HOST) --port $(HUMAN_PORT); \
 	fi
 
 humans-report: $(HUMAN_SIM)

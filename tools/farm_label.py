@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import orjson
 
 from farmkit.annotate.label import LabelConfig
 from farmkit.cli import (
@@ -17,14 +18,16 @@ from farmkit.cli import (
     seed_option,
     tool_config,
 )
-from farmkit.core.io import FarmError, display_name
+from farmkit.core.io import PENDING_EXIT, FarmError, display_name, records_stdout
 
 
 @click.command(name="farm-label")
 @input_argument("pairs")
 @field_options(LabelConfig, "output")
 @reference_option
-@field_options(LabelConfig, "annotators", "overlap", "checks", "guidelines", "host", "port")
+@field_options(
+    LabelConfig, "annotators", "overlap", "checks", "guidelines", "host", "port", "status"
+)
 @seed_option
 @common_options
 def cli(pairs, reference, seed, **values):
@@ -64,6 +67,13 @@ def cli(pairs, reference, seed, **values):
         )
     checks = read_checks(config.checks) if config.checks else []
     guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
+    if config.status:
+        with open_store(
+            config.output, items, checks, config.annotators, config.overlap, seed
+        ) as store:
+            report = server.status(store)
+        records_stdout().write(orjson.dumps(report) + b"\n")
+        raise click.exceptions.Exit(0 if report["complete"] else PENDING_EXIT)
     listener = server.bind(config.host, config.port)
     url = server.base_url(listener, config.host)
     with open_store(config.output, items, checks, config.annotators, config.overlap, seed) as store:

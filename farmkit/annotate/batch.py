@@ -40,7 +40,7 @@ from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge
 from farmkit.core.endpoint import MAX_BACKOFF, Malformed, _parse, _retry_after, redact
 from farmkit.core.fields import help_field
-from farmkit.core.io import FarmError
+from farmkit.core.io import PENDING_EXIT, FarmError
 from farmkit.core.values import NON_NEGATIVE
 
 log = logging.getLogger("farmkit")
@@ -54,7 +54,6 @@ FIRST_POLL = (
 )
 MOST_POLL = 60.0
 PAGES = 50  # pages of the batch list searched for an orphaned intent's batch (100 batches a page)
-PENDING_EXIT = 75  # sysexits' EX_TEMPFAIL: questions are pending, run the same command later
 
 
 @dataclass

@@ -244,3 +244,26 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, setup, args, 
     assert message.format(**names) in result.stderr.decode()
     assert "Traceback" not in result.stderr.decode()
     assert sorted(os.listdir(tmp_path)) == ["checks.jsonl", "pairs.jsonl"]
+
+
+@pytest.mark.heavy
+def test_status_says_whether_labels_is_complete_without_serving(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 4)
+    labels = tmp_path / "labels.jsonl"
+    command = [str(pairs), "-o", str(labels), "--annotators", "alice,bob"]
+    before = label(*command, "--status")
+    assert before.returncode == 75, before.stderr.decode()  # not complete: come back later
+    report = json.loads(before.stdout)
+    assert report["complete"] is False
+    assert [(row["annotator"], row["done"], row["total"]) for row in report["annotators"]] == [
+        ("alice", 0, 2),
+        ("bob", 0, 2),
+    ]
+    assert "http" not in before.stderr.decode()  # no links: nothing is served
+    server = Server(tmp_path, *command, "--port", "0")
+    assert label(*command, "--status").returncode == 1  # the running server holds the lock
+    for name in ("alice", "bob"):
+        assert client(server.links[name], tmp_path / f"{name}.txt").wait(timeout=120) == 0
+    server.stop()
+    after = label(*command, "--status")
+    assert after.returncode == 0 and json.loads(after.stdout)["complete"] is True

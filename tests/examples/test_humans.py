@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -87,64 +88,88 @@ def test_the_dry_run_names_the_sample_the_server_and_the_report(tmp_path):
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
 
-@pytest.mark.heavy  # make, farm-label and the shims: about 2 s
-def test_humans_serves_a_sample_of_the_judged_pairs_then_reports_once_complete(tmp_path):
-    args = make_args(tmp_path, "HUMAN_N=10", "HUMAN_ANNOTATORS=2", "HUMAN_OVERLAP=0.2")
+def serve(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
+    """`make humans` serving in the background, and the links farm-label printed."""
     serving = subprocess.Popen(
         [*args, "humans"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=env,
     )
-    links = []
+    links = {}
     deadline = time.monotonic() + 60
+    while "status" not in links and time.monotonic() < deadline:
+        line = serving.stderr.readline()
+        if not line:
+            os.killpg(serving.pid, signal.SIGTERM)
+            raise AssertionError(f"make humans stopped: {serving.stdout.read()}")
+        if line.startswith("farm-label: ") and "http://127.0.0.1:" in line:
+            links[line.split()[1]] = line.split()[2]
+    return serving, links
+
+
+def stop(serving: subprocess.Popen) -> None:
+    os.killpg(serving.pid, signal.SIGTERM)
+    serving.wait(30)
+
+
+def answer(link: str, most: int | None = None) -> int:
+    """Answer an annotator's queue through the API (`most` answers at most); how many were given."""
+    given = 0
+    while most is None or given < most:
+        state = json.load(urllib.request.urlopen(link + "/api/state", timeout=30))
+        if state["item"] is None:
+            break
+        body = json.dumps({"item_id": state["item"]["item_id"], "choice": "tie", "seconds": 1})
+        request = urllib.request.Request(
+            link + "/api/answer", body.encode(), {"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=30)
+        given += 1
+    return given
+
+
+@pytest.mark.heavy  # make, farm-label (served twice), farm-correlate and farm-winrate
+def test_humans_serves_a_sample_of_the_judged_pairs_then_reports_once_complete(tmp_path):
+    args = make_args(tmp_path, "HUMAN_N=10", "HUMAN_ANNOTATORS=2", "HUMAN_OVERLAP=0.2")
+    serving, links = serve(args)
     try:
-        while len(links) < 3 and time.monotonic() < deadline:
-            line = serving.stderr.readline()
-            assert line, f"make humans stopped: {serving.stdout.read()}"
-            if line.startswith("farm-label: ") and "http://127.0.0.1:" in line:
-                links.append(line.split()[1])
+        assert list(links) == ["annotator-1", "annotator-2", "status"]
+        out = tmp_path / "run" / "humans"
+        pairs = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+        assert len(pairs) == 10 and len({(p["instruction"], p["output_2"]) for p in pairs}) == 10
+        # the pairs people see carry no simulated verdict or provenance, and keep their generators
+        assert all(
+            "preference" not in p and "annotator" not in p and "price" not in p for p in pairs
+        )
+        assert {p["generator_2"] for p in pairs} <= {"sft", "ppo"}
+        # round(0.2 * 10) = 2 pairs by both, 8 dealt out: 6 each; all but annotator-2's last
+        assert answer(links["annotator-1"]) == 6 and answer(links["annotator-2"], 5) == 5
     finally:
-        os.killpg(serving.pid, signal.SIGTERM)
-        serving.wait(30)
-    assert links == ["annotator-1", "annotator-2", "status"]
+        stop(serving)
 
-    out = tmp_path / "run" / "humans"
-    pairs = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
-    assert len(pairs) == 10 and len({(p["instruction"], p["output_2"]) for p in pairs}) == 10
-    # the pairs people see carry no simulated verdict or provenance, and keep their generators
-    assert all("preference" not in p and "annotator" not in p and "price" not in p for p in pairs)
-    assert {p["generator_2"] for p in pairs} <= {"sft", "ppo"}
-
-    # complete: round(0.2 * 10) = 2 pairs by both, 8 by one: 12 labels; then the report is printed
-    # (its two tools stood in for by shims that echo their arguments)
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    for tool in ("farm-correlate", "farm-winrate"):
-        (shims / tool).write_text(f'#!/bin/sh\necho "{tool} $*"\n')
-        (shims / tool).chmod(0o755)
     labels = out / "labels.jsonl"
-    outcomes = []
-    path = f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}"
-    with socket.socket() as taken:
+    with socket.socket() as taken:  # 11 of 12: it serves again (on a port taken here: it stops)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        for count, serves in ((11, True), (12, False)):
-            labels.write_text("".join(json.dumps(pairs[i % 10]) + "\n" for i in range(count)))
-            done = subprocess.run(
-                [*args, "VENV=", "humans", f"HUMAN_PORT={port}"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env={**os.environ, "PATH": path},
-            )
-            outcomes.append((serves, done))
-    for serves, done in outcomes:
-        if serves:  # 11 of 12: it serves again (on a port taken here, so it stops at once)
-            assert "11 of 12 labels" in done.stdout and "cannot listen" in done.stderr
-        else:
-            assert done.returncode == 0, done.stderr
-            assert f"farm-correlate --judge {out}/sim_prefs.jsonl --humans {labels}" in done.stdout
-            assert f"farm-winrate {out}/sim_prefs.jsonl --humans {labels}" in done.stdout
+        again = subprocess.run(
+            [*args, "humans", f"HUMAN_PORT={taken.getsockname()[1]}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert "is not complete; serving it" in again.stdout and "cannot listen" in again.stderr
+    assert "human_agreement" not in again.stdout  # no report yet
+
+    serving, links = serve(args)
+    try:
+        assert answer(links["annotator-2"]) == 1
+    finally:
+        stop(serving)
+    done = subprocess.run([*args, "humans"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(labels.read_text().splitlines()) == 12
+    # the real report: the agreement table, then the board with its prediction-powered columns
+    assert "human_agreement" in done.stdout and "ppi_win_rate" in done.stdout

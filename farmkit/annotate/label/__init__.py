@@ -80,3 +80,8 @@ class LabelConfig:
         "The port to listen on; 0 picks a free one (the printed links carry it).",
         bounds=Bounds(0, 65535),
     )
+    status: bool = help_field(
+        False,
+        "Serve nothing: print LABELS' progress (one JSON record: each annotator's done and total, "
+        "whether LABELS is complete) and exit 0 when it is complete, 75 when not yet.",
+    )
