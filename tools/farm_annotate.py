@@ -37,7 +37,9 @@ from farmkit.core.io import RecordWriter, records_stdout
     max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
     both_orders_help="A pair costs two requests.",
 )
-@field_options(AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries")
+@field_options(
+    AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries", "retry_failed"
+)
 @shared_option("device")  # of the local and reward-model judges
 @field_options(AnnotateConfig, "progress", "list_pools")
 @on_error_option
@@ -64,6 +66,7 @@ def cli(
     concurrency,
     timeout,
     max_retries,
+    retry_failed,
     device,
     progress,
     list_pools,
@@ -139,6 +142,7 @@ def cli(
         device=device,
         show_progress=progress,
         assign_by=assign_by,
+        retry_failed=retry_failed,
     ) as run:
         if estimate:
             records_stdout().write(orjson.dumps(run.estimate(items)) + b"\n")

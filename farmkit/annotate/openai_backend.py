@@ -49,7 +49,7 @@ class OpenAIBackend(Backend):
             "endpoint": base_url(),
             "model": pool.model_for(judge),
             "template": prompts.load_template(judge.prompt).text,
-            "parser": parse.PARSER_VERSION,
+            "parser": parse.KEYED_VERSION,
         }
         if (
             judge.examples
@@ -73,6 +73,21 @@ class OpenAIBackend(Backend):
                     "a weighted judge (top_logprobs) needs a `choice` prompt (one letter, A or B)"
                 )
         return None
+
+    @classmethod
+    def rereads(cls, judge: Judge) -> bool:
+        return (
+            not judge.top_logprobs
+        )  # a weighted judge's verdict is in log-probabilities, not text
+
+    @classmethod
+    def reread(cls, judge: Judge, raw: str, position: int, count: int) -> Verdict:
+        from farmkit.annotate import parse  # by module: the parser as it is now
+
+        template = load_template(judge.prompt)
+        choices, reason = parse.parse_verdicts(template.format, raw, count, template)
+        choice = choices[position]
+        return Verdict(choice, reason=None if choice else (reason or "no verdict"))
 
     def __init__(self, pool: Pool, options: dict[str, Any]):
         self.pool = pool

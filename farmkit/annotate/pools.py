@@ -123,6 +123,13 @@ class AnnotateConfig:
         bounds=SETTINGS["max_retries"].bounds,
         show_default=False,
     )
+    retry_failed: bool = help_field(
+        False,
+        "Ask again the pairs whose cached reply could not be read. By default such a reply is re-read "
+        "from the cache for free, and asked again only when a newer parser still cannot read it.",
+        flag=True,
+        show_default=False,
+    )
     progress: bool = help_field(
         False,
         "Show the progress bar (cache hits, requests, failures, spend) on stderr even "
