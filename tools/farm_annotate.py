@@ -38,7 +38,14 @@ from farmkit.core.io import RecordWriter, records_stdout
     both_orders_help="A pair costs two requests.",
 )
 @field_options(
-    AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries", "retry_failed"
+    AnnotateConfig,
+    "assign_by",
+    "estimate",
+    "concurrency",
+    "timeout",
+    "max_retries",
+    "max_reply_bytes",
+    "retry_failed",
 )
 @shared_option("device")  # of the local and reward-model judges
 @field_options(AnnotateConfig, "progress", "list_pools")
@@ -66,6 +73,7 @@ def cli(
     concurrency,
     timeout,
     max_retries,
+    max_reply_bytes,
     retry_failed,
     device,
     progress,
@@ -112,6 +120,7 @@ def cli(
         ("concurrency", concurrency),
         ("timeout", timeout),
         ("max_retries", max_retries),
+        ("max_reply_bytes", max_reply_bytes),
     ):
         if value is not None:
             chosen.settings[name] = value

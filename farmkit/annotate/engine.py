@@ -637,6 +637,8 @@ class Annotator:
                 self._stopped = True
                 raise
             except RequestFailed as exc:
+                if backend.priced:  # sent, and failed: a request all the same
+                    self.stats.requests += 1
                 # its billed attempts count against the budget and in each pair's price
                 self.stats.prompt_tokens += exc.prompt_tokens
                 self.stats.completion_tokens += exc.completion_tokens

@@ -102,6 +102,7 @@ class OpenAIBackend(Backend):
             backoff=float(self.settings["backoff"]),
             connections=int(self.settings["concurrency"]),
             connect_timeout=float(self.settings["connect_timeout"]),
+            max_reply_bytes=int(self.settings["max_reply_bytes"]),
         )
         self.stats = self.client.stats
 
