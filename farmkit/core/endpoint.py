@@ -278,6 +278,134 @@ class ConcurrencyLimit:
                 waiter.set_result((self.in_flight, self.in_flight >= self.allowed))
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d*)?)(ms|h|m|s)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float | None:
+    """Seconds in a reset header: OpenAI's form ("20ms", "1s", "6m0s", "1h2m3.5s") or a plain number of
+    seconds; None where it is neither."""
+    text = text.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT[unit] for number, unit in parts)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A request as the pacer let it go: its number, the tokens sent with it included, and how many
+    requests sent before it were still unanswered (the provider may count them after it)."""
+
+    number: int
+    spent: float
+    earlier: int
+
+
+@dataclass
+class _Known:
+    """What the reply to `ticket` said of one limit: `remaining`, until `reset_at` (monotonic
+    seconds), `period` seconds after the reply came."""
+
+    remaining: float
+    reset_at: float
+    period: float
+    ticket: Ticket
+
+
+class Pacer:
+    """Paces requests by the provider's own rate-limit headers (OpenAI's x-ratelimit-remaining-requests,
+    -tokens and x-ratelimit-reset-requests, -tokens), so that a long run slows before it meets 429s.
+
+    What a reply says holds from the request it answered: the requests sent after it, and those sent
+    before it and unanswered then, count against it (the provider may have counted some already:
+    pacing errs slow, never over). A request waits while the latest word leaves less than one
+    request, or fewer tokens than a request takes (the most the last replies were billed), until that
+    word's reset time; then one request goes alone, and its reply says what is left. The run's first
+    request goes alone too. Without such headers it never waits after that."""
+
+    KINDS = ("requests", "tokens")
+
+    def __init__(self) -> None:
+        self.sent = self.ended = 0  # requests sent, and those whose attempt has ended
+        self.spent = 0.0  # the tokens the requests sent are expected to take
+        self.known: dict[str, _Known] = {}
+        self.billed: collections.deque[int] = collections.deque(maxlen=32)
+        self.waits = 0  # requests that waited for a limit (not for the first reply)
+        self._changed = asyncio.Event()
+
+    def _cost(self) -> float:
+        return float(max(self.billed, default=0))
+
+    def _short(self, kind: str, known: _Known) -> bool:
+        ticket = known.ticket
+        if kind == "requests":
+            used, need = self.sent - ticket.number - 1 + ticket.earlier, 1.0
+        else:
+            used, need = self.spent - ticket.spent + ticket.earlier * self._cost(), self._cost()
+        return known.remaining - used < need
+
+    async def wait(self) -> Ticket:
+        """Wait until a request may go; its ticket, for `observe`."""
+        waited = False
+        while True:
+            now = time.monotonic()
+            if (
+                not self.ended and self.sent
+            ):  # the first request goes alone: its reply tells the limits
+                until = math.inf
+            else:
+                short = [
+                    (kind, known) for kind, known in self.known.items() if self._short(kind, known)
+                ]
+                if not short:
+                    break
+                if all(known.reset_at <= now for _, known in short):
+                    # reset by now: one request alone says what is left
+                    alone = Ticket(self.sent - 1, self.spent, 0)
+                    for kind, known in short:
+                        need = 1.0 if kind == "requests" else self._cost()
+                        self.known[kind] = _Known(need, now + known.period, known.period, alone)
+                    waited = True
+                    break
+                until, waited = max(known.reset_at for _, known in short), True
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait(), max(0.001, until - now) if until < math.inf else None
+                )
+            except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+                pass
+        self.waits += waited
+        self.spent += self._cost()
+        ticket = Ticket(self.sent, self.spent, self.sent - self.ended)
+        self.sent += 1
+        return ticket
+
+    def observe(self, ticket: Ticket, headers: Any) -> None:
+        """Take what the reply to `ticket` says of the limits (`headers` empty: no reply came)."""
+        now = time.monotonic()
+        self.ended += 1
+        for kind in self.KINDS:
+            remaining = headers.get(f"x-ratelimit-remaining-{kind}")
+            reset = headers.get(f"x-ratelimit-reset-{kind}")
+            seconds = None if reset is None else duration(reset)
+            try:
+                left = float(remaining) if remaining is not None else None
+            except ValueError:
+                left = None
+            if left is None or seconds is None:
+                continue
+            known = self.known.get(kind)
+            if known is None or ticket.number >= known.ticket.number:  # the latest word wins
+                self.known[kind] = _Known(left, now + seconds, seconds, ticket)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
 class EndpointClient:
     """Requests to one endpoint over one connection pool. `stats` counts attempts sent, retries and
     replies received, for the callers' summaries."""
@@ -330,6 +458,7 @@ class EndpointClient:
             self.max_reply_bytes,
         )
         self.limit = ConcurrencyLimit(max(1, int(connections)), float(timeout))
+        self.pacer = Pacer()
         self.stats = {"requests": 0, "retries": 0, "answered": 0}
 
     @property
@@ -392,6 +521,8 @@ class EndpointClient:
                             completion_tokens + exc.usage[1],
                         )
                     else:
+                        if prompt is not None and completion is not None:
+                            self.pacer.billed.append(prompt + completion)
                         return Reply(
                             text,
                             finished,
@@ -444,19 +575,26 @@ class EndpointClient:
         )
 
     async def _attempt(self, path: str, payload: bytes) -> _Response:
-        """One attempt, sent when the concurrency limit has a place for it, and telling it how it went."""
-        place = await self.limit.acquire()
-        outcome = None
+        """One attempt, sent when the provider's limits (as its headers tell them) and the concurrency
+        limit have a place for it, and telling them how it went."""
+        ticket = await self.pacer.wait()
+        headers: Any = {}
         try:
-            response = await self._transport.post(path, payload)
-            status = response.status_code
-            outcome = "overloaded" if status in OVERLOADED else "ok" if status == 200 else None
-            return response
-        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
-            outcome = "overloaded"
-            raise
+            place = await self.limit.acquire()
+            outcome = None
+            try:
+                response = await self._transport.post(path, payload)
+                headers = response.headers
+                status = response.status_code
+                outcome = "overloaded" if status in OVERLOADED else "ok" if status == 200 else None
+                return response
+            except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+                outcome = "overloaded"
+                raise
+            finally:
+                self.limit.release(place, outcome)
         finally:
-            self.limit.release(place, outcome)
+            self.pacer.observe(ticket, headers)
 
     def _redirected(self, response: _Response) -> str:
         """The line that ends a run on a redirect: its status, the origin it points to, and why it is
