@@ -337,6 +337,7 @@ class Pacer:
         self.billed: collections.deque[int] = collections.deque(maxlen=32)
         self.waits = 0  # requests that waited for a limit (not for the first reply)
         self._changed = asyncio.Event()
+        self._waiting = 0
 
     def _cost(self) -> float:
         return float(max(self.billed, default=0))
@@ -354,9 +355,8 @@ class Pacer:
         waited = False
         while True:
             now = time.monotonic()
-            if (
-                not self.ended and self.sent
-            ):  # the first request goes alone: its reply tells the limits
+            # the first request goes alone: its reply tells the limits
+            if self.sent and not self.ended:
                 until = math.inf
             else:
                 short = [
@@ -373,12 +373,15 @@ class Pacer:
                     waited = True
                     break
                 until, waited = max(known.reset_at for _, known in short), True
+            self._waiting += 1
             try:
                 await asyncio.wait_for(
                     self._changed.wait(), max(0.001, until - now) if until < math.inf else None
                 )
             except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
                 pass
+            finally:
+                self._waiting -= 1
         self.waits += waited
         self.spent += self._cost()
         ticket = Ticket(self.sent, self.spent, self.sent - self.ended)
@@ -402,8 +405,9 @@ class Pacer:
             known = self.known.get(kind)
             if known is None or ticket.number >= known.ticket.number:  # the latest word wins
                 self.known[kind] = _Known(left, now + seconds, seconds, ticket)
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._waiting:  # woken to look again; none waits in a run without limits
+            self._changed.set()
+            self._changed = asyncio.Event()
 
 
 class EndpointClient:
