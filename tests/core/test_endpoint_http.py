@@ -48,8 +48,8 @@ def chunked(body: bytes, pieces: int = 3) -> bytes:
 
 
 class RawServer:
-    """Accepts connections on 127.0.0.1 and answers each request with `reply(head)`'s bytes (a callable
-    may instead write to the socket itself and return None). `heads` holds every request's head."""
+    """Accepts connections on 127.0.0.1 and answers each request with `reply(head)`'s bytes, or lets
+    `reply(head, connection)` write to the socket itself. `heads` holds every request's head."""
 
     def __init__(self, reply: Callable[[bytes], bytes] | Callable[[bytes, socket.socket], None]):
         self.reply, self.heads = reply, []
@@ -70,39 +70,36 @@ class RawServer:
             threading.Thread(target=self._connection, args=(connection,), daemon=True).start()
 
     def _connection(self, connection: socket.socket) -> None:
-        buffer = b""
         with connection:
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    data = connection.recv(65536)
-                    if not data:
-                        return
-                    buffer += data
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        (
-                            line.split(b":")[1]
-                            for line in head.split(b"\r\n")
-                            if line.lower().startswith(b"content-length")
-                        ),
-                        b"0",
-                    )
-                )
-                while len(buffer) < length:
-                    buffer += connection.recv(65536)
-                buffer = buffer[length:]
-                self.heads.append(head.decode("latin-1"))
-                try:
-                    answer = (
-                        self.reply(head, connection)
-                        if self.reply.__code__.co_argcount == 2
-                        else self.reply(head)
-                    )
-                    if answer is not None:
-                        connection.sendall(answer)
-                except OSError:
+            try:
+                self._answer(connection)
+            except (
+                OSError
+            ):  # the client closed or reset the connection (a flood it stopped reading)
+                pass
+
+    def _answer(self, connection: socket.socket) -> None:
+        buffer = b""
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                data = connection.recv(65536)
+                if not data:
                     return
+                buffer += data
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            lengths = [
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            ]
+            while len(buffer) < sum(lengths):
+                buffer += connection.recv(65536)
+            buffer = buffer[sum(lengths) :]
+            self.heads.append(head.decode("latin-1"))
+            if self.reply.__code__.co_argcount == 2:
+                self.reply(head, connection)
+            else:
+                connection.sendall(self.reply(head))
 
     def close(self) -> None:
         self.socket.close()
