@@ -38,7 +38,16 @@ from farmkit.core.io import RecordWriter, records_stdout
     max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
     both_orders_help="A pair costs two requests.",
 )
-@field_options(AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries")
+@field_options(
+    AnnotateConfig,
+    "assign_by",
+    "estimate",
+    "concurrency",
+    "timeout",
+    "max_retries",
+    "max_reply_bytes",
+    "retry_failed",
+)
 @field_options(BatchConfig)
 @shared_option("device")  # of the local and reward-model judges
 @field_options(AnnotateConfig, "progress", "list_pools")
@@ -70,6 +79,8 @@ def cli(
     batch_wait,
     batch_fallback,
     ledger,
+    max_reply_bytes,
+    retry_failed,
     device,
     progress,
     list_pools,
@@ -115,6 +126,7 @@ def cli(
         ("concurrency", concurrency),
         ("timeout", timeout),
         ("max_retries", max_retries),
+        ("max_reply_bytes", max_reply_bytes),
     ):
         if value is not None:
             chosen.settings[name] = value
@@ -146,6 +158,7 @@ def cli(
         show_progress=progress,
         assign_by=assign_by,
         batch=BatchConfig(batch, batch_wait, batch_fallback, ledger),
+        retry_failed=retry_failed,
     ) as run:
         if estimate:
             records_stdout().write(orjson.dumps(run.estimate(items)) + b"\n")

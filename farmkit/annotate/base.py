@@ -97,6 +97,18 @@ class Backend:
         """What is wrong with `judge` for this backend, or None."""
         return None
 
+    @classmethod
+    def rereads(cls, judge: Judge) -> bool:
+        """Whether a reply of `judge` whose verdict could not be read can be read again later, from its
+        text (`reread`): it is then cached as unreadable, and re-read rather than paid for again."""
+        return False
+
+    @classmethod
+    def reread(cls, judge: Judge, raw: str, position: int, count: int) -> Verdict:
+        """The verdict for the pair at `position` of the `count` in a request that `raw` (the reply's
+        text) answered, read as the backend reads replies now."""
+        raise NotImplementedError
+
     def model_name(self, judge: Judge) -> str:
         raise NotImplementedError
 

@@ -1,6 +1,10 @@
 """The persistent verdict cache: SQLite in WAL mode, one row per (judge configuration, pair as shown,
 seed), written as soon as a request's verdicts are in, so a killed run loses nothing it paid for and
-concurrent runs can share the file. Only verdicts are stored: failures are never cached.
+concurrent runs can share the file. A row is a verdict, or a reply that arrived and could not be read (its
+text, redacted, and the version of the parser that failed on it: see `usable`), so that it is re-read
+rather than paid for again; requests that failed (timeouts, errors) are never cached. Rows are checked
+as they are read: one that is not a well-formed verdict (a file edited by hand, another program's
+writes) is taken as missing and counted in `unreadable`.
 
 Concurrent runs share work through claims: before asking, a run claims the keys it is about to ask for
 (a row in `claims` naming its host and process, with a lease); another run that needs a claimed key waits
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import socket
 import sqlite3
@@ -129,6 +134,43 @@ PENDING_IN_BATCH = "pending in a batch: collect it with --batch"
 # an intent recorded on another host, whose batch id never came: how long before another run takes
 # it for abandoned and looks for its batch itself (a live run creates its batch within seconds)
 ORPHAN_AFTER = 3600.0
+CHOICES = ("A", "B", "tie")
+_AMOUNTS = ("prompt_tokens", "completion_tokens", "price", "seconds")
+
+
+def _amount(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+
+
+def _share(value: Any) -> bool:
+    return value is None or (type(value) in (int, float) and 0 <= value <= 1)
+
+
+def _count(value: Any, least: int) -> bool:
+    return type(value) is int and value >= least
+
+
+def well_formed(row: Any) -> bool:
+    """Whether a stored row is a verdict (choice A, B or tie, with its costs) or a reply that could not
+    be read (choice null, its text, the parser's version, the pair's place in the request): never a
+    preference out of range, a choice that means nothing, or a missing field."""
+    if not isinstance(row, dict) or not all(_amount(row.get(name)) for name in _AMOUNTS):
+        return False
+    if not (
+        isinstance(row.get("model"), str | None) and isinstance(row.get("estimated", False), bool)
+    ):
+        return False
+    if not (_count(row.get("attempts", 1), 1) and _count(row.get("parse_failures", 0), 0)):
+        return False
+    if row.get("choice") is None:
+        return (
+            isinstance(row.get("raw"), str)
+            and isinstance(row.get("reason"), str)
+            and _count(row.get("parser"), 0)
+            and _count(row.get("position"), 0)
+            and _count(row.get("count"), row["position"] + 1)
+        )
+    return row["choice"] in CHOICES and _share(row.get("probability")) and _share(row.get("soft"))
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -155,6 +197,7 @@ class VerdictCache:
             self._db.execute(f"CREATE TABLE IF NOT EXISTS verdicts ({VERDICTS})")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS claims ({CLAIMS})")
             self._migrate()
+            self.unreadable: set[str] = set()  # keys whose rows were not well formed, asked again
             pid = os.getpid()
             self.owner = f"{socket.gethostname()}:{pid}:{_started(pid) or ''}:{os.urandom(6).hex()}"
         except sqlite3.DatabaseError as exc:
@@ -179,6 +222,8 @@ class VerdictCache:
             )
 
     def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The well-formed rows of `keys`; a row that is not (see `well_formed`) is left out, as if
+        missing, and its key added to `unreadable`."""
         keys = list(dict.fromkeys(keys))
         found: dict[str, dict[str, Any]] = {}
         for start in range(0, len(keys), 900):  # SQLite's bound-parameter limit
@@ -187,7 +232,14 @@ class VerdictCache:
             for key, value in self._db.execute(
                 f"SELECT key, value FROM verdicts WHERE key IN ({marks})", chunk
             ):
-                found[key] = orjson.loads(value)
+                try:
+                    row = orjson.loads(value)
+                except orjson.JSONDecodeError:
+                    row = None
+                if well_formed(row):
+                    found[key] = row
+                else:
+                    self.unreadable.add(key)
         return found
 
     def put_many(self, entries: dict[str, dict[str, Any]]) -> None:
@@ -200,16 +252,22 @@ class VerdictCache:
             self._db.executemany("DELETE FROM claims WHERE key = ?", [(key,) for key in entries])
 
     def claim(
-        self, keys: list[str], lease: float
+        self,
+        keys: list[str],
+        lease: float,
+        answers: Callable[[str, dict[str, Any]], bool] | None = None,
     ) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
         """(keys now claimed by this run, keys another live run is asking for, verdicts of keys answered
         since the caller last read the cache). The verdicts are read in the same transaction as the
         claims: a key another run answered (and so stopped claiming) between the caller's read and this
-        call is returned with its verdict, never claimed and paid for again."""
+        call is returned with its verdict, never claimed and paid for again. `answers(key, row)`: whether
+        a row answers its question (a reply cached as unreadable may be asked again); default: all do."""
         host, now = socket.gethostname(), time.time()
         mine, theirs = [], []
         with self._transaction():
             answered = self.get_many(keys)
+            if answers is not None:
+                answered = {key: row for key, row in answered.items() if answers(key, row)}
             for key in dict.fromkeys(keys):
                 if key in answered:
                     continue

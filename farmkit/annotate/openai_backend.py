@@ -51,7 +51,7 @@ class OpenAIBackend(Backend):
             "endpoint": base_url(),
             "model": pool.model_for(judge),
             "template": prompts.load_template(judge.prompt).text,
-            "parser": parse.PARSER_VERSION,
+            "parser": parse.KEYED_VERSION,
         }
         if (
             judge.examples
@@ -76,6 +76,21 @@ class OpenAIBackend(Backend):
                 )
         return None
 
+    @classmethod
+    def rereads(cls, judge: Judge) -> bool:
+        return (
+            not judge.top_logprobs
+        )  # a weighted judge's verdict is in log-probabilities, not text
+
+    @classmethod
+    def reread(cls, judge: Judge, raw: str, position: int, count: int) -> Verdict:
+        from farmkit.annotate import parse  # by module: the parser as it is now
+
+        template = load_template(judge.prompt)
+        choices, reason = parse.parse_verdicts(template.format, raw, count, template)
+        choice = choices[position]
+        return Verdict(choice, reason=None if choice else (reason or "no verdict"))
+
     def __init__(self, pool: Pool, options: dict[str, Any]):
         self.pool = pool
         self.settings = pool.settings
@@ -89,6 +104,7 @@ class OpenAIBackend(Backend):
             backoff=float(self.settings["backoff"]),
             connections=int(self.settings["concurrency"]),
             connect_timeout=float(self.settings["connect_timeout"]),
+            max_reply_bytes=int(self.settings["max_reply_bytes"]),
         )
         self.stats = self.client.stats
 

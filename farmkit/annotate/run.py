@@ -50,10 +50,12 @@ class Run:
         show_progress: bool = False,
         assign_by: str = "item",
         batch: BatchConfig | None = None,
+        retry_failed: bool = False,
     ):
         """`cache_path`: a SQLite file, "default" (under farmkit's cache folder) or None (no cache).
         `show_progress`: a progress bar on stderr even when stderr is not a terminal (never with -q).
-        `batch`: how paid judges are asked (its `batch` None: directly)."""
+        `batch`: how paid judges are asked (its `batch` None: directly).
+        `retry_failed`: ask again the questions whose cached reply could not be read."""
         self.show_progress = show_progress
         self.pool = pool
         self.prices = PriceTable.from_file(prices_path, pool.prices)
@@ -62,6 +64,9 @@ class Run:
             self.cache = VerdictCache(
                 default_cache_path() if cache_path == "default" else cache_path
             )
+        self.cache_path = None if self.cache is None else self.cache.path
+        # the cache's rows that were not well formed, kept past close() for the summary
+        self.unreadable_rows: set[str] = set() if self.cache is None else self.cache.unreadable
         self.annotator = Annotator(
             pool,
             seed=seed,
@@ -71,6 +76,7 @@ class Run:
             max_cost=max_cost,
             device=device,
             assign_by=assign_by,
+            retry_failed=retry_failed,
         )
         self.max_cost = max_cost
         self.paid = batch or BatchConfig()
@@ -184,6 +190,26 @@ class Run:
                 yield record
             bar.refresh()  # the final counts, however fast the run was
 
+    def _cache_warnings(self) -> None:
+        """What the summary says of replies that could not be read and of cache rows that were not
+        well formed."""
+        stats = self.annotator.stats
+        if stats.unreadable:
+            log.warning(
+                "farm-annotate: %d pair(s) have no verdict because the judge's reply could not be read "
+                "(preference null, see preference_reason), %d pair(s) answered from cached failures: "
+                "such replies are cached, a rerun re-reads them for free and --retry-failed asks again",
+                stats.unreadable,
+                stats.cached_failures,
+            )
+        if self.unreadable_rows:
+            log.warning(
+                "farm-annotate: %d cache row(s) in %s could not be read (not a well-formed verdict): "
+                "asked again as if missing",
+                len(self.unreadable_rows),
+                self.cache_path,
+            )
+
     def close(self) -> None:
         """Close the backends (their connections, on their event loop) and the cache, giving up any
         claims this run still holds."""
@@ -234,12 +260,13 @@ class Run:
                 "null): collect them with the same command and --batch",
                 self.held_pending,
             )
+        self._cache_warnings()
         unanswered = sum(stats.unanswered.values())
-        if stats.failures > stats.skipped_budget + unanswered:
+        if stats.failures > stats.skipped_budget + unanswered + stats.unreadable:
             log.warning(
                 "farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
                 "same command to ask them again: verdicts already given are cached",
-                stats.failures - stats.skipped_budget - unanswered,
+                stats.failures - stats.skipped_budget - unanswered - stats.unreadable,
             )
         for reason, count in sorted(stats.unanswered.items()):
             log.warning(
