@@ -277,15 +277,16 @@ def test_the_batch_factor_of_a_prices_file_is_checked():
 
 def test_a_schema_1_cache_gains_the_batch_tables_and_keeps_its_verdicts(tmp_path):
     path = tmp_path / "old.sqlite"
+    row = {"choice": "A", "prompt_tokens": 90, "completion_tokens": 1, "price": 1e-05, "seconds": 0.2}
     with sqlite3.connect(path) as db:
         db.execute(
             "CREATE TABLE verdicts (key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL)"
         )
         db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT)")
         db.execute("INSERT INTO meta VALUES ('schema', '1')")
-        db.execute("INSERT INTO verdicts VALUES ('k', ?, 0)", (orjson.dumps({"choice": "A"}),))
+        db.execute("INSERT INTO verdicts VALUES ('k', ?, 0)", (orjson.dumps(row),))
     cache = VerdictCache(path)
-    assert cache.get_many(["k"]) == {"k": {"choice": "A"}}
+    assert cache.get_many(["k"]) == {"k": row}
     assert cache.pending_keys(["k"]) == set()
     taken = cache.record_batch("intent", "http://x/v1", [("c1", ["k2"], {})], lambda ids: 0.5)
     assert taken == ["c1"] and cache.pending_keys(["k", "k2"]) == {"k2"}
