@@ -18,6 +18,7 @@ Knobs:
 - `upload_faults`: HTTP statuses the first uploads get (500: retried by the client).
 - `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
   batch is made, its reply never sent); `create_seen` is set when a create arrives.
+- `unreadable`: a request whose prompt holds this text is answered with prose no parser reads.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class BatchServer:
         outcomes: list[str] | None = None,
         upload_faults: list[int] | None = None,
         hang_create: str | None = None,
+        unreadable: str | None = None,
     ):
         self.polls, self.outcomes = polls, list(outcomes or [])
         self.upload_faults, self.hang_create = list(upload_faults or []), hang_create
+        self.unreadable = unreadable
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
         self.looks: Counter = Counter()
@@ -79,7 +82,11 @@ class BatchServer:
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         """A chat completion answering `body`, billed."""
-        text = judge_longer(body)
+        prompt_text = "".join(m.get("content") or "" for m in body["messages"])
+        if self.unreadable is not None and self.unreadable in prompt_text:
+            text = "Both answers have their merits and I would rather not choose."
+        else:
+            text = judge_longer(body)
         prompt = sum(count_tokens(m.get("content") or "") for m in body["messages"])
         completion = min(count_tokens(text), body.get("max_tokens") or 10**9)
         with self._lock:

@@ -34,7 +34,7 @@ from farmkit.annotate.backends import backend_class
 from farmkit.annotate.base import Verdict
 from farmkit.annotate.cache import PENDING_IN_BATCH, VerdictCache
 from farmkit.annotate.cost import prompt_bound
-from farmkit.annotate.engine import Annotator, Ask, Plan, _stored
+from farmkit.annotate.engine import Annotator, Ask, Plan, _stored, unreadable_row
 from farmkit.annotate.openai_backend import base_url, endpoint, read_reply, request_body
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge
@@ -453,10 +453,12 @@ class BatchMode:
                     self.failed.update(keys)
                 continue
             self.stats.collected += 1
-            for key, verdict in zip(keys, read, strict=True):
+            for position, (key, verdict) in enumerate(zip(keys, read, strict=True)):
                 if verdict.choice is None:
                     self.unparsed[key] = verdict
                     self.stats.unparsed += 1
+                    if verdict.raw is not None:  # cached: a rerun re-reads it, never pays again
+                        verdicts[key] = unreadable_row(verdict, position, len(keys))
                 else:
                     verdicts[key] = _stored(verdict)
                     self.stats.answered += 1

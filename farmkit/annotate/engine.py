@@ -738,14 +738,7 @@ class Annotator:
         if not self._classes[pending[0].judge].rereads(judge):
             return {}
         return {
-            ask.key: {
-                **_stored(ask.verdict),
-                "reason": ask.verdict.reason or "no verdict",
-                "raw": ask.verdict.raw,
-                "parser": parse.PARSER_VERSION,
-                "position": position,
-                "count": len(pending),
-            }
+            ask.key: unreadable_row(ask.verdict, position, len(pending))
             for position, ask in enumerate(pending)
             if ask.key is not None
             and ask.verdict is not None
@@ -912,6 +905,19 @@ def _stored(verdict: Verdict) -> dict[str, Any]:
         "attempts": verdict.attempts,
         "parse_failures": verdict.parse_failures,
         "estimated": verdict.estimated,
+    }
+
+
+def unreadable_row(verdict: Verdict, position: int, count: int) -> dict[str, Any]:
+    """The cache row of a reply that arrived and could not be read: the pair was at `position` of a
+    request of `count` pairs, so a later parser can read its verdict out of `raw` again."""
+    return {
+        **_stored(verdict),
+        "reason": verdict.reason or "no verdict",
+        "raw": verdict.raw,
+        "parser": parse.PARSER_VERSION,
+        "position": position,
+        "count": count,
     }
 
 

@@ -113,6 +113,23 @@ def test_submit_exits_0_and_the_same_command_collects_the_records(setup):
         assert [r["preference"] for r in third.records] == [r["preference"] for r in second.records]
 
 
+def test_a_batch_reply_that_could_not_be_read_is_cached_and_never_paid_for_again(setup):
+    pairs = _pairs(4)
+    with BatchServer(unreadable="Question 1?") as server:
+        first = _annotate(setup, server, "--batch", input=pairs)
+        assert first.code == 0, first.stderr
+        unread = [r["preference"] is None for r in first.records]
+        assert unread[1] and not all(unread)
+        billed = sum(server.answered.values())
+        again = _annotate(setup, server, "--batch", input=pairs)
+        assert again.code == 0, again.stderr
+        # re-read from the cache for free: no new batch, no direct request
+        assert server.calls["POST /v1/files"] == 1 and sum(server.answered.values()) == billed
+        assert server.direct == 0
+        assert [r["preference"] is None for r in again.records] == unread
+        assert f"{sum(unread)} pair(s) answered from cached failures" in again.stderr
+
+
 def test_a_second_submit_pays_nothing_and_exits_75_while_pending(setup, tmp_path):
     pairs = _pairs(4)
     with BatchServer(polls=100) as server:
