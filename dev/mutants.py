@@ -92,7 +92,7 @@ MUTATIONS = [
     Mutation(
         "GRPO/RLOO: ratio clipping removed",
         "farmkit/methods/group.py",
-        "config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens",
+        "config.policy_loss, prepared.advantages, config.clip_bounds, config.max_new_tokens",
         "config.policy_loss, prepared.advantages, 1e9, config.max_new_tokens",
         (f"{T_GROUP}::test_group_loss_clips_the_ratio",),
         fast=True,
@@ -153,8 +153,8 @@ MUTATIONS = [
     Mutation(
         "PPO surrogate: ratio clipping removed",
         "farmkit/train/rl_common.py",
-        "loss = masked_sum(torch.maximum(unclipped, clipped), mask) / count",
-        "loss = masked_sum(unclipped, mask) / count",
+        "return torch.maximum(unclipped, clipped), figures",
+        "return unclipped, figures",
         (f"{T_RL}::test_policy_loss_clips_only_in_the_pessimistic_direction",),
     ),
     # --- Quark

@@ -208,9 +208,6 @@ class GroupMethod(OnPolicyMethod):
     def rows(self, prompt_indices: list[int]) -> list[int]:
         return [index for index in prompt_indices for _ in range(self.k)]  # groups of k rows
 
-    def sequence_weights(self) -> bool:
-        return policy_loss(self.config.policy_loss).per_response_weights
-
     def advantages_use_old_logprobs(self) -> bool:
         return self.config.kl_in == "reward" and self.config.kl_coef > 0
 
@@ -241,7 +238,7 @@ class GroupMethod(OnPolicyMethod):
 
         config = self.config
         loss, stats = micro.surrogate(
-            config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens
+            config.policy_loss, prepared.advantages, config.clip_bounds, config.max_new_tokens
         )
         if config.kl_in == "loss" and config.kl_coef > 0:
             kl = rl_common.kl_estimate(micro.logprobs, micro.ref_logprobs, config.kl_estimator)

@@ -60,30 +60,58 @@ class MicroBatch:
     ref_logprobs: Any  # [rows, tokens] under the frozen reference
     responses: int  # rows in the whole minibatch (what per-response losses divide by)
     tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
-    weights: Any = None  # truncated importance weights of these rows (None: off)
+    weights: Any = None  # these rows' weights: rollout correction, overlong filter (None: off)
+    sampling_logprobs: Any = None  # [rows, tokens] the engine's, where it has its own (else None)
+    off_policy_threshold: float | None = None  # --off-policy-mask-threshold
 
     def rows(self, tensor: Any) -> Any:
         """This micro-batch's rows of a rollout-batch tensor."""
         return tensor[self.index]
 
     def surrogate(
-        self, loss: str, advantages: Any, clip: float, norm: int | None = None
+        self, loss: str, advantages: Any, clip: float | tuple[float, float], norm: int | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """The clipped surrogate of these rows aggregated as the registered policy loss `loss` says
-        (farmkit.train.estimators), importance-weighted when weights are on."""
+        (farmkit.train.estimators), weighted when weights are on, responses too far off-policy
+        dropped when a threshold is set (its share in the figures). `clip`: one range or
+        (low, high)."""
         from farmkit.train.estimators import policy_loss
+        from farmkit.train.rollout_backends import off_policy_keep
 
-        return policy_loss(loss)(
+        advantages, weights, dropped = self.rows(advantages), self.weights, {}
+        if self.off_policy_threshold is not None:
+            sampling = (
+                self.old_logprobs if self.sampling_logprobs is None else self.sampling_logprobs
+            )
+            keep = off_policy_keep(
+                advantages, self.logprobs, sampling, self.mask, self.off_policy_threshold
+            )
+            weights = combined_weights(weights, keep)
+            count = self.tokens if keep.dim() == 2 else self.responses
+            outside = 1 - keep if keep.dim() == 1 else (1 - keep) * self.mask
+            dropped = {"off_policy_masked_fraction": outside.sum() / count}
+        loss, figures = policy_loss(loss)(
             self.logprobs,
             self.old_logprobs,
-            self.rows(advantages),
+            advantages,
             self.mask,
             clip,
             responses=self.responses,
             tokens=self.tokens,
             norm=norm,
-            weights=self.weights,
+            weights=weights,
         )
+        return loss, {**figures, **dropped}
+
+
+def combined_weights(first: Any, second: Any) -> Any:
+    """The product of two sets of weights, each None (off), per response [rows] or per token
+    [rows, tokens]: per token if either is."""
+    if first is None or second is None:
+        return second if first is None else first
+    if first.dim() != second.dim():
+        first, second = (w if w.dim() == 2 else w[:, None] for w in (first, second))
+    return first * second
 
 
 class OnPolicyMethod:
@@ -145,10 +173,6 @@ class OnPolicyMethod:
 
     def message_figures(self, row: dict[str, Any]) -> str:
         return ""
-
-    def sequence_weights(self) -> bool:
-        """Whether importance weights apply per response (RLOO's one ratio) rather than per token."""
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,8 +596,9 @@ class OnPolicyTrainer:
         return forward if self.has_values else (forward, None)
 
     def engine_mismatch(self, step: Step) -> tuple[dict[str, Any], Any]:
-        """The engine/trainer log-probability figures and the truncated importance weights."""
-        from farmkit.train.rollout_backends import logprob_mismatch, truncated_is_weights
+        """The engine/trainer log-probability figures (the mismatch, the engine-vs-trainer KL, the
+        share the correction truncated or masked) and the rollout correction's weights."""
+        from farmkit.train.rollout_backends import engine_kl, logprob_mismatch, rollout_correction
 
         batch, old_logprobs, mask = step.batch, step.old_logprobs, step.mask
         if batch.engine_logprobs is None:
@@ -584,19 +609,21 @@ class OnPolicyTrainer:
             f"rollout_logprob_diff_{name}": value
             for name, value in logprob_mismatch(engine_logprobs, old_logprobs, mask).items()
         }
+        figures["rollout_kl"] = engine_kl(engine_logprobs, old_logprobs, mask)
         cap = self.config.importance_sampling_cap
         if not cap:
             return figures, None
-        weights = truncated_is_weights(
-            old_logprobs, engine_logprobs, mask, cap, per_sequence=self.method.sequence_weights()
+        weights, shares = rollout_correction(
+            old_logprobs, engine_logprobs, mask, self.config.rollout_correction, cap
         )
-        return figures, weights
+        return {**figures, **shares}, weights
 
     # -- the phases of a step ----------------------------------------------------------------------
 
     def rollout(self, number: int) -> Step:
-        """This process's prompts of the step (a seeded order), sampled and scored."""
-        from farmkit.train import launch
+        """This process's prompts of the step (a seeded order), sampled and scored (with DAPO's
+        overlong penalty when asked)."""
+        from farmkit.train import launch, rl_common
 
         method, per_step = self.method, self.method.prompts_per_step
         rows = method.rows(
@@ -618,6 +645,11 @@ class OnPolicyTrainer:
                 rows,
                 derive_seed(self.seed, f"{method.name} rollout", number, self.rank),
                 self.backend,
+            )
+        if self.config.overlong == "penalty":
+            lengths = batch.rollout.response_mask.sum(dim=1)
+            batch.scores = batch.scores + rl_common.overlong_penalty(
+                lengths, self.config.max_new_tokens, self.config.overlong_cache
             )
         return Step(number, rows, batch)
 
@@ -671,6 +703,9 @@ class OnPolicyTrainer:
                     self.reduce_sum,
                 )
                 step.engine_figures, step.weights = self.engine_mismatch(step)
+            if self.config.overlong == "filter":  # unfinished responses leave the loss
+                finished = step.batch.rollout.finished.to(step.mask.device, step.mask.dtype)
+                step.weights = combined_weights(step.weights, finished)
 
     def update(self, step: Step) -> None:
         """ppo_epochs passes over the batch in minibatches of micro-batches; the weights checked."""
@@ -681,6 +716,8 @@ class OnPolicyTrainer:
 
         config, accelerator, method = self.config, self.accelerator, self.method
         mask, rollout = step.mask, step.batch.rollout
+        engine = step.batch.engine_logprobs
+        engine = None if engine is None else engine.to(mask.device)
         for epoch in range(config.ppo_epochs):
             generator = torch.Generator().manual_seed(
                 derive_seed(self.seed, f"{method.name} minibatches", step.number, epoch)
@@ -710,6 +747,8 @@ class OnPolicyTrainer:
                             responses,
                             tokens,
                             None if step.weights is None else step.weights[index],
+                            None if engine is None else engine[index],
+                            config.off_policy_mask_threshold,
                         )
                         loss, figures = method.loss(micro_batch, step.prepared)
                         # the loss is already divided by the whole minibatch: undo the launcher's

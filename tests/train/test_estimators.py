@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from farmkit.methods.quark import assign_quantiles
+from farmkit.train.estimators import policy_loss
 from farmkit.train.rl_common import (
-    clipped_policy_loss,
     clipped_value_loss,
     generalized_advantages,
     kl_estimate,
@@ -140,14 +140,13 @@ def test_policy_loss_clips_only_in_the_pessimistic_direction():
     ratios = torch.tensor([[1.5, 1.5, 0.5, 0.5, 3.0]])
     advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0, 50.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
-    loss, stats = clipped_policy_loss(torch.log(ratios), old, advantages, mask, clip=0.2)
+    surrogate = policy_loss("token-mean")
+    loss, stats = surrogate(torch.log(ratios), old, advantages, mask, 0.2, responses=1, tokens=4)
     # per token max(-A r, -A clip(r)): -1.2 (clipped), 1.5, -0.5, 0.8 (clipped); padding left out
     assert loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
     assert stats["clip_fraction"].item() == pytest.approx(0.5)
     # a minibatch split in micro-batches divides by the minibatch's token count
-    half, _ = clipped_policy_loss(
-        torch.log(ratios), old, advantages, mask, clip=0.2, tokens=torch.tensor(8.0)
-    )
+    half, _ = surrogate(torch.log(ratios), old, advantages, mask, 0.2, responses=1, tokens=8)
     assert half.item() == pytest.approx(loss.item() / 2)
 
 

@@ -38,6 +38,10 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
         "sequence-ratio",
         "seq-mean-token-mean",
         "seq-mean-token-sum-norm",
+        "dapo",
+        "bnpo",
+        "gspo",
+        "cispo",
     }
     # each method's defaults are what it ran before it chose them by name
     chosen = {
@@ -65,7 +69,9 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
 
 PER_TOKEN = "per-token advantages from a value model (farm-ppo)"
 PER_RESPONSE = "one advantage per response from its group of k samples (farm-rloo, farm-grpo)"
-GROUP_LOSSES = "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm"
+GROUP_LOSSES = (
+    "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm, dapo, bnpo, gspo, cispo"
+)
 
 
 @pytest.mark.parametrize(
@@ -144,10 +150,10 @@ def test_truncated_importance_weights_are_capped_ratios():
     trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.0]])
     engine = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -3.0, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    weights = RB.truncated_is_weights(trainer, engine, mask, cap=2.0)
+    weights, _ = RB.rollout_correction(trainer, engine, mask, "token-truncate", cap=2.0)
     expected = torch.tensor([[0.5, -1.0, 0.0], [1.9, 0.0, 0.0]]).exp().clamp(max=2.0) * mask
     assert torch.allclose(weights, expected)
-    sequence = RB.truncated_is_weights(trainer, engine, mask, cap=2.0, per_sequence=True)
+    sequence, _ = RB.rollout_correction(trainer, engine, mask, "sequence-truncate", cap=2.0)
     assert torch.allclose(sequence, torch.tensor([0.5 - 1.0, 1.9]).exp().clamp(max=2.0))
     figures = RB.logprob_mismatch(engine, trainer, mask)
     assert figures["max"] == pytest.approx(1.9)
@@ -340,3 +346,52 @@ def test_one_update_per_step_takes_the_old_logprobs_from_the_updates_forward(
         for figure in ("reward", "kl", "entropy", "policy_loss", "clip_fraction"):
             assert a[figure] == pytest.approx(b[figure], rel=1e-4, abs=1e-7), figure
     assert fused_rows[1]["kl"] != 0.0  # step 2's KL is measured, not left at its stand-in
+
+
+class RaisedEngine(SpyEngine):
+    """The spy engine with every sampled token's log-probability `raise_by` above the trainer's."""
+
+    def __init__(self, sft: str, raise_by: float) -> None:
+        super().__init__(sft)
+        self.raise_by = raise_by
+
+    def sample(self, policy, tokenizer, prompts, **kwargs):
+        rollout, logprobs = super().sample(policy, tokenizer, prompts, **kwargs)
+        return rollout, logprobs + self.raise_by * rollout.response_mask
+
+
+def test_rollout_correction_masks_what_the_perturbed_engine_puts_beyond_the_cap(
+    models, tmp_path, monkeypatch
+):
+    """A perturbed engine (log-probabilities shifted by up to 0.3 per position): token-mask with a
+    cap of 1.2 leaves some tokens out of the loss (and the KL between engine and trainer is
+    measured); with a cap below every ratio all are out and the policy loss is exactly 0. The
+    off-policy mask drops the negative-advantage responses of an engine 0.5 nats above the
+    trainer on every token."""
+    config = dict(steps=1, kl_coef=0.0, **SMALL)
+    corrected = {}
+    for name, cap in (("some", 1.2), ("all", 0.01)):
+        (row,) = run_with(
+            SpyEngine(str(models[0]), offset=0.3),
+            monkeypatch,
+            train_group,
+            tmp_path / name,
+            GRPOConfig(importance_sampling_cap=cap, rollout_correction="token-mask", **config),
+            models,
+        )
+        corrected[name] = row
+        assert row["rollout_kl"] > 0
+    assert 0 < corrected["some"]["rollout_masked_fraction"] < 1
+    assert corrected["some"]["policy_loss"] != 0
+    assert corrected["all"]["rollout_masked_fraction"] == 1.0
+    assert corrected["all"]["policy_loss"] == 0.0
+    (row,) = run_with(
+        RaisedEngine(str(models[0]), raise_by=0.5),
+        monkeypatch,
+        train_group,
+        tmp_path / "off-policy",
+        GRPOConfig(off_policy_mask_threshold=0.3, **config),
+        models,
+    )
+    assert row["rollout_kl"] > 0 and "rollout_masked_fraction" not in row  # no cap: no correction
+    assert 0 < row["off_policy_masked_fraction"] < 1
