@@ -121,6 +121,7 @@ class OnPolicyMethod:
     name = ""
     tool = ""
     value_model = False  # PPO: a value model trains beside the policy, as one module
+    group_size = 1  # rows sampled per prompt, consecutive (--dynamic-sampling drops whole groups)
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -385,6 +386,8 @@ class Step:
     entropies: Any = None  # [rows, tokens]
     prepared: Prepared | None = None
     engine_figures: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)  # the rollout's own (dynamic sampling)
+    discarded_tokens: float = 0.0  # sampled, then left out of the batch (dynamic sampling)
     weights: Any = None  # truncated importance weights (None: off)
     totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
     row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
@@ -622,36 +625,83 @@ class OnPolicyTrainer:
 
     def rollout(self, number: int) -> Step:
         """This process's prompts of the step (a seeded order), sampled and scored (with DAPO's
-        overlong penalty when asked)."""
+        overlong penalty when asked); under --dynamic-sampling, groups without signal replaced."""
+        method, per_step = self.method, self.method.prompts_per_step
+        prompts = self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
+        batch = self.sample_rows(method.rows(prompts), number, "rollout")
+        step = Step(number, batch.prompt_indices, batch)
+        if getattr(self.config, "dynamic_sampling", False):
+            self.dynamic_sampling(step, len(prompts))
+        return step
+
+    def sample_rows(self, rows: list[int], number: int, label: str) -> Any:
+        """One response to each row's prompt, scored."""
         from farmkit.train import launch, rl_common
 
-        method, per_step = self.method, self.method.prompts_per_step
-        rows = method.rows(
-            self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
-        )
+        method, config = self.method, self.config
         with (
             launch.for_generation(self.accelerator, self.model) as unwrapped,
             self.accelerator.autocast(),
         ):
             if self.stale:
                 self.backend.sync(unwrapped.policy)
+                self.stale = False
             batch = sample(
-                self.config,
+                config,
                 unwrapped.policy,
                 self.tokenizer,
                 self.scorer,
                 self.prompts,
                 self.prompt_ids,
                 rows,
-                derive_seed(self.seed, f"{method.name} rollout", number, self.rank),
+                derive_seed(self.seed, f"{method.name} {label}", number, self.rank),
                 self.backend,
             )
-        if self.config.overlong == "penalty":
+        if config.overlong == "penalty":
             lengths = batch.rollout.response_mask.sum(dim=1)
             batch.scores = batch.scores + rl_common.overlong_penalty(
-                lengths, self.config.max_new_tokens, self.config.overlong_cache
+                lengths, config.max_new_tokens, config.overlong_cache
             )
-        return Step(number, rows, batch)
+        return batch
+
+    def dynamic_sampling(self, step: Step, groups: int) -> None:
+        """DAPO's dynamic sampling: the step's groups whose scores are all equal are dropped and
+        more prompts drawn (seeded by step and draw; every process draws as long as any process
+        misses groups, at most --max-extra-draws times) until `groups` are kept; dropped groups
+        fill what is still missing. The counts go to the step's figures."""
+        import random
+
+        import torch
+
+        from farmkit.train.rollouts import join
+
+        k, config = self.method.group_size, self.config
+        kept, dropped, discarded, draws, batch = [], [], 0.0, 0, step.batch
+        while True:
+            scores = batch.scores.reshape(-1, k)
+            signal = (scores.max(dim=1).values > scores.min(dim=1).values).tolist()
+            for group, informative in enumerate(signal):
+                part = batch.rows(range(group * k, (group + 1) * k))
+                (kept if informative else dropped).append(part)
+            missing = torch.tensor(float(max(0, groups - len(kept))), device=step.mask.device)
+            if float(self.reduce_sum(missing)) == 0 or draws == config.max_extra_draws:
+                break
+            draws += 1
+            rng = random.Random(
+                derive_seed(self.seed, "dynamic sampling", step.number, draws, self.rank)
+            )
+            prompts = [rng.randrange(len(self.prompts)) for _ in range(groups)]
+            batch = self.sample_rows(self.method.rows(prompts), step.number, f"draw {draws}")
+        chosen = (kept + dropped)[:groups]  # dropped groups only where the draws ran out
+        for part in (kept + dropped)[groups:]:
+            discarded += float(part.rollout.response_mask.sum())
+        step.batch = join(chosen, self.tokenizer.pad_token_id)
+        step.rows = step.batch.prompt_indices
+        step.figures = {
+            "dropped_groups": float(self.reduce_sum(torch.tensor(float(len(dropped))))),
+            "extra_draws": float(draws),
+        }
+        step.discarded_tokens = discarded
 
     def score(self, step: Step) -> None:
         """The sampled tokens' log-probabilities under the frozen reference and (unless the update's
@@ -791,12 +841,13 @@ class OnPolicyTrainer:
             "unfinished": (~rollout.finished).float().sum(),
             **step.prepared.sums,
             "prompt_tokens": rollout.prompt_mask.sum(),
+            "discarded_tokens": torch.tensor(step.discarded_tokens, device=mask.device),
         }
         summed = {name: float(reduce_sum(value.detach().float())) for name, value in local.items()}
         count = float(reduce_sum(torch.tensor(float(len(step.rows)), device=mask.device)))
         budget = self.record.budget
         budget.add(
-            sampled=summed["response_length"],
+            sampled=summed["response_length"] + summed["discarded_tokens"],
             trained=(summed["prompt_tokens"] + summed["response_length"]) * config.ppo_epochs,
         )
         done = step.number + 1
@@ -813,6 +864,7 @@ class OnPolicyTrainer:
                 for name, value in step.totals.items()
             },
             **step.engine_figures,
+            **step.figures,
             "learning_rate": self.scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - self.started, 2),
             **budget.row(),

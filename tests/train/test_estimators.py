@@ -18,6 +18,7 @@ from farmkit.train.rl_common import (
     linear_schedule,
     masked_mean,
     masked_whiten,
+    overlong_penalty,
     response_mask,
 )
 
@@ -211,3 +212,10 @@ def test_linear_schedule_warms_up_then_decays_to_zero():
     assert [linear_schedule(0, 4)(step) for step in range(4)] == pytest.approx(
         [1.0, 0.75, 0.5, 0.25]
     )
+
+
+def test_overlong_penalty_falls_linearly_over_the_last_cache_tokens():
+    """DAPO's soft overlong punishment with max length 20 and a cache of 8: nothing up to 12
+    tokens, then -1/8 per token, -1 at 20."""
+    lengths = torch.tensor([5.0, 12.0, 14.0, 16.0, 20.0])
+    assert overlong_penalty(lengths, 20, 8).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0]

@@ -395,3 +395,109 @@ def test_rollout_correction_masks_what_the_perturbed_engine_puts_beyond_the_cap(
     )
     assert row["rollout_kl"] > 0 and "rollout_masked_fraction" not in row  # no cap: no correction
     assert 0 < row["off_policy_masked_fraction"] < 1
+
+
+def test_dynamic_sampling_replaces_groups_without_signal(models, tmp_path, monkeypatch):
+    """A reward model that scores every answer alike: every group has equal scores, so every
+    group is dropped and each extra draw (bounded) finds none either; the batch is then filled
+    with dropped groups and trains on nothing (zero advantages). With the keyword reward model
+    (scores of 0 or 1, some groups all alike), the dropped groups are replaced by drawn ones."""
+    from farmkit.train import rollouts
+
+    config = GRPOConfig(steps=1, kl_coef=0.0, dynamic_sampling=True, max_extra_draws=2, **SMALL)
+    sft, rm = models
+    original = rollouts.sample_and_score
+
+    def flat(*args, **kwargs):
+        scored = original(*args, **kwargs)
+        scored.scores = torch.zeros_like(scored.scores)
+        return scored
+
+    draws = []
+    monkeypatch.setattr(
+        rollouts, "sample_and_score", lambda *a, **k: draws.append(1) or flat(*a, **k)
+    )
+    train_group(str(sft), str(rm), prompt_records(16), str(tmp_path / "flat"), config)
+    (row,) = [
+        json.loads(line) for line in (tmp_path / "flat" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert (row["extra_draws"], len(draws)) == (2, 3)
+    assert row["dropped_groups"] == 3 * 16 / 4  # 4 groups per draw, all dropped
+    assert row["advantage_abs"] == 0.0
+    assert row["tokens_sampled"] > row["response_length"] * 16  # the extra draws were paid for
+    monkeypatch.setattr(rollouts, "sample_and_score", original)
+    train_group(str(sft), str(rm), prompt_records(16), str(tmp_path / "signal"), config)
+    (row,) = [
+        json.loads(line)
+        for line in (tmp_path / "signal" / "metrics.jsonl").read_text().splitlines()
+    ]
+    # groups without signal were drawn again, and the batch trained on has none left
+    assert row["dropped_groups"] > 0 and row["extra_draws"] >= 1
+    assert row["zero_std_group_fraction"] == 0.0
+
+
+def test_dynamic_sampling_keeps_the_informative_groups_of_extra_draws(tmp_path):
+    """The join of kept groups from batches of different widths is the batch sample_rollout would
+    have built: prompts padded on the left, responses on the right, rows in order."""
+    from farmkit.train import policy as P
+    from farmkit.train.rollouts import ScoredRollout, join
+
+    def scored(prompts, responses, scores):
+        rollout = P.Rollout(
+            torch.tensor(prompts),
+            torch.ones(len(prompts), len(prompts[0]), dtype=torch.long),
+            torch.tensor(responses),
+            torch.ones(len(responses), len(responses[0])),
+            torch.tensor([True] * len(responses)),
+        )
+        n = len(prompts)
+        return ScoredRollout(
+            rollout, list(range(n)), ["x"] * n, torch.tensor(scores), torch.tensor(scores)
+        )
+
+    a = scored([[5, 6]], [[7]], [1.0])
+    b = scored([[8]], [[9, 10]], [2.0])
+    joined = join([a, b.rows([0])], pad_token_id=0)
+    assert joined.rollout.prompt_ids.tolist() == [[5, 6], [0, 8]]
+    assert joined.rollout.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert joined.rollout.response_ids.tolist() == [[7, 0], [9, 10]]
+    assert joined.rollout.response_mask.tolist() == [[1.0, 0.0], [1.0, 1.0]]
+    assert joined.scores.tolist() == [1.0, 2.0]
+
+
+def test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out(
+    models, tmp_path, monkeypatch
+):
+    """Answers of at most 2 tokens: --overlong penalty (cache 1) takes 1 from the score of each
+    answer of 2 tokens (its length, the end token included), nothing from those of 1; --overlong
+    filter gives the cut answers weight 0 in every update."""
+    from farmkit.train import onpolicy
+
+    sft, rm = models
+    weights = []
+    surrogate = onpolicy.MicroBatch.surrogate
+
+    def spy(self, *args, **kwargs):
+        weights.append(self.weights)
+        return surrogate(self, *args, **kwargs)
+
+    monkeypatch.setattr(onpolicy.MicroBatch, "surrogate", spy)
+    small = {**SMALL, "max_new_tokens": 2}
+    rows = {}
+    for overlong in ("none", "penalty", "filter"):
+        weights.clear()
+        config = GRPOConfig(steps=1, kl_coef=0.0, overlong=overlong, overlong_cache=1, **small)
+        train_group(str(sft), str(rm), prompt_records(16), str(tmp_path / overlong), config)
+        (rows[overlong],) = [
+            json.loads(line)
+            for line in (tmp_path / overlong / "metrics.jsonl").read_text().splitlines()
+        ]
+    plain, penalty = rows["none"], rows["penalty"]
+    assert 0 < plain["unfinished_fraction"] < 1  # the seeded rollouts are the same in all three
+    long_share = plain["response_length"] - 1  # the share of answers of 2 tokens
+    assert penalty["score"] == pytest.approx(plain["score"] - long_share)
+    # each row once per epoch; the cut ones weigh 0, the others 1
+    rows_seen = torch.cat(weights)
+    cut = round(plain["unfinished_fraction"] * 16) * SMALL["ppo_epochs"]
+    assert rows_seen.shape == (16 * SMALL["ppo_epochs"],)
+    assert (int((rows_seen == 0).sum()), int((rows_seen == 1).sum())) == (cut, len(rows_seen) - cut)
