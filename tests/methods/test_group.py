@@ -389,9 +389,10 @@ def constant_advantages(scores, k):
 
 
 @E.register_policy_loss("counted", E.RESPONSE, E.seq_mean_token_mean)
-def counted_loss(*args, **kwargs):
-    loss, stats = E.seq_mean_token_mean_loss(*args, **kwargs)
-    return loss, {**stats, "counted_calls": torch.tensor(1.0)}
+def counted_terms(logprobs, old_logprobs, advantages, mask, low, high):
+    terms, figures = E.per_token_clipped(logprobs, old_logprobs, advantages, mask, low, high)
+    # 1 on every token: its average over each minibatch's tokens is 1 wherever it was called
+    return terms, {**figures, "counted_calls": torch.ones_like(terms)}
 """
 
 
