@@ -699,8 +699,9 @@ class OnPolicyTrainer:
             discarded += float(part.rollout.response_mask.sum())
         step.batch = join(chosen, self.tokenizer.pad_token_id)
         step.rows = step.batch.prompt_indices
+        count = torch.tensor(float(len(dropped)), device=step.mask.device)
         step.figures = {
-            "dropped_groups": float(self.reduce_sum(torch.tensor(float(len(dropped))))),
+            "dropped_groups": float(self.reduce_sum(count)),
             "extra_draws": float(draws),
         }
         step.discarded_tokens = discarded

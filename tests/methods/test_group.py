@@ -181,6 +181,9 @@ def test_group_loss_adds_the_kl_term():
         (dict(rollout_batch_size=10, samples_per_prompt=4), "multiple of num-samples"),
         (dict(rollout_batch_size=16, minibatch_size=6), "multiple of minibatch-size"),
         (dict(kl_coef=-0.1), "kl-coef"),
+        # RLOO's one ratio per response takes a correction per response only
+        (dict(rollout_correction="token-mask"), "takes sequence-truncate or sequence-mask"),
+        (dict(overlong="penalty", overlong_cache=300), "overlong-cache must be below"),
     ],
 )
 def test_bad_settings_are_refused(values, message):
