@@ -390,7 +390,7 @@ class Step:
     engine_figures: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)  # the rollout's own (dynamic sampling)
     discarded_tokens: float = 0.0  # sampled, then left out of the batch (dynamic sampling)
-    weights: Any = None  # truncated importance weights (None: off)
+    weights: Any = None  # the rollout correction's and the overlong filter's (None: off)
     totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
     row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
 

@@ -53,11 +53,8 @@ def join(batches: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
     the widest (what sample_rollout would have built from them at once)."""
     import torch.nn.functional as F
 
-    def widest(get: Any) -> int:
-        return max(get(b).shape[1] for b in batches)
-
     def padded(get: Any, value: float, left: bool) -> torch.Tensor:
-        width = widest(get)
+        width = max(get(b).shape[1] for b in batches)
         return torch.cat(
             [
                 F.pad(
