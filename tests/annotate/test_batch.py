@@ -294,7 +294,13 @@ def test_the_batch_factor_of_a_prices_file_is_checked():
 
 def test_a_schema_1_cache_gains_the_batch_tables_and_keeps_its_verdicts(tmp_path):
     path = tmp_path / "old.sqlite"
-    row = {"choice": "A", "prompt_tokens": 90, "completion_tokens": 1, "price": 1e-05, "seconds": 0.2}
+    row = {
+        "choice": "A",
+        "prompt_tokens": 90,
+        "completion_tokens": 1,
+        "price": 1e-05,
+        "seconds": 0.2,
+    }
     with sqlite3.connect(path) as db:
         db.execute(
             "CREATE TABLE verdicts (key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL)"
