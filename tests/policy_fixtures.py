@@ -375,3 +375,32 @@ def ends_often(tiny_model_path: Path, folder: Path, eos_probability: float = 0.1
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+class FakePairJudge:
+    """A judge of pairs (farmkit.train.pairwise.PairJudge) whose verdicts are known: `better(a, b)`
+    says whether output a beats b (neither way: a tie); each pair costs `price` USD and is recorded
+    in `asked`, one list a call."""
+
+    def __init__(self, better, price: float = 0.0, max_cost: float | None = None) -> None:
+        self.better, self.price, self.max_cost = better, price, max_cost
+        self.asked: list[list[dict]] = []
+
+    def preferences(self, pairs, seed, budget):
+        if budget is not None and self.price * len(pairs) > budget:
+            return None
+        self.asked.append(pairs)
+        verdicts = []
+        for pair in pairs:
+            first, second = pair["output_1"], pair["output_2"]
+            verdicts.append(
+                1.0 if self.better(first, second) else 2.0 if self.better(second, first) else 1.5
+            )
+        cost = {
+            "pairs": len(pairs),
+            "requests": len(pairs),
+            "judge_calls": len(pairs),
+            "cache_hits": 0,
+            "price": self.price * len(pairs),
+        }
+        return verdicts, cost
