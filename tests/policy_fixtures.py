@@ -19,6 +19,18 @@ COLOURS = ("red", "blue", "green", "yellow")
 KEYWORD = "blue"
 QUESTIONS = [f"Name a colour for item number {i}." for i in range(16)]
 _built: dict[str, Path] = {}
+# RLOO and GRPO on the tiny model: 8 groups of 4 a step, two passes, a high learning rate
+GROUP_SETTINGS = dict(
+    rollout_batch_size=32,
+    samples_per_prompt=4,
+    minibatch_size=16,
+    micro_batch_size=16,
+    ppo_epochs=2,
+    learning_rate=2e-3,
+    kl_coef=0.05,
+    temperature=1.0,
+    max_new_tokens=4,
+)
 
 
 def prompt_records(n: int = 16) -> list[dict]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from policy_fixtures import (
+    GROUP_SETTINGS,
     KEYWORD,
     FakePairJudge,
     check_budget,
@@ -25,18 +26,8 @@ from policy_fixtures import (
 from farmkit.core.io import FarmError
 from farmkit.methods.group import GRPOConfig, RLOOConfig, train_group
 
-SMALL = dict(
-    rollout_batch_size=16,
-    samples_per_prompt=4,
-    minibatch_size=16,
-    micro_batch_size=16,
-    ppo_epochs=2,
-    learning_rate=2e-3,
-    kl_coef=0.05,
-    temperature=1.0,
-    max_new_tokens=4,
-    checkpoint_every=0,
-)
+# 4 groups of 4 a step
+SMALL = {**GROUP_SETTINGS, "rollout_batch_size": 16, "checkpoint_every": 0}
 
 
 @pytest.fixture(scope="module")
