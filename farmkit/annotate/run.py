@@ -1,7 +1,8 @@
 """One farm-annotate run: the checks made before anything is asked (endpoint configured, budget),
 the cache, the records, and the summary on stderr. This is what tools/farm_annotate.py calls, and
 the Python entry point for annotating pairs from code; farm-eval judges against a reference through
-it (judge_against_reference), farm-online-dpo labels each round's pairs and farm-grpo and farm-rloo --pool each step's (PoolLabeller)."""
+it (judge_against_reference), farm-online-dpo labels each round's pairs, and farm-grpo and
+farm-rloo --pool each step's (PoolLabeller)."""
 
 from __future__ import annotations
 
