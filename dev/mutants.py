@@ -39,6 +39,8 @@ class Mutation:
 
 
 T_GROUP = "tests/methods/test_group.py"
+T_GROUP_POOL = "tests/methods/test_group_pool.py"
+T_PAIRWISE = "tests/train/test_pairwise.py"
 T_RL = "tests/train/test_estimators.py"
 T_TEMP = "tests/lm/test_generation_temperature.py"
 T_TRL = "tests/train/test_estimators_trl.py"
@@ -159,6 +161,28 @@ MUTATIONS = [
         (
             "tests/train/test_rollout_backends.py::"
             "test_rollout_correction_truncates_or_masks_exp_of_trainer_minus_engine",
+        ),
+        fast=True,
+    ),
+    # --- group rewards from a pool (--pool): each verdict's scores reach the responses it judged
+    Mutation(
+        "pool rewards: a verdict's win given to the response it went against",
+        "farmkit/train/pairwise.py",
+        "(first, second, 2.0 - float(preference))",
+        "(first, second, float(preference) - 1.0)",
+        (
+            f"{T_PAIRWISE}::test_rewards_are_the_win_rates_the_verdicts_imply_on_the_right_responses",
+            f"{T_GROUP_POOL}::test_the_judge_s_preference_is_learned",
+        ),
+        fast=True,
+    ),
+    Mutation(
+        "pool rewards: a group's rewards given to its responses in the wrong order",
+        "farmkit/train/pairwise.py",
+        "rewards += self.reward(self.size, outcomes(schedule, verdicts))",
+        "rewards += self.reward(self.size, outcomes(schedule, verdicts))[::-1]",
+        (
+            f"{T_PAIRWISE}::test_rewards_are_the_win_rates_the_verdicts_imply_on_the_right_responses",
         ),
         fast=True,
     ),

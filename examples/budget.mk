@@ -4,11 +4,13 @@
 #
 #   make methods-at-equal-budget SIZE=ci|demo|full
 #
-# PPO, RLOO, GRPO, DPO, online DPO and best-of-n start from the demo's SFT model. Every one of them
-# gets the same N_PREF labels from the pool $(POOL): PPO, RLOO, GRPO and best-of-n through the demo's
-# reward model (trained on the demo's N_PREF labelled pairs), DPO from those very pairs, and online
-# DPO by having $(POOL) label N_PREF fresh pairs of its own policy's answers over EB_ODPO_ROUNDS
-# rounds. Each method's checkpoints (every EB_EVERY steps, each round, DPO's end, each n) are judged
+# PPO, RLOO, GRPO, GRPO from the pool, DPO, online DPO and best-of-n start from the demo's SFT model.
+# Every one of them gets the same N_PREF labels from the pool $(POOL): PPO, RLOO, GRPO and best-of-n
+# through the demo's reward model (trained on the demo's N_PREF labelled pairs), DPO from those very
+# pairs, online DPO by having $(POOL) label N_PREF fresh pairs of its own policy's answers over
+# EB_ODPO_ROUNDS rounds, and grpo-pool by having $(POOL) judge pairs within its groups (--pool, no
+# reward model): each response against EB_POOL_K others, so a step asks ROLLOUT_BATCH x EB_POOL_K / 2
+# pairs and EB_POOL_STEPS = 2 N_PREF / (ROLLOUT_BATCH x EB_POOL_K) steps ask N_PREF. Each method's checkpoints (every EB_EVERY steps, each round, DPO's end, each n) are judged
 # by the gold annotator $(GOLD) on the val prompts (held out from every method's training) against
 # the SFT model's answers: --gold. The table puts side by side, per method, its last gold win rate,
 # the surrogate reward of its answers to the val prompts (farm-sample | farm-score with the reward
@@ -17,12 +19,15 @@
 # against its KL. (its sizes, EB_*, are rows of sizes.mk)
 
 EB := $(OUT)/equal-budget
-EB_METHODS := ppo rloo grpo dpo odpo
+EB_METHODS := ppo rloo grpo grpo-pool dpo odpo
 EB_POLICIES := $(EB_METHODS:%=$(EB)/%/meta.json)
 EB_ANSWERS := $(EB_METHODS:%=$(EB)/answers/%.jsonl)
 GOLD_OPTS = --gold $(GOLD) --gold-prompts $(SPLITS)/val.jsonl --gold-size $(N_VAL)
 EB_GROUP_OPTS = --steps $(EB_STEPS) --save-steps $(EB_EVERY) --num-samples $(EB_K) $(PPO_OPTS)
 EB_ODPO_PROMPTS = $(shell expr $(N_PREF) / $(EB_ODPO_ROUNDS))
+EB_POOL_STEPS = $(shell expr 2 \* $(N_PREF) / \( $(ROLLOUT_BATCH) \* $(EB_POOL_K) \))
+# about as many gold-judged checkpoints as the other group methods have (EB_STEPS / EB_EVERY)
+EB_POOL_EVERY = $(shell expr \( $(EB_POOL_STEPS) \* $(EB_EVERY) + $(EB_STEPS) - 1 \) / $(EB_STEPS))
 EB_ODPO_STEPS = $(shell s=$$(expr $(METHOD_STEPS) / $(EB_ODPO_ROUNDS)); [ "$$s" -ge 1 ] 2>/dev/null && echo $$s || echo 1)
 
 .PHONY: methods-at-equal-budget equal-budget-results
@@ -42,6 +47,10 @@ $(EB)/rloo/meta.json: $(SFT)/meta.json $(RM)/meta.json $(SPLITS)/unlabeled.jsonl
 
 $(EB)/grpo/meta.json: $(SFT)/meta.json $(RM)/meta.json $(SPLITS)/unlabeled.jsonl $(SPLITS)/val.jsonl
 	$(call train,farm-grpo) $(SFT) $(RM) $(SPLITS)/unlabeled.jsonl -o $(@D) $(EB_GROUP_OPTS) $(GOLD_OPTS) $(TRAIN_OPTS)
+
+$(EB)/grpo-pool/meta.json: $(SFT)/meta.json $(SPLITS)/unlabeled.jsonl $(SPLITS)/val.jsonl
+	$(call train,farm-grpo) $(SFT) $(SPLITS)/unlabeled.jsonl -o $(@D) --pool $(POOL) --cache $(CACHE) --opponents $(EB_POOL_K) \
+		--steps $(EB_POOL_STEPS) --save-steps $(EB_POOL_EVERY) --num-samples $(EB_K) $(PPO_OPTS) $(GOLD_OPTS) $(TRAIN_OPTS)
 
 $(EB)/dpo/meta.json: $(SFT)/meta.json $(PREFS) $(SPLITS)/val.jsonl
 	$(call train,farm-dpo) $(SFT) $(PREFS) -o $(@D) --max-steps $(METHOD_STEPS) --batch-size $(TRAIN_BATCH) \

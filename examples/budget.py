@@ -6,7 +6,8 @@ leave behind.
 RUN is a method's output folder (its meta.json `budget`, its metrics.jsonl) or farm-bon's --metrics
 file; FILE its answers to the val prompts scored by the reward model (farm-sample | farm-score, or
 farm-bon's output). Columns, per method at its last gold-judged checkpoint (best-of-n: its largest n):
-- gold win rate: the gold annotator's win rate (%) against the SFT model's answers (--gold);
+- gold win rate: the gold annotator's win rate (%) against the SFT model's answers (--gold), and se
+  its standard error (a 95% interval is about 2 se either side);
 - surrogate: the mean reward-model score of its answers to the val prompts (best-of-n: of the best
   of its largest n);
 - KL: to the SFT model, measured on the gold answers (best-of-n: log n - (n - 1) / n);
@@ -30,6 +31,7 @@ from farmkit.evaluate.boards import table_text
 COLUMNS = [
     "method",
     "gold win rate",
+    "se",
     "surrogate",
     "KL",
     "length",
@@ -61,6 +63,7 @@ def row(name: str, run: str, answers: str) -> dict[str, Any]:
     return {
         "method": name if "n" not in last else f"{name} (n={last['n']})",
         "gold win rate": last["gold_win_rate"],
+        "se": last.get("gold_win_rate_se"),
         "surrogate": fmean(float(r["reward"]) for r in records),
         "KL": last["gold_kl"],
         "length": last["gold_answer_length"],

@@ -38,6 +38,7 @@ OVEROPT_PPO_EVERY.sizes := 1         3                     3         40        #
 EB_STEPS.sizes          := 2         6                     6         400       # methods-at-equal-budget: PPO, RLOO and GRPO steps
 EB_EVERY.sizes          := 1         2                     2         40        # a gold-judged checkpoint every so many steps
 EB_K.sizes              := 2         4                     4         4         # RLOO and GRPO samples per prompt (divides ROLLOUT_BATCH)
+EB_POOL_K.sizes         := 1         2                     2         2         # grpo-pool --opponents (below EB_K; EB_K x it even)
 EB_ODPO_ROUNDS.sizes    := 2         2                     2         4         # online DPO rounds, N_PREF labels over all of them
 EB_BON_NS.sizes         := 1,2       1,2,4                 1,2,4     1,4,16    # best-of-n sweep, smallest first
 

@@ -442,6 +442,48 @@ def verdict_cache(cache_path: str | None, no_cache: bool) -> str | None:
     return None if no_cache else (cache_path or "default")
 
 
+JUDGE_PARAMETERS = (
+    "flip_rate",
+    "both_orders",
+    "models",
+    "cache_path",
+    "no_cache",
+    "max_cost",
+    "prices",
+)
+"""The parameters judge_options gives a command."""
+
+
+def pool_labeller(
+    pool: str,
+    *,
+    flip_rate: float | None,
+    both_orders: bool,
+    models: tuple[str, ...],
+    cache_path: str | None,
+    no_cache: bool,
+    max_cost: float | None,
+    prices: str | None,
+    device: str,
+) -> Any:
+    """The pool --pool names, run with judge_options' values, as the trainers that ask it take it
+    (farmkit.annotate.run.PoolLabeller)."""
+    from farmkit.annotate.pools import load_pool
+    from farmkit.annotate.run import PoolLabeller
+
+    judges = load_pool(pool).with_models(list(models))
+    if flip_rate is not None:
+        judges.flip_rate = flip_rate
+    return PoolLabeller(
+        judges,
+        both_orders=both_orders,
+        cache=verdict_cache(cache_path, no_cache),
+        prices=prices,
+        device=device,
+        max_cost=max_cost,
+    )
+
+
 seed_option = shared_option("seed")
 """--seed, default 0."""
 
@@ -718,15 +760,15 @@ def train_on_prompts(
     train: Callable[..., Any],
     config: Any,
     sft: str,
-    reward_model: str,
+    reward_model: Any,
     prompts: str,
     output: str,
     summary: Callable[[Any], str | None],
 ) -> Any:
     """What farm-ppo, farm-rloo, farm-grpo and farm-quark do once their options are read into
-    `config`: read PROMPTS (refusing none), check the device and RM before any work, train with
-    `train` (its --gold pools looked up by farm-annotate's loader), log `summary` of the result.
-    Returns what `train` returned."""
+    `config`: read PROMPTS (refusing none), check the device and RM (a folder; or the judge of
+    --pool) before any work, train with `train` (its --gold pools looked up by farm-annotate's
+    loader), log `summary` of the result. Returns what `train` returned."""
     from farmkit.annotate.run import gold_pool
     from farmkit.core.io import display_name, read_records
     from farmkit.lm.models import check_reward_model
@@ -737,7 +779,8 @@ def train_on_prompts(
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
     # a device that is not there is said first, as every trainer says it
     check_device(config.device)
-    check_reward_model(reward_model)  # before any work: any other model scores at random
+    if isinstance(reward_model, str):
+        check_reward_model(reward_model)  # before any work: any other model scores at random
     result = train(
         sft,
         reward_model,
@@ -765,35 +808,90 @@ def policy_command(
     """The command of an on-policy trainer (farm-ppo, farm-rloo, farm-grpo, farm-quark): SFT RM
     PROMPTS -o DIR and `config_class`'s options (--preset, --config and the shared ones), then
     train_on_prompts with `train` ("module:function", imported when the command runs, so --help
-    loads no torch) and `summary` of its result (default: last_step)."""
+    loads no torch) and `summary` of its result (default: last_step). A config with a `pool`
+    field (the group methods) also takes SFT PROMPTS --pool POOL instead of RM, with
+    judge_options: the pool's judge (pool_labeller) scores the run."""
     import importlib
 
-    @click.command(name=name, help=help)
-    @click.argument("sft")
-    @click.argument("reward_model", metavar="RM")
-    @input_argument("prompts")
-    @output_dir_option
-    @config_options(config_class)
-    @common_options
+    pooled = "pool" in config_fields.field_values(config_class)
+
     def command(
         sft: str,
-        reward_model: str,
+        reward_model: str | None,
         prompts: str,
         output: str,
         config_file: str | None,
         **values: Any,
     ) -> None:
+        judging = {name: values.pop(name) for name in JUDGE_PARAMETERS if name in values}
         module, _, function = train.partition(":")
         trainer = getattr(importlib.import_module(module), function)
         config = resolve_config(config_class, config_file, values)
-        train_on_prompts(trainer, config, sft, reward_model, prompts, output, summary or last_step)
+        scorer: Any = reward_model
+        if pooled:
+            prompts, scorer = _reward_or_pool(config, reward_model, prompts, judging)
+        train_on_prompts(trainer, config, sft, scorer, prompts, output, summary or last_step)
 
+    decorators = [
+        click.command(name=name, help=help),
+        click.argument("sft"),
+        # with --pool the second argument is PROMPTS (_reward_or_pool)
+        click.argument("reward_model", metavar="(RM | --pool POOL)", required=not pooled),
+        input_argument("prompts"),
+        output_dir_option,
+        config_options(config_class),
+        *(
+            [
+                judge_options(
+                    max_cost_help="With --pool: it covers the whole run, reruns and --resume "
+                    "included; the run stops before a step whose comparisons it does not pay for.",
+                    both_orders_help="With --pool: a tie is half a win for each response.",
+                )
+            ]
+            if pooled
+            else []
+        ),
+        common_options,
+    ]
+    for decorate in reversed(decorators):
+        command = decorate(command)
     return command
+
+
+def _reward_or_pool(
+    config: Any, reward_model: str | None, prompts: str, judging: dict[str, Any]
+) -> tuple[str, Any]:
+    """(PROMPTS, what scores) of a group method's command line: RM PROMPTS, or PROMPTS with --pool
+    (the second argument is then PROMPTS) and the pool's judge. The judge's options without --pool
+    are a usage error, as RM and --pool together."""
+    context = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return context.get_parameter_source(name) in _GIVEN
+
+    if config.pool is None:
+        if reward_model is None:
+            raise click.UsageError("missing RM: give a reward model folder, or --pool POOL")
+        extra = [name for name in (*JUDGE_PARAMETERS, "opponents", "pool_reward") if given(name)]
+        if extra:
+            options = ", ".join(
+                next(p.opts[0] for p in context.command.params if p.name == name) for name in extra
+            )
+            raise click.UsageError(f"{options}: only with --pool (RM scores this run)")
+        return prompts, reward_model
+    if given("prompts"):
+        raise click.UsageError(
+            f"RM ({reward_model}) and --pool {config.pool}: give one of them (SFT PROMPTS --pool POOL)"
+        )
+    return reward_model or "-", pool_labeller(config.pool, device=config.device, **judging)
 
 
 def last_step(last: dict[str, Any]) -> str | None:
     """The summary line of a policy-gradient run (farm-ppo, farm-rloo, farm-grpo)."""
-    return f"last step: reward {last['reward']:.4f}, kl {last['kl']:.4f}" if last else None
+    if not last:
+        return None
+    asked = f", {last['labels_used']} labels, ${last['spent']:.4f}" if "spent" in last else ""
+    return f"last step: reward {last['reward']:.4f}, kl {last['kl']:.4f}{asked}"
 
 
 def common_options(function: Callable) -> Callable:

@@ -19,6 +19,18 @@ COLOURS = ("red", "blue", "green", "yellow")
 KEYWORD = "blue"
 QUESTIONS = [f"Name a colour for item number {i}." for i in range(16)]
 _built: dict[str, Path] = {}
+# RLOO and GRPO on the tiny model: 8 groups of 4 a step, two passes, a high learning rate
+GROUP_SETTINGS = dict(
+    rollout_batch_size=32,
+    samples_per_prompt=4,
+    minibatch_size=16,
+    micro_batch_size=16,
+    ppo_epochs=2,
+    learning_rate=2e-3,
+    kl_coef=0.05,
+    temperature=1.0,
+    max_new_tokens=4,
+)
 
 
 def prompt_records(n: int = 16) -> list[dict]:
@@ -375,3 +387,32 @@ def ends_often(tiny_model_path: Path, folder: Path, eos_probability: float = 0.1
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+class FakePairJudge:
+    """A judge of pairs (farmkit.train.pairwise.PairJudge) whose verdicts are known: `better(a, b)`
+    says whether output a beats b (neither way: a tie); each pair costs `price` USD and is recorded
+    in `asked`, one list a call."""
+
+    def __init__(self, better, price: float = 0.0, max_cost: float | None = None) -> None:
+        self.better, self.price, self.max_cost = better, price, max_cost
+        self.asked: list[list[dict]] = []
+
+    def preferences(self, pairs, seed, budget):
+        if budget is not None and self.price * len(pairs) > budget:
+            return None
+        self.asked.append(pairs)
+        verdicts = []
+        for pair in pairs:
+            first, second = pair["output_1"], pair["output_2"]
+            verdicts.append(
+                1.0 if self.better(first, second) else 2.0 if self.better(second, first) else 1.5
+            )
+        cost = {
+            "pairs": len(pairs),
+            "requests": len(pairs),
+            "judge_calls": len(pairs),
+            "cache_hits": 0,
+            "price": self.price * len(pairs),
+        }
+        return verdicts, cost

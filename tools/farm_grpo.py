@@ -22,10 +22,17 @@ cli = policy_command(
     the loss; --kl-in reward subtracts it from the score. Metrics, checkpoints
     (--save-steps, --resume), --lora and `accelerate launch` as in farm-ppo.
 
+    Without a reward model: SFT PROMPTS --pool POOL scores each group by the pool's verdicts on
+    pairs of its responses (--opponents K or all; --pool-reward win-rate or bradley-terry), the
+    verdicts cached and priced as farm-annotate's (--max-cost over the whole run: it stops before
+    a step it cannot pay for). metrics.jsonl and meta.json count the labels used and their price.
+
     \b
     Example:
       farm-grpo sft/ rm/ unlabeled.jsonl -o grpo/ --num-samples 8 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128 --dr-grpo
+      farm-grpo sft/ unlabeled.jsonl -o grpo-pool/ --pool sim_ann_offline --opponents 2 \\
+          --num-samples 4 --steps 50 --rollout-batch-size 64 --max-new-tokens 128
     """,
 )
 main = entry_point(cli)

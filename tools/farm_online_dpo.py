@@ -14,6 +14,7 @@ from farmkit.cli import (
     input_argument,
     judge_options,
     output_dir_option,
+    pool_labeller,
     resolve_config,
     verdict_cache,
 )
@@ -73,8 +74,7 @@ def cli(
     records = list(read_records(prompts, "instruction"))
     if not records:
         raise FarmError(f"{display_name(prompts)}: no prompts to train on")
-    from farmkit.annotate.pools import load_pool
-    from farmkit.annotate.run import PoolLabeller, gold_pool
+    from farmkit.annotate.run import gold_pool
     from farmkit.methods.online_dpo import Annotation, train_online_dpo
 
     annotation = Annotation(
@@ -87,11 +87,17 @@ def cli(
         models=models,
         device=config.device,
     )
-    judges = load_pool(pool).with_models(list(models))
-    if flip_rate is not None:
-        judges.flip_rate = flip_rate
-    label = PoolLabeller(
-        judges, both_orders=both_orders, cache=cache, prices=prices, device=config.device
+    # the budget is the run's (annotation.max_cost): each round gets what is left of it
+    label = pool_labeller(
+        pool,
+        flip_rate=flip_rate,
+        both_orders=both_orders,
+        models=models,
+        cache_path=cache_path,
+        no_cache=no_cache,
+        max_cost=None,
+        prices=prices,
+        device=config.device,
     )
     budget = train_online_dpo(
         sft,

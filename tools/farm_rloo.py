@@ -20,10 +20,17 @@ cli = policy_command(
     response's KL estimate from its score; --kl-in loss adds it to the loss. Metrics,
     checkpoints (--save-steps, --resume), --lora and `accelerate launch` as in farm-ppo.
 
+    Without a reward model: SFT PROMPTS --pool POOL scores each group by the pool's verdicts on
+    pairs of its responses (--opponents K or all; --pool-reward win-rate or bradley-terry), the
+    verdicts cached and priced as farm-annotate's (--max-cost over the whole run: it stops before
+    a step it cannot pay for). metrics.jsonl and meta.json count the labels used and their price.
+
     \b
     Example:
       farm-rloo sft/ rm/ unlabeled.jsonl -o rloo/ --num-samples 4 --steps 50 \\
           --rollout-batch-size 64 --minibatch-size 16 --max-new-tokens 128
+      farm-rloo sft/ unlabeled.jsonl -o rloo-pool/ --pool sim_ann_offline --opponents 2 \\
+          --num-samples 4 --steps 50 --rollout-batch-size 64 --max-new-tokens 128
     """,
 )
 main = entry_point(cli)

@@ -1,7 +1,8 @@
 """One farm-annotate run: the checks made before anything is asked (endpoint configured, budget),
 the cache, the records, and the summary on stderr. This is what tools/farm_annotate.py calls, and
 the Python entry point for annotating pairs from code; farm-eval judges against a reference through
-it (judge_against_reference), farm-online-dpo labels each round's pairs (PoolLabeller)."""
+it (judge_against_reference), farm-online-dpo labels each round's pairs, and farm-grpo and
+farm-rloo --pool each step's (PoolLabeller)."""
 
 from __future__ import annotations
 
@@ -384,19 +385,49 @@ def judge_against_reference(
 @dataclass
 class PoolLabeller:
     """Labels fresh pair records with a pool, a run at a time, each within what is left of a budget:
-    what farm-online-dpo asks each round (farmkit.methods.online_dpo.Labeller)."""
+    what farm-online-dpo asks each round (farmkit.methods.online_dpo.Labeller) and farm-grpo and
+    farm-rloo each step under --pool (farmkit.train.pairwise.PairJudge)."""
 
     pool: Pool
     both_orders: bool = False
     cache: str | None = "default"  # a SQLite file, "default" or None (no cache)
     prices: str | None = None
     device: str = "auto"
+    max_cost: float | None = (
+        None  # USD over a whole training run (the group methods keep the count)
+    )
 
     def __call__(
         self, pairs: list[dict[str, Any]], seed: int, budget: float | None, folder: Path
     ) -> dict[str, Any] | None:
-        """Label `pairs` into folder/preferences.jsonl; return what it took (labels.json), or None
-        when `budget` (USD; None: no cap) pays for no pair."""
+        """Label `pairs` into folder/preferences.jsonl (as many as `budget` pays for); return what
+        it took (labels.json), or None when `budget` (USD; None: no cap) pays for no pair."""
+        asked = self._ask(pairs, seed, budget, whole=False)
+        if asked is None:
+            return None
+        records, took = asked
+        folder.mkdir(parents=True, exist_ok=True)
+        with RecordWriter(folder / "preferences.jsonl") as writer:
+            writer.write_all(records)
+        return took
+
+    def preferences(
+        self, pairs: list[dict[str, Any]], seed: int, budget: float | None
+    ) -> tuple[list[Any], dict[str, Any]] | None:
+        """The preference of each pair (None: no verdict) and what asking took, for all `pairs`
+        or none: None when `budget` does not pay for every one (a group's rewards need all its
+        comparisons)."""
+        asked = self._ask(pairs, seed, budget, whole=True)
+        if asked is None:
+            return None
+        records, took = asked
+        return [record.get("preference") for record in records], took
+
+    def _ask(
+        self, pairs: list[dict[str, Any]], seed: int, budget: float | None, whole: bool
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        """The preference records of `pairs` (`whole`: all or None; otherwise the longest prefix
+        `budget` pays for, None when it pays for no pair) and what asking took."""
         items = [Item(pair) for pair in pairs]
         with Run(
             self.pool,
@@ -410,16 +441,14 @@ class PoolLabeller:
             cut = False
             if budget is not None:
                 fitting = run.affordable(items, budget)
-                if not fitting:
+                if not fitting or (whole and len(fitting) < len(items)):
                     return None
                 cut = len(fitting) < len(items)
                 items = fitting
-            folder.mkdir(parents=True, exist_ok=True)
-            with RecordWriter(folder / "preferences.jsonl") as writer:
-                writer.write_all(run.records(items))
+            records = list(run.records(items))
             run.summary()
             stats = run.annotator.stats
-            return {
+            return records, {
                 "pairs": len(items),
                 "requests": stats.requests,
                 "judge_calls": sum(stats.replies.values()),

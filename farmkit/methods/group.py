@@ -52,6 +52,7 @@ from farmkit.train.estimators import (
     rloo_advantages,
 )
 from farmkit.train.onpolicy import MicroBatch, OnPolicyMethod, Prepared
+from farmkit.train.pairwise import POOL_REWARDS
 
 __all__ = [
     "STD_EPS",
@@ -111,12 +112,58 @@ class GroupConfig(OnPolicyConfig):
     kl_coef: float = help_field(0.05, KL_COEF_HELP, bounds=NON_NEGATIVE)
     kl_in: str = help_field("reward", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k1", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
+    pool: str | None = help_field(
+        None,
+        "Score with this farm-annotate pool (a name, farm-annotate --list-pools, or a pool YAML "
+        "file) instead of a reward model: give SFT PROMPTS without RM. Each response's reward "
+        "comes from the pool's verdicts on pairs of its own group (--opponents, --pool-reward); "
+        "the verdicts are cached and priced (--cache, --prices, --max-cost).",
+        metavar="POOL",
+        show_default=False,
+    )
+    opponents: str = help_field(
+        "all",
+        "With --pool: each response is compared with K others of its group, the same number "
+        "for every one (a seeded draw: num-samples x K / 2 comparisons per group, so num-samples "
+        "x K must be even), or with all of them (num-samples x (num-samples - 1) / 2).",
+        metavar="K|all",
+    )
+    pool_reward: str = help_field(
+        "win-rate",
+        "With --pool: a response's reward from its group's verdicts. win-rate: the share of its "
+        "comparisons it won (ties half); bradley-terry: its strength in a Bradley-Terry model "
+        "fitted to the group's verdicts (a standard normal prior), which uses transitivity when "
+        "K < num-samples - 1.",
+        POOL_REWARDS,
+    )
+
+    @property
+    def opponent_count(self) -> int | None:
+        """--opponents as a number (None: all)."""
+        return None if self.opponents == "all" else int(self.opponents)
 
     def check_rollout(self) -> None:
         if self.samples_per_prompt < 2:
             raise ValueError("num-samples must be at least 2: a group of one has no baseline")
         if self.rollout_batch_size % self.samples_per_prompt:
             raise ValueError("rollout-batch-size must be a multiple of num-samples")
+        self.opponents = str(self.opponents).strip().lower()
+        if self.opponents != "all":
+            if not self.opponents.isdigit() or int(self.opponents) < 1:
+                raise ValueError(
+                    f"opponents must be a positive count or all, not {self.opponents!r}"
+                )
+            count = int(self.opponents)
+            if count >= self.samples_per_prompt:
+                raise ValueError(
+                    f"opponents ({count}) must be below num-samples ({self.samples_per_prompt}): "
+                    "a response meets the others of its group (all: every one)"
+                )
+            if count * self.samples_per_prompt % 2:
+                raise ValueError(
+                    f"num-samples x opponents ({self.samples_per_prompt} x {count}) must be even: "
+                    "every comparison is of two responses"
+                )
 
 
 # One update per rollout batch: the ratio of the update is 1, so nothing is clipped (REINFORCE).

@@ -3,7 +3,8 @@
 metrics.jsonl row. The equal-budget comparison (`make -C examples methods-at-equal-budget`) reads them.
 
 - `labels_used`: preference records the method consumed, directly (farm-dpo: its input, ties and
-  null verdicts included, since each was paid for; farm-online-dpo: the pairs it had labelled) or
+  null verdicts included, since each was paid for; farm-online-dpo: the pairs it had labelled;
+  farm-grpo and farm-rloo --pool: the pairs of their groups the pool judged) or
   through its reward model (the records that trained it, read from the reward model folder's
   meta.json; null where the folder does not say, a model not trained by farm-rm-train);
 - `tokens_sampled`: response tokens the method sampled to train (rollouts, best-of-n samples, online
@@ -50,6 +51,13 @@ class Budget:
         self.training_tokens = int(before.get("training_tokens") or 0)
         self.seconds_before = float(before.get("elapsed_s") or 0.0)
         self.started = time.perf_counter()
+        self.asked: dict[str, Any] = {}  # what having labels made cost, for a method that asks
+
+    def labelled(self, labels_used: int, **asked: Any) -> None:
+        """The totals of a method that has its labels made as it runs (farm-grpo --pool): the
+        labels so far and what asking for them took (requests, cache hits, USD spent)."""
+        self.labels_used = labels_used
+        self.asked = asked
 
     def add(self, sampled: float = 0, trained: float = 0) -> None:
         self.tokens_sampled += int(sampled)
@@ -65,6 +73,7 @@ class Budget:
             "labels_used": self.labels_used,
             "tokens_sampled": self.tokens_sampled,
             "training_tokens": self.training_tokens,
+            **self.asked,
         }
 
     def block(self, **extra: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,7 @@ class RunRecord:
         config: Any,
         checkpoints: Path,
         start_step: int,
-        reward_model: str,
+        reward_model: Any,
         meta_common: dict[str, Any],
     ) -> None:
         """meta_common: what every policy folder's meta.json of the run holds (policy_meta's tool,
@@ -226,7 +227,13 @@ class RunRecord:
         self.last: dict[str, Any] = (
             _last_metrics(self.metrics_path, start_step) if start_step else {}
         )
-        self.budget = Budget(reward_model_labels(reward_model), self.last)
+        # a judge of pairs (--pool) has its labels counted as the run asks them (Budget.labelled)
+        labels = (
+            reward_model_labels(reward_model)
+            if isinstance(reward_model, str | os.PathLike)
+            else int(self.last.get("labels_used") or 0)
+        )
+        self.budget = Budget(labels, self.last)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             checkpoints.mkdir(parents=True, exist_ok=True)
@@ -263,8 +270,11 @@ class RunRecord:
                 done,
             )
 
-    def save(self, model: Any, tokenizer: Any, output: str, gold: Any) -> None:
-        """The trained policy as the output folder (gathered whole under ZeRO-3), with the metrics."""
+    def save(
+        self, model: Any, tokenizer: Any, output: str, gold: Any, step: int | None = None
+    ) -> None:
+        """The trained policy as the output folder (gathered whole under ZeRO-3), with the metrics;
+        `step`: the steps done, when the run stopped before --steps."""
         from farmkit.train import launch, tracking
         from farmkit.train.policy import save_policy
 
@@ -276,7 +286,7 @@ class RunRecord:
                     whole.policy,
                     tokenizer,
                     output,
-                    self.meta(self.config.steps, gold),
+                    self.meta(self.config.steps if step is None else step, gold),
                     extra_files=[self.metrics_path],
                 )
         tracking.finish(accelerator)

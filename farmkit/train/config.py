@@ -81,7 +81,7 @@ SHARED_HELP = {
     "pool (a farm-annotate --pool name or YAML file, e.g. the offline gold pool, or a learned judge "
     "folder from farm-judge-train), judging one "
     "answer per gold prompt against the starting model's answer. metrics.jsonl gets gold_win_rate "
-    "(percent), gold_reward (a reward model's mean score), gold_kl and gold_answer_length; "
+    "(percent) and its standard error gold_win_rate_se, gold_reward (a reward model's mean score), gold_kl and gold_answer_length; "
     "meta.json what judging cost.",
     "gold_prompts": "Instruction records the gold judge evaluates on (the first --gold-size). "
     "Default: the first --gold-size distinct prompts of the training input.",

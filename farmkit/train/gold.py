@@ -21,7 +21,7 @@ The gold judge:
 - otherwise an annotator pool, a farm-annotate --pool name or YAML file (the offline `gold` pool: the
   gold oracle): each answer judged against the reference answer (the reference in position 1, as
   farm-winrate reads it) through farm-annotate's engine and cache. `gold_win_rate` is farm-winrate's
-  win rate (percent, ties half, null verdicts left out). The pool is asked through a PoolJudge that
+  win rate (percent, ties half, null verdicts left out), `gold_win_rate_se` its standard error. The pool is asked through a PoolJudge that
   the caller's `pools` loader builds (farmkit.annotate.run.gold_pool): this layer sits below the
   annotate pillar and never imports it.
 Beside them, `gold_kl` is the KL of the checkpoint to the starting model measured on those answers
@@ -414,10 +414,7 @@ class GoldEvaluator:
             1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
             for mine, theirs in zip(scores, self._reference_scores, strict=True)
         ]
-        return {
-            "gold_win_rate": 100 * sum(wins) / len(wins),
-            "gold_reward": sum(scores) / len(scores),
-        }
+        return {**win_rate_figures(wins), "gold_reward": sum(scores) / len(scores)}
 
     def _judge_with_pool(
         self, texts: list[str], reference: list[str], label: str
@@ -441,7 +438,7 @@ class GoldEvaluator:
         if not verdicts:
             log.warning("gold judge %s: no verdict on %d pairs", self.spec, len(pairs))
             return {"gold_win_rate": None}
-        return {"gold_win_rate": 100 * sum(v - 1 for v in verdicts) / len(verdicts)}
+        return win_rate_figures([v - 1 for v in verdicts])
 
     def block(self) -> dict[str, Any]:
         """meta.json's `gold`: what the gold judge was, on what, and what judging cost."""
@@ -482,6 +479,19 @@ class GoldEvaluator:
     def release_start(self) -> None:
         """Forget a starting model this evaluator loaded (a method that needs the memory back)."""
         self._start_network = None
+
+
+def win_rate_figures(wins: Sequence[float]) -> dict[str, float | None]:
+    """gold_win_rate, the mean of the answers' wins (1 a win, 0.5 a tie, 0 a loss) in percent, and
+    gold_win_rate_se, its standard error (the wins' sample standard deviation over the square root
+    of their count, as farm-winrate's; None for a single answer)."""
+    count = len(wins)
+    mean = sum(wins) / count
+    spread = math.sqrt(sum((w - mean) ** 2 for w in wins) / (count - 1)) if count > 1 else None
+    return {
+        "gold_win_rate": 100 * mean,
+        "gold_win_rate_se": None if spread is None else 100 * spread / math.sqrt(count),
+    }
 
 
 def describe(figures: dict[str, Any]) -> str:

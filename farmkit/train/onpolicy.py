@@ -25,6 +25,7 @@ overlong penalty or filter act on the rollout; the off-policy mask on the loss.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,16 +205,19 @@ def load_models(
     accelerator: Any,
     config: Any,
     sft: str,
-    reward_model: str,
+    reward_model: Any,
     device: str,
     *,
     reference: bool = True,
     start_from: Any = None,
     offload: bool = False,
 ) -> tuple[Any, Any, Any, Any]:
-    """(policy, frozen reference or None, tokenizer, reward scorer), loaded whole: the engine splits
-    only what it trains. `offload`: the frozen models' weights kept in CPU memory."""
+    """(policy, frozen reference or None, tokenizer, scorer), loaded whole: the engine splits
+    only what it trains. `reward_model`: a reward model's folder, or a judge of pairs that scores
+    each group (pairwise.PairJudge, --pool). `offload`: the frozen models' weights kept in CPU
+    memory."""
     from farmkit.train import launch
+    from farmkit.train.pairwise import PairwiseScorer
     from farmkit.train.rollouts import load_policy_and_reference
     from farmkit.train.scoring import RewardScorer
 
@@ -225,6 +229,8 @@ def load_models(
             start_from=start_from,
             reference_device="cpu" if offload else None,
         )
+        if not isinstance(reward_model, str | os.PathLike):
+            return policy, frozen, tokenizer, PairwiseScorer(reward_model, config)
         scorer = RewardScorer(
             reward_model, device=device, batch_size=config.reward_batch_size, offload=offload
         )
@@ -328,7 +334,7 @@ def sample(
 def run_method(
     method_class: type[OnPolicyMethod],
     sft: str,
-    reward_model: str,
+    reward_model: Any,
     prompts: list[dict[str, Any]],
     output: str,
     config: Any,
@@ -352,7 +358,7 @@ def run_method(
 def train_on_policy(
     method: OnPolicyMethod,
     sft: str,
-    reward_model: str,
+    reward_model: Any,
     prompts: list[dict[str, Any]],
     output: str,
     seed: int = 0,
@@ -360,12 +366,20 @@ def train_on_policy(
     gold_pools: Any = None,
 ) -> dict[str, Any]:
     """Train a policy with `method` and write it to `output`; returns the last step's metrics.
+    `reward_model`: a reward model's folder, or a pairwise.PairJudge that scores each group (the
+    run stops before a step whose comparisons --max-cost does not pay for).
     `gold_pools`: the loader of annotator pools a --gold name is looked up in
     (farmkit.annotate.run.gold_pool; farmkit.train.gold.PoolLoader)."""
+    from farmkit.train.pairwise import BudgetSpent
+
     trainer = OnPolicyTrainer(method, sft, reward_model, prompts, output, seed, inputs, gold_pools)
     last = trainer.record.last  # a resumed run with no step left returns the step it resumed
     for number in range(trainer.start_step, method.config.steps):
-        step = trainer.rollout(number)
+        try:
+            step = trainer.rollout(number)
+        except BudgetSpent as spent:
+            trainer.stop(number, str(spent))
+            break
         trainer.score(step)
         trainer.advantages(step)
         trainer.update(step)
@@ -425,6 +439,7 @@ class OnPolicyTrainer:
 
         config = self.config = method.config
         self.method, self.prompts, self.output, self.seed = method, prompts, output, seed
+        self.steps_done, self.stopped = config.steps, None
         resolve_backend(
             config.rollout_backend
         )  # vllm asked for and missing: say so before any work
@@ -432,6 +447,11 @@ class OnPolicyTrainer:
         self.device = str(accelerator.device)
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         method.check_processes(self.world)
+        if not isinstance(reward_model, str | os.PathLike) and self.world > 1:
+            # every process would pay for its own groups out of one budget it cannot see whole
+            raise FarmError(
+                "--pool runs as one process: launch it without torchrun or accelerate launch"
+            )
         self.local_minibatch = max(1, config.minibatch_size // self.world)
         # a minibatch is this many micro-batches; gradients accumulate over them (accelerate, or
         # DeepSpeed's engine)
@@ -481,6 +501,9 @@ class OnPolicyTrainer:
                 inputs=list(inputs or []),
             ),
         )
+        self.asks = self.scorer if self.scorer.network is None else None  # --pool: it asks a judge
+        if self.asks is not None:
+            self.asks.resume(self.record.last)
         self.order = prompt_order(len(prompts), config.steps * method.prompts_per_step, seed)
         # the engine starts from the SFT folder: it needs the policy's weights once they differ
         self.stale = resume_from is not None or state is not None
@@ -870,7 +893,7 @@ class OnPolicyTrainer:
             **step.figures,
             "learning_rate": self.scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - self.started, 2),
-            **budget.row(),
+            **self.labelled(budget),
         }
         if self.gold is not None and C.checkpoint_step(done, config):
             with launch.for_generation(self.accelerator, self.model) as unwrapped:
@@ -881,6 +904,20 @@ class OnPolicyTrainer:
         self.record.log_step(step.row, message)
         return step.row
 
+    def labelled(self, budget: Any) -> dict[str, Any]:
+        """The budget's running totals (with --pool, the labels and their cost so far)."""
+        if self.asks is not None:
+            budget.labelled(self.asks.labels_used, **self.asks.totals)
+        return budget.row()
+
+    def stop(self, number: int, reason: str) -> None:
+        """The budget pays for no more steps: the policy after step `number` is the output (none
+        trained: an error, as nothing would be written)."""
+        if number == self.start_step == 0:
+            raise FarmError(f"{self.output}: no step was trained ({reason})")
+        log.warning("%s; stopping before step %d", reason, number + 1)
+        self.steps_done, self.stopped = number, reason
+
     def checkpoint(self, step: Step) -> None:
         """Every --save-steps steps: a policy folder that --resume continues from."""
         self.record.checkpoint(
@@ -889,5 +926,8 @@ class OnPolicyTrainer:
 
     def save(self) -> None:
         """The trained policy as the output folder; the rollout engine closed."""
-        self.record.save(self.model, self.tokenizer, self.output, self.gold)
+        if self.asks is not None:
+            self.labelled(self.record.budget)
+            self.record.budget.asked.update(max_cost=self.asks.judge.max_cost, stopped=self.stopped)
+        self.record.save(self.model, self.tokenizer, self.output, self.gold, self.steps_done)
         self.backend.close()

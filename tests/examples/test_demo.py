@@ -3,7 +3,7 @@ noisy annotation, reward model, the seven methods, evaluation with the simulated
 annotator, leaderboards, correlation, plots) on the tiny model; a second make does nothing, and
 re-annotating the same outputs is served from the cache. Then `make methods-at-equal-budget`
 (examples/budget.mk) on the same run: PPO, RLOO, GRPO, DPO, online DPO and best-of-n from the demo's
-SFT model and reward model, every one at the same N_PREF labels, each judged by the gold pool on the
+SFT model and reward model, and GRPO scored by the pool itself, every one at the same N_PREF labels, each judged by the gold pool on the
 val prompts. (The tiny model exercises the recipes, not the methods: `make demo` itself is the run on
 the embedded model, and the README's table the equal-budget one.) The tests that run a recipe are
 marked `recipe`; the size table's test only plans commands (`make -n`) and stays in make test-fast."""
@@ -36,7 +36,7 @@ SYSTEMS = {
 N_VAL = 6  # SIZE=ci's val split
 N_PREF = 8  # SIZE=ci: the labels every method at an equal budget gets
 # the equal-budget recipe's trained methods (budget.mk's EB_METHODS); best-of-n beside them
-BUDGET_METHODS = ["ppo", "rloo", "grpo", "dpo", "odpo"]
+BUDGET_METHODS = ["ppo", "rloo", "grpo", "grpo-pool", "dpo", "odpo"]
 
 
 def _make(*args: str, check: bool = True, timeout: float = 2400) -> subprocess.CompletedProcess:
@@ -234,7 +234,7 @@ def test_every_method_at_one_label_budget_is_judged_by_gold(ci_run):
     for name, row in rows.items():
         assert row["labels"] == N_PREF, name  # the equal label budget
     assert rows["dpo"]["tokens sampled"] == 0  # DPO samples nothing to train
-    assert all(rows[m]["tokens sampled"] > 0 for m in ("ppo", "rloo", "grpo", "odpo"))
+    assert all(rows[m]["tokens sampled"] > 0 for m in ("ppo", "rloo", "grpo", "grpo-pool", "odpo"))
     assert rows["bon (n=2)"]["KL"] == pytest.approx(math.log(2) - 0.5)
     for method in BUDGET_METHODS:
         meta = orjson.loads((folder / method / "meta.json").read_bytes())
@@ -250,6 +250,15 @@ def test_every_method_at_one_label_budget_is_judged_by_gold(ci_run):
         # the surrogate reward of its answers to the val prompts, scored by the reward model
         answers = _records(folder / "answers" / f"{method}.jsonl")
         assert len(answers) == N_VAL and all("reward" in a for a in answers)
+    # GRPO from the pool: 4 steps of 2 groups of 2, one comparison a group; no reward model
+    pooled = orjson.loads((folder / "grpo-pool" / "meta.json").read_bytes())
+    assert pooled["config"]["pool"] == "sim_ann_offline" and pooled["step"] == 4
+    assert [r["labels_used"] for r in _records(folder / "grpo-pool" / "metrics.jsonl")] == [
+        2,
+        4,
+        6,
+        8,
+    ]
     online = orjson.loads((folder / "odpo" / "meta.json").read_bytes())["budget"]
     assert online["rounds"] == 2 and online["labels_used"] == N_PREF  # 2 rounds of 4 pairs
     bon = _records(folder / "bon" / "metrics.jsonl")

@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from policy_fixtures import (
+    GROUP_SETTINGS,
     check_budget,
     keyword_probability,
     keyword_reward_model,
@@ -191,17 +192,7 @@ def test_bad_settings_are_refused(values, message):
         RLOOConfig(**values)
 
 
-SMALL = dict(
-    rollout_batch_size=32,
-    samples_per_prompt=4,
-    minibatch_size=16,
-    micro_batch_size=16,
-    ppo_epochs=2,
-    learning_rate=2e-3,
-    kl_coef=0.05,
-    temperature=1.0,
-    max_new_tokens=4,
-)
+SMALL = GROUP_SETTINGS
 
 
 @pytest.fixture(scope="module")

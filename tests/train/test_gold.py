@@ -12,6 +12,7 @@ import importlib
 import json
 import math
 import shutil
+import statistics
 
 import pytest
 import tomllib
@@ -192,7 +193,11 @@ def test_the_gold_pool_is_the_one_the_caller_passes_in(world):
     expected = [
         100.0 * (len(mine) > len(theirs)) for mine, theirs in zip(answers, reference, strict=True)
     ]
-    assert figures == {"gold_win_rate": pytest.approx(sum(expected) / 3)}
+    # the win rate's standard error is farm-winrate's: the sample deviation over the square root of n
+    assert figures == {
+        "gold_win_rate": pytest.approx(sum(expected) / 3),
+        "gold_win_rate_se": pytest.approx(statistics.stdev(expected) / math.sqrt(3)),
+    }
     assert judge.block()["annotation"] == {
         "pairs": 3,
         "requests": 3,
