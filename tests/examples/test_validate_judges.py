@@ -4,6 +4,7 @@ in [0, 1], the flip rate counted on the swapped copies, and says it skipped when
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -31,9 +32,10 @@ def _make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-# (cohen_kappa holds "a|b" keys: cells past the header are left out)
+# the first markdown table: the judges' statistics (the agreement tables follow it after a blank line)
 def _table(stdout: str) -> dict[str, dict[str, str]]:
-    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    text = stdout[stdout.index("\n|") + 1 :] if not stdout.startswith("|") else stdout
+    lines = list(itertools.takewhile(lambda line: line.startswith("|"), text.splitlines()))
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     rows = [
         dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=False))
