@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmkit.core.devices import torch_device_peak
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
 from farmkit.train.config import config_dict
-from farmkit.train.metrics import metrics_row
+from farmkit.train.metrics import StepWork, metrics_row, parameter_count, step_throughput
 
 log = logging.getLogger("farmkit")
 
@@ -417,6 +418,8 @@ class OnPolicyTrainer:
         engine = C.engine_state(state, stage)
         torch.manual_seed(seed)
         policy, value_model = self._load_models(sft, reward_model, state, engine, resume_from)
+        self.peak = torch_device_peak(self.device)[0]  # for the steps' MFU (None: unknown)
+        self.policy_parameters = parameter_count(policy)
         self.fmt = PromptFormat.for_model(sft, config.template)
         self.prompt_ids = rollout_prompts(
             policy, self.tokenizer, self.fmt, prompts, config.max_new_tokens
@@ -465,7 +468,7 @@ class OnPolicyTrainer:
             and not config.importance_sampling_cap
             and not method.advantages_use_old_logprobs()
         )
-        self.started = time.time()
+        self.started = self.step_began = time.time()
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -777,6 +780,7 @@ class OnPolicyTrainer:
             "learning_rate": self.scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - self.started, 2),
             **budget.row(),
+            **self.throughput(summed),
         }
         if self.gold is not None and C.checkpoint_step(done, config):
             with launch.for_generation(self.accelerator, self.model) as unwrapped:
@@ -786,6 +790,20 @@ class OnPolicyTrainer:
         message = f"step {done}/{config.steps}  " + method.message(step.row)
         self.record.log_step(step.row, message)
         return step.row
+
+    def throughput(self, summed: dict[str, float]) -> dict[str, float]:
+        """The step's time, sampled tokens per second and MFU (metrics.StepWork counts the passes:
+        generation, the reference's log-probabilities and, unless fused, the old policy's)."""
+        prompt, response = summed["prompt_tokens"], summed["response_length"]
+        work = StepWork(
+            self.policy_parameters,
+            generated=response,
+            forward=prompt + (prompt + response) * (1 if self.fused else 2),
+            trained=(prompt + response) * self.config.ppo_epochs,
+        )
+        now = time.time()
+        seconds, self.step_began = now - self.step_began, now
+        return step_throughput(work, seconds, self.peak, self.world)
 
     def checkpoint(self, step: Step) -> None:
         """Every --save-steps steps: a policy folder that --resume continues from."""
