@@ -257,6 +257,7 @@ def start_backend(kind: str, sft: str, seed: int, device: str, config: Any, dtyp
         device=device,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         dtype=str(dtype).removeprefix("torch."),
+        compiled=config.compile_generation,
     )
     log.info("rollouts: %s backend", backend.name)
     return backend

@@ -337,3 +337,24 @@ def test_vllm_backend_without_a_gpu_is_a_clear_error(tiny_model_path, prompts):
     assert sampling.default_backend() == "hf"
     result = sample(str(tiny_model_path), str(prompts), "--backend", "vllm", exit_code=1)
     assert "needs vLLM installed" in str(result.exception)
+
+
+def test_compile_generation_reaches_the_hf_engine_and_is_refused_for_the_others(
+    tiny_model_path, prompts, monkeypatch
+):
+    asked: list[bool] = []
+    original = generation.generate
+
+    def spy(*args, compiled=False, **kwargs):
+        asked.append(compiled)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", spy)
+    args = [str(tiny_model_path), str(prompts), "-n", "1", "--max-new-tokens", "2"]
+    sample(*args, "--backend", "hf")
+    sample(*args, "--backend", "hf", "--compile-generation")
+    assert asked == [False, True]
+    result = sample(
+        "gpt-x", str(prompts), "--backend", "openai", "--compile-generation", exit_code=2
+    )
+    assert "--compile-generation is for the hf backend (transformers' generate)" in result.output
