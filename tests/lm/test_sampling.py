@@ -123,7 +123,7 @@ def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(
     generated: list[int] = []
     original_generate = generation.generate
 
-    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=()):
+    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False):
         def counted(indices, samples):
             generated.extend(indices)
             on_batch(indices, samples)
@@ -131,7 +131,14 @@ def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(
                 raise KeyboardInterrupt
 
         return original_generate(
-            model, tokenizer, prompts, config, seed=seed, on_batch=counted, skip=skip
+            model,
+            tokenizer,
+            prompts,
+            config,
+            seed=seed,
+            on_batch=counted,
+            skip=skip,
+            compiled=compiled,
         )
 
     monkeypatch.setattr(generation, "generate", spy)
@@ -188,7 +195,7 @@ def test_control_token_of_a_reward_conditioned_folder_is_applied(
     seen: list[str] = []
     original_generate = generation.generate
 
-    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=()):
+    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False):
         seen.extend(prompts)
         for prompt in prompts:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
