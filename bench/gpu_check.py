@@ -64,6 +64,8 @@ Sections, each written to the report as soon as it ends (a run cut short still l
   * bf16-weights: rollouts.TRAINING_DTYPE set to bfloat16 by this script (no flag offers it):
     policy, reference and value model held and trained in bf16.
   The report gives the KL as measured; nothing forces it.
+- compiled-rollouts: the small shape's farm-grpo run in bf16-autocast again, its rollouts compiled
+  (--compile-generation), its step 2 beside the eager run's;
 - losses: one farm-grpo step in bf16-weights with GRPO's default loss and with each of NEW_LOSSES
   (dapo, gspo, cispo) that farmkit.train.estimators registers: step 1's KL must be exactly 0;
 - trl-grpo: farm-grpo against TRL's GRPOTrainer at the 1B shape, with bench/bench_rl.py's set-up
@@ -73,8 +75,8 @@ Sections, each written to the report as soon as it ends (a run cut short still l
   generation on both; 1 + 3 steps: seconds per step, the median of the steps after the first, and
   the ratio farmkit / TRL (target <= 1.0).
 Sections run in order of importance (the small shape's sampling and compiled generation; the 1B
-shape's farm-grpo beside TRL and compiled generation; the small shape in bf16-autocast and the
-losses; the 1B shape's sampling and bf16-autocast; the small shape in fp32; bf16-weights; the 1B
+shape's farm-grpo beside TRL and compiled generation; the small shape in bf16-autocast, the
+losses and the compiled rollouts; the 1B shape's sampling and bf16-autocast; the small shape in fp32; bf16-weights; the 1B
 shape in fp32); one whose
 kind took, at its shape (the 1B shape's first: 3x the small one's), more than what is left of
 --budget-s (420 s) is skipped.
@@ -729,18 +731,27 @@ def train_section(
     work: Path,
     policy_loss: str | None = None,
     steps: int | None = None,
+    compile_generation: bool = False,
 ) -> dict[str, Any]:
     """Two steps (or `steps`) of farm-ppo's or farm-grpo's training through their Python API, GRPO
-    with its default loss or `policy_loss`; per-step figures from the run's metrics.jsonl."""
+    with its default loss or `policy_loss`, the rollouts compiled with `compile_generation`;
+    per-step figures from the run's metrics.jsonl."""
     import torch
 
     folders = shape["folders"]
-    output = work / f"{method}-{mode}-{policy_loss or 'default'}-out"
+    output = work / f"{method}-{mode}-{policy_loss or 'default'}-{compile_generation}-out"
     checkpoints = Path(f"{output}-checkpoints")
     for leftover in (output, checkpoints):
         shutil.rmtree(leftover, ignore_errors=True)
     prompts = prompt_records(sizes.train_prompts, sizes.prompt_words)
-    common = dict(sizes.train, checkpoint_every=0, temperature=1.0, template="chat", seed=0)
+    common = dict(
+        sizes.train,
+        checkpoint_every=0,
+        temperature=1.0,
+        template="chat",
+        seed=0,
+        compile_generation=compile_generation,
+    )
     if steps is not None:
         common["steps"] = steps
     free_memory()
@@ -803,6 +814,7 @@ def train_section(
             **({"samples_per_prompt": sizes.samples_per_prompt} if method == "grpo" else {}),
             "kl_estimator": config.kl_estimator,
             "kl_coef": config.kl_coef,
+            "compile_generation": config.compile_generation,
             **({"policy_loss": config.policy_loss} if method == "grpo" else {}),
         },
         "steps": steps,
@@ -847,9 +859,7 @@ def losses_section(shape: dict[str, Any], sizes: Sizes, work: Path) -> dict[str,
     }
 
 
-def compile_section(
-    shape: dict[str, Any], sizes: Sizes, device: str, dry_run: bool
-) -> dict[str, Any]:
+def compile_section(shape: dict[str, Any], sizes: Sizes, device: str) -> dict[str, Any]:
     """farm-sample's hf generation (farmkit.lm.generation.generate) batched, eager and with
     --compile-generation (a static KV cache, the decoding step compiled), on one loaded model, each
     timed after a first call of the same shape (the compiled one's is the compilation); beside the
@@ -876,8 +886,6 @@ def compile_section(
         max_new_tokens=sizes_here["max_new_tokens"],
         batch_size=sizes_here["batch_size"],
     )
-    if dry_run:  # the graph capture without inductor's minute of code generation on a CPU
-        generation.COMPILE_BACKEND = "eager"
 
     def timed(compiled: bool) -> tuple[int, float]:
         if device == "cuda":
@@ -893,20 +901,16 @@ def compile_section(
         ), time.perf_counter() - started
 
     figures: dict[str, Any] = {}
-    try:
-        for label, compiled in (("eager", False), ("compiled", True)):
-            _, first = timed(compiled)
-            tokens, seconds = timed(compiled)
-            figures[label] = {
-                "first_call_s": round(first, 3),
-                "completion_tokens": tokens,
-                "generation_s": round(seconds, 6),
-                "tokens_per_s": round(tokens / seconds, 2),
-            }
-            say(f"  {label}: {tokens / seconds:.1f} tokens/s (first call {first:.1f} s)")
-        backend = generation.COMPILE_BACKEND
-    finally:
-        generation.COMPILE_BACKEND = "inductor"
+    for label, compiled in (("eager", False), ("compiled", True)):
+        _, first = timed(compiled)
+        tokens, seconds = timed(compiled)
+        figures[label] = {
+            "first_call_s": round(first, 3),
+            "completion_tokens": tokens,
+            "generation_s": round(seconds, 6),
+            "tokens_per_s": round(tokens / seconds, 2),
+        }
+        say(f"  {label}: {tokens / seconds:.1f} tokens/s (first call {first:.1f} s)")
     rows = min(sizes_here["batch_size"], sizes_here["prompts"])
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     peak, reason = torch_device_peak(device)
@@ -931,7 +935,7 @@ def compile_section(
     return {
         "code_path": "farmkit.lm.generation.generate (farm-sample --backend hf), compiled: "
         "farmkit.lm.generation.compiled_generation",
-        "compile_backend": backend,
+        "compile_backend": generation.COMPILE_BACKEND,
         "dtype": sizes.sample_dtype,
         "prompts": sizes_here["prompts"],
         "batch_size": sizes_here["batch_size"],
@@ -1166,6 +1170,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     report = Report(Path(args.output), args.dry_run)
     device = "cpu" if args.dry_run else "cuda"
+    if args.dry_run:  # the graph capture, without inductor's minute of code generation on a CPU
+        from farmkit.lm import generation
+
+        generation.COMPILE_BACKEND = "eager"
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device (use --dry-run on a CPU)")
     sizes = Sizes(args.dry_run)
@@ -1184,6 +1192,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["shapes"] = {}
     report.data["sampling"] = {}
     report.data["compiled_generation"] = {}
+    report.data["compiled_rollouts"] = {}
     report.data["trl_grpo"] = None
     report.data["losses_first_step_kl"] = {}
     report.data["training"] = []
@@ -1203,6 +1212,7 @@ def main(argv: list[str] | None = None) -> int:
         ("train", small, "ppo", "bf16-autocast"),
         ("train", small, "grpo", "bf16-autocast"),
         ("losses", small, "grpo", "bf16-weights"),
+        ("compiled-rollouts", small, "grpo", "bf16-autocast"),
         ("sample", large, "", None),
         ("train", large, "ppo", "bf16-autocast"),
         ("train", large, "grpo", "bf16-autocast"),
@@ -1251,8 +1261,27 @@ def main(argv: list[str] | None = None) -> int:
                 )
             elif kind == "compile":
                 report.data["compiled_generation"][shape_name] = compile_section(
-                    report.data["shapes"][shape_name], sizes, device, args.dry_run
+                    report.data["shapes"][shape_name], sizes, device
                 )
+            elif kind == "compiled-rollouts":
+                result = train_section(
+                    method,
+                    mode,
+                    report.data["shapes"][shape_name],
+                    sizes,
+                    work,
+                    compile_generation=True,
+                )
+                eager = [
+                    run["step2_s"]
+                    for run in report.data["training"]
+                    if (run["shape"], run["method"], run["precision"]) == (shape_name, method, mode)
+                ]
+                report.data["compiled_rollouts"][shape_name] = {
+                    **result,
+                    "eager_step2_s": eager[0] if eager else None,
+                }
+                say(f"  steps {result['step1_s']} s, {result['step2_s']} s (eager: {eager})")
             elif kind == "losses":
                 report.data["losses_first_step_kl"][shape_name] = losses_section(
                     report.data["shapes"][shape_name], sizes, work

@@ -1,7 +1,8 @@
 """`make gpu-check DRY_RUN=1`: bench/gpu_check.py's every section (models built from configs with an
 in-script tokenizer, farm-sample's engine batched and one prompt at a time, generation eager and
-compiled beside the bandwidth bound, two farm-ppo and farm-grpo steps in three precisions, the GRPO
-family's losses' first step in bf16, farm-grpo against TRL's GRPOTrainer, at two tiny shapes) on
+compiled beside the bandwidth bound, two farm-ppo and farm-grpo steps in three precisions and with
+compiled rollouts, the GRPO family's losses' first step in bf16, farm-grpo against TRL's
+GRPOTrainer, at two tiny shapes) on
 the CPU, run the way make runs it on the GPU machine: the repository first on sys.path, the wheels
 folder unpacked last (here a probe wheel, since .venv already holds click, orjson and trl). The
 report's fields are checked, and the first-step KL is 0 where policy and reference compute alike."""
@@ -80,7 +81,7 @@ def test_every_section_runs_and_the_report_says_so(dry_run):
     assert report["dry_run"] is True
     assert report["status"] == "complete"
     statuses = {section["name"]: section["status"] for section in report["sections"]}
-    assert len(statuses) == 20
+    assert len(statuses) == 21
     assert set(statuses.values()) == {"ok"}, statuses
     assert report["environment"]["device"] == "cpu"
     assert report["torch_threads"] == 1
@@ -136,6 +137,22 @@ def test_generation_eager_and_compiled_beside_the_bandwidth_bound(dry_run):
         assert (
             bound["reason"] == "no peak figures for the CPU (cores, clocks and vector units vary)"
         )
+
+
+def test_a_training_run_with_compiled_rollouts_beside_its_eager_twin(dry_run):
+    report, _ = dry_run
+    (shape,) = report["compiled_rollouts"]
+    run = report["compiled_rollouts"][shape]
+    assert (run["method"], run["precision"]) == ("grpo", "bf16-autocast")
+    assert run["config"]["compile_generation"] is True
+    assert [step["step"] for step in run["steps"]] == [1, 2]
+    (eager,) = [
+        other
+        for other in report["training"]
+        if (other["shape"], other["method"], other["precision"]) == (shape, "grpo", "bf16-autocast")
+    ]
+    assert eager["config"]["compile_generation"] is False
+    assert run["eager_step2_s"] == eager["step2_s"]
 
 
 def test_farm_grpo_against_trls_grpo_trainer_per_step(dry_run):
