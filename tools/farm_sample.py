@@ -157,6 +157,8 @@ def cli(
         template=template,
         control=control,
         batch_size=batch_size if backend == "hf" else None,
+        # compiled decoding may differ from eager in the last bits: a record says how it was drawn
+        compile_generation=compile_generation or None,
     )
     fields = {**decoding.as_record_fields(), "seed": seed}
 

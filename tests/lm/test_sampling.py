@@ -358,9 +358,11 @@ def test_compile_generation_reaches_the_hf_engine_and_is_refused_for_the_others(
 
     monkeypatch.setattr(generation, "generate", spy)
     args = [str(tiny_model_path), str(prompts), "-n", "1", "--max-new-tokens", "2"]
-    sample(*args, "--backend", "hf")
-    sample(*args, "--backend", "hf", "--compile-generation")
+    eager = records_of(sample(*args, "--backend", "hf").stdout)
+    compiled = records_of(sample(*args, "--backend", "hf", "--compile-generation").stdout)
     assert asked == [False, True]
+    assert "compile_generation" not in eager[0]["provenance"]["farm-sample"]
+    assert compiled[0]["provenance"]["farm-sample"]["compile_generation"] is True
     result = sample(
         "gpt-x", str(prompts), "--backend", "openai", "--compile-generation", exit_code=2
     )
