@@ -738,6 +738,20 @@ class OnPolicyTrainer:
                 )
                 step.engine_figures, _ = self.engine_mismatch(step)
 
+    def throughput(self, summed: dict[str, float]) -> dict[str, float]:
+        """The step's time, sampled tokens per second and MFU (metrics.StepWork counts the passes:
+        generation, the reference's log-probabilities and, unless fused, the old policy's)."""
+        prompt, response = summed["prompt_tokens"], summed["response_length"]
+        work = StepWork(
+            self.policy_parameters,
+            generated=response,
+            forward=prompt + (prompt + response) * (1 if self.fused else 2),
+            trained=(prompt + response) * self.config.ppo_epochs,
+        )
+        now = time.time()
+        seconds, self.step_began = now - self.step_began, now
+        return step_throughput(work, seconds, self.peak, self.world)
+
     def log(self, step: Step) -> dict[str, Any]:
         """The step's metrics row (reduced over processes; the gold judge's figures at a
         checkpoint), written with its log line; returned."""
@@ -766,6 +780,7 @@ class OnPolicyTrainer:
         )
         done = step.number + 1
         row = {
+            **self.throughput(summed),
             "reward": summed["reward"] / count,
             "score": summed["score"] / count,
             "kl": summed["kl"] / count,
@@ -781,7 +796,6 @@ class OnPolicyTrainer:
             "learning_rate": self.scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - self.started, 2),
             **budget.row(),
-            **self.throughput(summed),
         }
         if self.gold is not None and C.checkpoint_step(done, config):
             with launch.for_generation(self.accelerator, self.model) as unwrapped:
@@ -791,20 +805,6 @@ class OnPolicyTrainer:
         message = f"step {done}/{config.steps}  " + method.message(step.row)
         self.record.log_step(step.row, message)
         return step.row
-
-    def throughput(self, summed: dict[str, float]) -> dict[str, float]:
-        """The step's time, sampled tokens per second and MFU (metrics.StepWork counts the passes:
-        generation, the reference's log-probabilities and, unless fused, the old policy's)."""
-        prompt, response = summed["prompt_tokens"], summed["response_length"]
-        work = StepWork(
-            self.policy_parameters,
-            generated=response,
-            forward=prompt + (prompt + response) * (1 if self.fused else 2),
-            trained=(prompt + response) * self.config.ppo_epochs,
-        )
-        now = time.time()
-        seconds, self.step_began = now - self.step_began, now
-        return step_throughput(work, seconds, self.peak, self.world)
 
     def checkpoint(self, step: Step) -> None:
         """Every --save-steps steps: a policy folder that --resume continues from."""
