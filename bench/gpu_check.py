@@ -1102,6 +1102,9 @@ def trl_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str) ->
         "settings": dataclasses.asdict(settings),
         "trl_version": version,
         "stand_ins": list(STAND_INS),
+        # TRL loads policy, reference and reward model with one model_init_kwargs
+        "differences": "the reward model: farmkit loads it in bf16 on a GPU (models.choose_dtype), "
+        "TRL in fp32 (model_init_kwargs, which the policy needs in fp32)",
         "farmkit": sides["farmkit"],
         "trl": sides["trl"],
         "ratio_farmkit_over_trl": round(ratio, 4),
