@@ -81,7 +81,7 @@ def test_every_section_runs_and_the_report_says_so(dry_run):
     assert report["dry_run"] is True
     assert report["status"] == "complete"
     statuses = {section["name"]: section["status"] for section in report["sections"]}
-    assert len(statuses) == 21
+    assert len(statuses) == 20
     assert set(statuses.values()) == {"ok"}, statuses
     assert report["environment"]["device"] == "cpu"
     assert report["torch_threads"] == 1
@@ -117,8 +117,9 @@ def test_sampling_reports_tokens_per_second_batched_and_one_at_a_time(dry_run):
 def test_generation_eager_and_compiled_beside_the_bandwidth_bound(dry_run):
     report, _ = dry_run
     assert report["sizes"]["compiled_generation"] == report["sizes"]["sampling"]["batched"]
-    for shape in SHAPES:
-        compiled = report["compiled_generation"][shape]
+    # the dry run compiles at one shape (the GPU at both): the same code path, seconds a capture
+    assert list(report["compiled_generation"]) == ["tiny-a"]
+    for shape, compiled in report["compiled_generation"].items():
         assert compiled["compile_backend"] == "eager"  # the dry run's: no inductor on the CPU
         for label in ("eager", "compiled"):
             figures = compiled[label]
