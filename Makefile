@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # freed memory (docs/tests.md).
 TEST_WORKERS ?= 3
 
-.PHONY: install docs test test-fast test-wheel test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
+.PHONY: install docs test test-fast test-browser test-wheel test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
 
 install: $(VENV)/.installed
 
@@ -42,7 +42,16 @@ docs: install
 # unit and contract tests only (no model loaded, no recipe, none of the `heavy` multi-process and
 # real-data tests): the edit loop, meant to take under a minute on 2 cores (see README, Tests)
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not recipe and not model and not heavy" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not recipe and not model and not heavy and not browser" $(PYTEST_ARGS)
+
+# farm-label's page in a real headless Chromium (tests/browser/, marker `browser`, left out of make
+# test): Debian's chromium and chromium-driver, installed here when missing (never a browser
+# download), driven by Selenium from the dev extra (dev/browser.py says why Selenium). CI runs it.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+test-browser: install
+	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { $(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium chromium-driver; }
+	$(PY) -m pytest -q -m browser tests/browser $(PYTEST_ARGS)
 
 # the multi-process tests alone (torchrun or accelerate launch with the shipped DDP config: two CPU
 # processes with gloo; every sampling, scoring and training tool; two simulated machines, one process

@@ -10,7 +10,10 @@ with a fixed per-request latency:
   instructions and examples, so a bare prompt, whose tokens are nearly all pair text, saves little);
 - a fully cached rerun of 10,000 pairs, the whole command timed from process start (target < 2 s);
 - pairs/s against AlpacaEval's annotator at its default settings on the same server (target >= 3x),
-  when bench/out/alpaca-eval-venv holds alpaca-eval (see bench/alpaca_eval_peer.py).
+  when bench/out/alpaca-eval-venv holds alpaca-eval (see bench/alpaca_eval_peer.py);
+- direct against --batch (`--batch-only`): the same 1,000 pairs through sim_eval's ten judges,
+  asked directly and through the Batch API of the loopback fake (tests/batch_server.py, usage
+  counted as its tokens), with the price and the requests sent each way.
 
 Prints one JSON line per figure (see bench/run.py). Pairs are real model outputs from
 ../shared/data/alpaca_eval when present, else generated text of similar length.
@@ -218,14 +221,66 @@ def main() -> None:
         action="store_true",
         help="only the throughput points (500 and 100 ms, without and with the cache)",
     )
+    parser.add_argument(
+        "--batch-only", action="store_true", help="only direct against --batch (1,000 pairs)"
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-annotate-"))
+    if args.batch_only:
+        batch_against_direct(folder)
+        return
     throughput(folder)
     if args.throughput_only:
         return
     token_counts(folder)
     alpaca_eval_comparison(folder)
     cached_rerun(folder)
+
+
+def batch_against_direct(folder: Path, count: int = 1000) -> None:
+    """The same pairs, sim_eval's judges, directly and through the Batch API: price and requests."""
+    from batch_server import BatchServer
+
+    from farmkit.annotate.batch import BatchConfig
+    from farmkit.annotate.pairs import Item
+    from farmkit.annotate.pools import load_pool
+    from farmkit.annotate.run import Run
+
+    items = [Item({"input": "", **p}) for p in real_pairs(count)]
+    found = {}
+    for mode in ("direct", "batch"):
+        with BatchServer() as server:
+            os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = server.url, "bench"
+            pool = load_pool("sim_eval")
+            pool.settings.update({"concurrency": 16, "backoff": 0.05})
+            config = BatchConfig(batch="wait" if mode == "batch" else None)
+            with Run(pool, cache_path=folder / f"{mode}.sqlite", batch=config) as run:
+                records: list[dict] = []
+                assert run.annotate(items, records.extend) == 0
+                assert all(r["preference"] is not None for r in records)
+            found[mode] = (run.annotator.stats, sum(server.calls.values()), len(server.batches))
+    (direct, direct_calls, _), (batch, batch_calls, batches) = found["direct"], found["batch"]
+    label = f"{count:,} pairs, sim_eval, tokens {batch.prompt_tokens:,.0f} + {batch.completion_tokens:,.0f}"
+    emit(
+        figure=f"price with --batch, {label}",
+        value=batch.price,
+        unit="USD",
+        peer="the same pairs asked directly",
+        peer_value=direct.price,
+        ratio=batch.price / direct.price,
+        target="<= 0.5",
+        met=batch.price / direct.price <= 0.5 + 1e-9,
+    )
+    emit(
+        figure=f"HTTP requests with --batch ({batches} batches), {label}",
+        value=batch_calls,
+        unit="requests",
+        peer=f"the same pairs asked directly ({direct.requests} chat completions)",
+        peer_value=direct_calls,
+        ratio=batch_calls / direct_calls,
+        target="-",
+        met=True,
+    )
 
 
 def throughput(folder: Path) -> None:

@@ -41,6 +41,8 @@ class Mutation:
 T_GROUP = "tests/methods/test_group.py"
 T_RL = "tests/train/test_estimators.py"
 T_TEMP = "tests/lm/test_generation_temperature.py"
+T_TRL = "tests/train/test_estimators_trl.py"
+T_LOOP = "tests/train/test_onpolicy.py"
 
 MUTATIONS = [
     # --- temperature, at each place a sampling temperature reaches the model
@@ -92,7 +94,7 @@ MUTATIONS = [
     Mutation(
         "GRPO/RLOO: ratio clipping removed",
         "farmkit/methods/group.py",
-        "config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens",
+        "config.policy_loss, prepared.advantages, config.clip_bounds, config.max_new_tokens",
         "config.policy_loss, prepared.advantages, 1e9, config.max_new_tokens",
         (f"{T_GROUP}::test_group_loss_clips_the_ratio",),
         fast=True,
@@ -111,6 +113,75 @@ MUTATIONS = [
         "loss = loss + config.kl_coef * kl_loss",
         "loss = loss",
         (f"{T_GROUP}::test_group_loss_adds_the_kl_term",),
+    ),
+    # --- the GRPO loss family (checked against TRL's), rollout correction, DAPO's sampling
+    Mutation(
+        "DAPO: tokens averaged per micro-batch, not over the minibatch",
+        "farmkit/train/estimators.py",
+        'register_policy_loss("dapo", RESPONSE, token_mean)',
+        'register_policy_loss("dapo", RESPONSE, micro_token_mean)',
+        (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[dapo]",),
+        fast=True,
+    ),
+    Mutation(
+        "clip-higher: the upper clip bound is the lower one",
+        "farmkit/train/rl_common.py",
+        "clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)",
+        "clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + low)",
+        (f"{T_TRL}::test_clip_higher_lets_positive_advantages_rise_further",),
+    ),
+    Mutation(
+        "BNPO: a micro-batch weighs as the whole minibatch",
+        "farmkit/train/estimators.py",
+        "share = mask.shape[0] / responses",
+        "share = 1.0",
+        (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[bnpo]",),
+    ),
+    Mutation(
+        "GSPO: the sequence ratio not length-normalized",
+        "farmkit/train/estimators.py",
+        "return rl_common.clipped_policy_terms(log_ratio / length, advantages[:, None], low, high)",
+        "return rl_common.clipped_policy_terms(log_ratio, advantages[:, None], low, high)",
+        (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[gspo]",),
+    ),
+    Mutation(
+        "CISPO: the clipped weight keeps its gradient",
+        "farmkit/train/estimators.py",
+        "log_ratio = logprobs.detach() - old_logprobs",
+        "log_ratio = logprobs - old_logprobs",
+        (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[cispo]",),
+    ),
+    Mutation(
+        "rollout correction: mask modes truncate instead",
+        "farmkit/train/rollout_backends.py",
+        'weights = ratio.clamp(max=cap) if action == "truncate" else ratio.masked_fill(above, 0.0)',
+        "weights = ratio.clamp(max=cap)",
+        (
+            "tests/train/test_rollout_backends.py::"
+            "test_rollout_correction_truncates_or_masks_exp_of_trainer_minus_engine",
+        ),
+        fast=True,
+    ),
+    Mutation(
+        "off-policy mask: responses with positive advantages dropped too",
+        "farmkit/train/rollout_backends.py",
+        "return ((advantages >= 0) | (divergence <= threshold)).to(mask.dtype)",
+        "return (divergence <= threshold).to(mask.dtype)",
+        (f"{T_TRL}::test_the_off_policy_mask_is_trls",),
+    ),
+    Mutation(
+        "dynamic sampling: dropped groups chosen before the informative ones",
+        "farmkit/train/onpolicy.py",
+        "chosen = (kept + dropped)[:groups]",
+        "chosen = (dropped + kept)[:groups]",
+        (f"{T_LOOP}::test_dynamic_sampling_replaces_groups_without_signal",),
+    ),
+    Mutation(
+        "overlong penalty: falls over the whole length, not the cache",
+        "farmkit/train/rl_common.py",
+        "return ((expected - lengths.float()) / cache).clamp(min=-1.0, max=0.0)",
+        "return ((expected - lengths.float()) / max_length).clamp(min=-1.0, max=0.0)",
+        (f"{T_RL}::test_overlong_penalty_falls_linearly_over_the_last_cache_tokens",),
     ),
     # --- PPO
     Mutation(
@@ -153,8 +224,8 @@ MUTATIONS = [
     Mutation(
         "PPO surrogate: ratio clipping removed",
         "farmkit/train/rl_common.py",
-        "loss = masked_sum(torch.maximum(unclipped, clipped), mask) / count",
-        "loss = masked_sum(unclipped, mask) / count",
+        "return torch.maximum(unclipped, clipped), figures",
+        "return unclipped, figures",
         (f"{T_RL}::test_policy_loss_clips_only_in_the_pessimistic_direction",),
     ),
     # --- Quark

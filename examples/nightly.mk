@@ -20,6 +20,12 @@
 #
 #   30 2 * * * cd /path/to/farmkit && flock -n /tmp/farmkit-nightly.lock \
 #       make -f examples/nightly.mk CHECKPOINTS=... PROMPTS=... REFERENCE=... >> nightly.log 2>&1
+#
+# With paid judges, BATCH=submit sends each night's new questions through the Batch API at half the
+# price (farm-annotate --batch submit): a checkpoint's annotations are written the night its batch is
+# collected (exit 75 in between: make goes on, and tonight's board holds the checkpoints that are
+# done). LEDGER (default $(OUT)/spend.jsonl) books every farm-annotate run; `farm-winrate --ledger`
+# totals it by day and judge.
 
 include $(dir $(lastword $(MAKEFILE_LIST)))venv.mk
 
@@ -36,6 +42,8 @@ TEMPERATURE ?= 0.7
 MAX_NEW_TOKENS ?= 300
 SAMPLE_OPTS ?=
 ANNOTATE_OPTS ?=
+BATCH ?=
+LEDGER ?= $(OUT)/spend.jsonl
 
 # the checkpoints present tonight: every subfolder with a config.json
 NAMES := $(sort $(patsubst $(CHECKPOINTS)/%/config.json,%,$(wildcard $(CHECKPOINTS)/*/config.json)))
@@ -51,9 +59,11 @@ night: $(OUTPUTS) $(ANNOTATIONS)
 ifeq ($(NAMES),)
 	@echo "nightly: no checkpoint folder with a config.json in $(CHECKPOINTS); nothing to evaluate" >&2
 else
-	farm-winrate $(ANNOTATIONS) --bootstrap $(BOOTSTRAP) --seed $(SEED) --history $(HISTORY) \
-		-o $(OUT)/leaderboard.jsonl
-	farm-plot history $(HISTORY) -o $(OUT)/history.png
+	@# with BATCH, a checkpoint whose questions are pending has no annotations file yet
+	@done="$$(ls $(ANNOTATIONS) 2>/dev/null)"; \
+	if [ -z "$$done" ]; then echo "nightly: every checkpoint's questions are pending in batches" >&2; else \
+	farm-winrate $$done --bootstrap $(BOOTSTRAP) --seed $(SEED) --history $(HISTORY) \
+		-o $(OUT)/leaderboard.jsonl && farm-plot history $(HISTORY) -o $(OUT)/history.png; fi
 endif
 
 annotations: $(OUTPUTS) $(ANNOTATIONS)
@@ -67,4 +77,5 @@ $(OUT)/outputs/%.jsonl: $(CHECKPOINTS)/%/config.json $(PROMPTS)
 $(OUT)/annotations/%.jsonl: $(OUT)/outputs/%.jsonl $(REFERENCE)
 	@mkdir -p $(@D)
 	farm-annotate $< --reference $(REFERENCE) --skip-missing --pool $(POOL) --cache $(CACHE) \
-		--seed $(SEED) $(ANNOTATE_OPTS) -o $@
+		--seed $(SEED) --ledger $(LEDGER) $(if $(BATCH),--batch $(BATCH)) $(ANNOTATE_OPTS) -o $@ \
+		$(if $(BATCH),|| [ $$? -eq 75 ])

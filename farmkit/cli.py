@@ -532,6 +532,8 @@ def _config_option(field: dataclasses.Field, default: Any = dataclasses.MISSING)
     for key in ("metavar", "multiple", "nargs", "required"):
         if key in meta:
             kwargs[key] = meta[key]
+    if "flag_value" in meta:  # the option's value may be left out: `--batch` is `--batch wait`
+        kwargs["flag_value"], kwargs["is_flag"] = meta["flag_value"], False
     if meta.get("flag"):
         kwargs["is_flag"] = True
     elif config_fields.scalar_type(field.type) is bool:

@@ -49,6 +49,12 @@ API:
   single-pair prompts with P(B) = len(B) / (len(A) + len(B)) among A and B.
 - A request in absolute form (`POST http://host/v1/chat/completions`, as clients send to a proxy) is
   answered too, so the server can stand in for a proxy.
+- `limits`: {"requests": N, "tokens": M, "window": seconds}: a provider's rate limits over a sliding
+  window. Each request is counted when it arrives, with the tokens its reply bills (prompt and
+  completion); one that would pass either limit gets a 429. Every reply carries OpenAI's headers
+  (x-ratelimit-remaining-requests/-tokens, and x-ratelimit-reset-requests/-tokens: the time until
+  the window is empty again, in OpenAI's form, e.g. "1.5s", "20ms"). `admitted` lists when each
+  request was let through (monotonic seconds), `over` counts those refused.
 - `python tests/openai_server.py --latency 0.2 [--judge longer|echo] [--reply TEXT] [--port P]` runs it
   alone and prints its URL on stdout (for benchmarks that need the server in another process);
   `--reply` answers prompts that are not farm-annotate's (another annotator's, for comparisons).
@@ -193,8 +199,14 @@ class OpenAIServer:
         echo_key: bool = False,
         serial: bool = False,
         top_logprobs: Callable[[dict[str, Any]], dict[str, float]] | None = None,
+        limits: dict[str, float] | None = None,
     ):
         self.top_logprobs = top_logprobs
+        self.limits, self.over = limits, 0
+        self.admitted: list[float] = []
+        self._window: list[
+            tuple[float, int]
+        ] = []  # (arrival, tokens) of the requests in the window
         self.respond, self.latency, self.faults = respond, latency, dict(faults or {})
         self.script, self.chunked, self.echo_key = list(script or []), chunked, echo_key
         self.billing, self.dense = billing or count_tokens, billing is not None
@@ -280,6 +292,36 @@ class OpenAIServer:
             self.billed.append((prompt, completion))
             self.billed_by.setdefault(who, []).append((prompt, completion))
         return prompt, completion
+
+    def admit(self, tokens: int) -> tuple[bool, dict[str, str]]:
+        """Whether a request of `tokens` passes the limits now, and the headers its reply carries."""
+        assert self.limits is not None
+        with self._lock:
+            now = time.monotonic()
+            window = self.limits["window"]
+            self._window = [(at, cost) for at, cost in self._window if at > now - window]
+            used = sum(cost for _, cost in self._window)
+            fits = (
+                len(self._window) + 1 <= self.limits["requests"]
+                and used + tokens <= self.limits["tokens"]
+            )
+            if fits:
+                self._window.append((now, tokens))
+                self.admitted.append(now)
+                used += tokens
+            else:
+                self.over += 1
+            newest = max((at for at, _ in self._window), default=now)
+            reset = f"{max(0.0, window - (now - newest)) * 1000:.0f}ms"
+            headers = {
+                "x-ratelimit-remaining-requests": str(
+                    int(self.limits["requests"]) - len(self._window)
+                ),
+                "x-ratelimit-remaining-tokens": str(int(self.limits["tokens"] - used)),
+                "x-ratelimit-reset-requests": reset,
+                "x-ratelimit-reset-tokens": reset,
+            }
+        return fits, headers
 
     def record(self, outcome: str, body: dict[str, Any] | None = None) -> None:
         with self._lock:
@@ -405,6 +447,16 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                     "model_not_found",
                 )
                 return
+            limited: dict[str, str] = {}
+            if server.limits is not None:
+                prompt = sum(
+                    server.billing(m.get("content") or "") for m in body.get("messages", [])
+                )
+                fits, limited = server.admit(prompt + server.billing(server.respond(body)))
+                if not fits:
+                    server.record("429")
+                    self._error(429, "Rate limit reached.", "rate_limit_error", None, limited)
+                    return
             fault = server.draw_fault()
             time.sleep(server.latency)
             if fault == "drop":
@@ -510,7 +562,7 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%s\r\n\r\n" % framing
                     + _body(stale, server.chunked)
                 )
-            self._send(200, reply, then=extra)
+            self._send(200, reply, limited, then=extra)
 
     return Handler
 

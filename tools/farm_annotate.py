@@ -8,6 +8,7 @@ import logging
 import click
 import orjson
 
+from farmkit.annotate.batch import BatchConfig
 from farmkit.annotate.pools import AnnotateConfig
 from farmkit.cli import (
     common_options,
@@ -37,7 +38,17 @@ from farmkit.core.io import RecordWriter, records_stdout
     max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
     both_orders_help="A pair costs two requests.",
 )
-@field_options(AnnotateConfig, "assign_by", "estimate", "concurrency", "timeout", "max_retries")
+@field_options(
+    AnnotateConfig,
+    "assign_by",
+    "estimate",
+    "concurrency",
+    "timeout",
+    "max_retries",
+    "max_reply_bytes",
+    "retry_failed",
+)
+@field_options(BatchConfig)
 @shared_option("device")  # of the local and reward-model judges
 @field_options(AnnotateConfig, "progress", "list_pools")
 @on_error_option
@@ -64,6 +75,12 @@ def cli(
     concurrency,
     timeout,
     max_retries,
+    batch,
+    batch_wait,
+    batch_fallback,
+    ledger,
+    max_reply_bytes,
+    retry_failed,
     device,
     progress,
     list_pools,
@@ -109,6 +126,7 @@ def cli(
         ("concurrency", concurrency),
         ("timeout", timeout),
         ("max_retries", max_retries),
+        ("max_reply_bytes", max_reply_bytes),
     ):
         if value is not None:
             chosen.settings[name] = value
@@ -139,13 +157,20 @@ def cli(
         device=device,
         show_progress=progress,
         assign_by=assign_by,
+        batch=BatchConfig(batch, batch_wait, batch_fallback, ledger),
+        retry_failed=retry_failed,
     ) as run:
         if estimate:
             records_stdout().write(orjson.dumps(run.estimate(items)) + b"\n")
             return
-        with RecordWriter(output) as writer:
-            writer.write_all(run.records(items))
-    run.summary()
+
+        def write(records) -> None:
+            with RecordWriter(output) as writer:
+                writer.write_all(records)
+
+        status = run.annotate(items, write)
+    if status:
+        raise SystemExit(status)
 
 
 main = entry_point(cli)

@@ -1,4 +1,4 @@
-"""farm-convert: records to and from TRL's formats (JSONL or Parquet)."""
+"""farm-convert: records to and from TRL's formats (JSONL or Parquet) and Label Studio's JSON."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from farmkit.cli import (
     log,
     on_error_option,
     output_option,
+    seed_option,
     tool_config,
 )
 from farmkit.core.formats import ConvertConfig, FormatError, to_trl
@@ -23,6 +24,13 @@ from farmkit.core.io import (
     display_name,
     iter_rows,
     numbered_records,
+    write_text,
+)
+from farmkit.core.label_studio import (
+    LABEL_STUDIO_CONFIG,
+    is_label_studio_export,
+    label_studio_records,
+    label_studio_tasks,
 )
 
 
@@ -43,8 +51,9 @@ def guess_kind(record: object) -> str:
 @output_option
 @field_options(ConvertConfig)
 @on_error_option
+@seed_option
 @common_options
-def cli(records, output, **values):
+def cli(records, output, seed, **values):
     """Convert RECORDS between farmkit's record kinds and TRL's dataset formats.
 
     Every farm-* tool already reads TRL, hh-rlhf and chat `messages` files directly; this command
@@ -55,15 +64,34 @@ def cli(records, output, **values):
     they came from. Ties and null verdicts
     are left out and counted. `-o FILE.parquet` writes Parquet.
 
+    Label Studio, for teams that label there: `--to label-studio` writes pairs as tasks to import
+    (and --label-config the labeling config they are made for); its JSON export, read with the
+    default --to farmkit, gives one preference record per annotation (annotator, preference 1, 2
+    or 1.5, strength, shown, seconds, time), as farm-label writes them.
+
     \b
       farm-convert prefs.jsonl --to trl -o prefs.trl.parquet
       farm-convert hh_rlhf_train.jsonl --kind preference -o prefs.jsonl
+      farm-convert pairs.jsonl --to label-studio --label-config config.xml -o tasks.json
+      farm-convert project-1-export.json -o labels.jsonl
     """
     config = tool_config(ConvertConfig, values)
     target, kind = config.target, config.kind
+    if config.label_config and target != "label-studio":
+        raise click.UsageError("--label-config goes with --to label-studio")
     name = display_name(records)
     raw = list(iter_rows(records))
+    if target == "label-studio":
+        pairs = (pair for _, pair in numbered_records(raw, name, "pair"))
+        write_text(label_studio_tasks(pairs, seed), output)
+        if config.label_config:
+            write_text(LABEL_STUDIO_CONFIG, config.label_config)
+        return
     if not raw:
+        return
+    if target == "farmkit" and is_label_studio_export(raw[0][1]):
+        with RecordWriter(output) as writer:
+            writer.write_all(label_studio_records(raw, name))
         return
     chosen_kind = guess_kind(raw[0][1]) if kind == "auto" else kind
     rows, skipped = [], 0

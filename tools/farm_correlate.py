@@ -12,6 +12,7 @@ from farmkit.cli import (
     entry_point,
     field_options,
     log,
+    seed_option,
 )
 from farmkit.core.io import FarmError, write_text
 from farmkit.core.provenance import provenance, stamp
@@ -21,10 +22,10 @@ from farmkit.evaluate.correlate import (
     Annotations,
     CorrelateConfig,
     alpaca_eval_evaluators,
+    annotation_markdown,
+    annotation_rows,
     board_stem,
     correlate_boards,
-    human_summary,
-    judge_summaries,
     read_board,
 )
 
@@ -33,6 +34,7 @@ from farmkit.evaluate.correlate import (
 @click.argument("boards", nargs=-1, type=click.Path(allow_dash=True, dir_okay=False))
 @field_options(CorrelateConfig)
 @board_output_option
+@seed_option
 @common_options
 def cli(
     boards,
@@ -49,8 +51,11 @@ def cli(
     min_length_difference,
     human_board,
     judge_boards,
+    bootstrap,
+    epsilon,
     fmt,
     output,
+    seed,
 ):
     """Leaderboard mode (BOARDS): correlate two or more leaderboards joined by model name (farm-winrate
     JSONL, or CSVs with a name and a score column): Spearman, Kendall, Pearson and R^2 with n, and
@@ -60,13 +65,18 @@ def cli(
     AlpacaFarm's (leave-one-out) and AlpacaEval's (mode of all, ties half) definitions, the rate its
     verdict flips when the order is swapped, price and seconds per 1,000 verdicts (from the records'
     provenance), bias, variance over runs, preference for longer outputs, lists and the first
-    position; and the humans' own figures with Cohen's kappa between annotators (definitions in
-    farmkit/evaluate/correlate.py).
+    position. On the pairs two humans or more labelled, as AlpacaFarm reports agreement: each
+    judge's and each human's agreement with the other humans' majority (a row per human), the
+    alternative annotator test of each judge (winning rate, advantage probability, pass, at
+    --epsilon; three humans or more), and between the humans pairwise agreement, Fleiss' kappa and,
+    per two annotators, agreement and Cohen's kappa; each with a 95% bootstrap interval over the
+    pairs (--bootstrap, --seed). Definitions in farmkit/evaluate/correlate.py.
 
     \b
     farm-correlate sim.jsonl human.jsonl --plot sim_vs_human.png
     farm-correlate benchmarks.csv benchmarks.csv --score 'Arena Elo' --score 'LC AlpacaEval 2.0'
     farm-correlate --judge run0.jsonl --judge run1.jsonl --humans human_labels.jsonl
+    farm-correlate --judge sim_eval.jsonl --humans labels.jsonl --format markdown
     farm-correlate --humans pandalm_testset_v1.json --key idx --outputs response1,response2 \\
         --human-label annotator1,annotator2,annotator3
     """
@@ -103,10 +113,7 @@ def cli(
                 f"farm-correlate: {annotations.unparsed} labels are no verdict and were left out, "
                 f"the first: {annotations.first_unparsed}"
             )
-        people = human_summary(annotations, min_length_difference)
-        rows = judge_summaries(annotations, min_length_difference) + (
-            [people] if people is not None else []
-        )
+        rows = annotation_rows(annotations, min_length_difference, bootstrap, seed, epsilon)
         if fmt == "alpaca-eval":
             boards = _judge_boards(judge_boards, [r["annotator"] for r in rows], names, scores)
             human = (
@@ -117,10 +124,12 @@ def cli(
             return
         info = provenance(
             "farm-correlate",
-            None,
+            seed if bootstrap else None,
             mode="annotations",
             key=key,
             min_length_difference=min_length_difference,
+            bootstrap=bootstrap,
+            epsilon=epsilon,
         )
     else:
         if len(boards) < 2:
@@ -155,6 +164,9 @@ def cli(
         )
     for row in rows:
         stamp(row, "farm-correlate", info)
+    if fmt == "markdown" and (judges or humans):
+        write_text(annotation_markdown(rows), output)
+        return
     write_board(rows, fmt, output)
 
 

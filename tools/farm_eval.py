@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from farmkit.annotate.batch import BatchConfig
 from farmkit.cli import (
     common_options,
     decoding_options,
@@ -70,6 +71,7 @@ def sample(model: str, reference: str, output: str, *, seed: int, settings: dict
     max_cost_help="The run refuses to start, or stops asking, before it would spend more.",
     both_orders_help="A pair costs two requests.",
 )
+@field_options(BatchConfig)
 @on_error_option
 @split_option
 @common_options
@@ -100,6 +102,10 @@ def cli(
     no_cache,
     max_cost,
     prices,
+    batch,
+    batch_wait,
+    batch_fallback,
+    ledger,
 ):
     """Evaluate models against a reference as AlpacaEval does, in one command: judge each output
     against the reference's output for its instruction, rank the models by raw and length-controlled
@@ -164,7 +170,10 @@ def cli(
             prices=prices,
             max_cost=max_cost,
             device=device,
+            batch=BatchConfig(batch, batch_wait, batch_fallback, ledger),
         )
+    if isinstance(preferences, int):  # questions pending in batches: no board yet
+        raise SystemExit(preferences)
     if (
         not preferences
     ):  # exit 0 as every tool's empty input, but said: an empty pipe is easy to miss

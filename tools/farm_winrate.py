@@ -50,9 +50,18 @@ def cli(prefs, output, seed, **values):
     farm-winrate prefs.jsonl --format table
     farm-winrate annotations.json --reference-generator text_davinci_003 --bootstrap 1000 --plot board.png
     farm-winrate prefs.jsonl --compare ppo sft
+    farm-winrate sim_prefs.jsonl --humans labels.jsonl --format table
     farm-winrate nightly_prefs.jsonl --bootstrap 1000 --history winrates.jsonl -q > /dev/null
+    farm-winrate --ledger spend.jsonl -o spend_by_day.jsonl
     """
     config = tool_config(WinrateConfig, values)
+    if config.ledger:
+        if prefs:
+            raise click.UsageError("--ledger totals a ledger; leave PREFS out")
+        from farmkit.annotate.ledger import totals
+
+        write_board(totals(config.ledger), config.fmt, output)
+        return
     if config.reference and config.swap:
         raise click.UsageError(
             "--reference-generator orients each record by itself; it cannot be combined with --swap"
@@ -68,6 +77,10 @@ def cli(prefs, output, seed, **values):
     if config.sort_by == "lc" and config.no_length_control:
         raise click.UsageError(
             "--sort-by lc orders by the length-controlled win rate; drop --no-length-control"
+        )
+    if config.humans and (config.compare or config.fmt == "alpaca-eval"):
+        raise click.UsageError(
+            "--humans adds columns to a leaderboard; --compare and --format alpaca-eval have none for them"
         )
     if config.fmt == "alpaca-eval" and config.compare:
         raise click.UsageError(
@@ -86,9 +99,12 @@ def cli(prefs, output, seed, **values):
         compare=config.compare,
         dedupe=config.dedupe,
         difficulty=difficulty,
+        humans=config.humans is not None,
     )
     for path in prefs or ("-",):
         table.add_file(path)
+    if config.humans:
+        _read_humans(table, config.humans)
     if table.skipped:
         log.warning(
             f"farm-winrate: skipped {table.skipped} records that do not involve the reference {config.reference!r}"
@@ -127,7 +143,7 @@ def cli(prefs, output, seed, **values):
         reference=config.reference,
         swap=config.swap or None,
         bootstrap=config.bootstrap or None,
-        confidence=config.confidence if config.bootstrap else None,
+        confidence=config.confidence if config.bootstrap or config.humans else None,
     )
     for row in rows:
         stamp(row, "farm-winrate", info)
@@ -140,6 +156,22 @@ def cli(prefs, output, seed, **values):
 
         win_rate_history.append(config.history, win_rate_history.stamped(rows, prefs or ("-",)))
     write_board(rows, config.fmt, output, columns)
+
+
+def _read_humans(table: WinrateTable, path: str) -> None:
+    table.add_human_file(path)
+    if table.pairs.null_labels:
+        count = table.pairs.null_labels
+        log.warning(
+            f"farm-winrate: {count} human label{'s' if count > 1 else ''} without a verdict "
+            "(null preference) skipped"
+        )
+    unjudged = table.pairs.unjudged()
+    if unjudged:
+        log.warning(
+            f"farm-winrate: {unjudged} human-labelled pairs have no simulated verdict (all null); "
+            "left out of the prediction-powered figures"
+        )
 
 
 def _report_guards(table: WinrateTable) -> None:

@@ -82,6 +82,7 @@ class Backend:
     parses: ClassVar[bool] = (
         False  # reads verdicts from a judge's text: records count parse failures
     )
+    batched: ClassVar[bool] = False  # may be asked through a Batch API (farm-annotate --batch)
 
     def __init__(self, pool: Pool, options: dict[str, Any]) -> None:
         self.pool, self.options = pool, options
@@ -95,6 +96,18 @@ class Backend:
     def check(cls, judge: Judge) -> str | None:
         """What is wrong with `judge` for this backend, or None."""
         return None
+
+    @classmethod
+    def rereads(cls, judge: Judge) -> bool:
+        """Whether a reply of `judge` whose verdict could not be read can be read again later, from its
+        text (`reread`): it is then cached as unreadable, and re-read rather than paid for again."""
+        return False
+
+    @classmethod
+    def reread(cls, judge: Judge, raw: str, position: int, count: int) -> Verdict:
+        """The verdict for the pair at `position` of the `count` in a request that `raw` (the reply's
+        text) answered, read as the backend reads replies now."""
+        raise NotImplementedError
 
     def model_name(self, judge: Judge) -> str:
         raise NotImplementedError

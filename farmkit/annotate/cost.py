@@ -24,13 +24,20 @@ PRICES: dict[str, tuple[float, float]] = {
 
 EXPECTED_COMPLETION_TOKENS = {"plain": 8, "ranking": 10, "json": 45, "choice": 1}  # per pair
 
+# What a request sent through a Batch API costs, as a share of its direct price: OpenAI bills
+# batches at half its list prices; a prices file's `batch:` sets another share for one model.
+BATCH_FACTOR = 0.5
+
 
 class PriceTable:
     def __init__(self, overrides: dict[str, Any] | None = None):
         self.table = dict(PRICES)
+        self.batch_factor: dict[str, float] = {}  # model -> its own share, where it has one
         self.unpriced: set[str] = set()
         for model, entry in (overrides or {}).items():
             self.table[model] = _parse_entry(model, entry)
+            if isinstance(entry, dict) and "batch" in entry:
+                self.batch_factor[model] = _batch_factor(model, entry["batch"])
 
     @classmethod
     def from_file(cls, path: str | None, pool_prices: dict[str, Any]) -> PriceTable:
@@ -51,13 +58,17 @@ class PriceTable:
             overrides.update(loaded)
         return cls(overrides)
 
-    def price(self, model: str, prompt_tokens: float, completion_tokens: float) -> float:
-        """The price in USD; a model without a price costs 0 and is reported in the summary."""
+    def price(
+        self, model: str, prompt_tokens: float, completion_tokens: float, batch: bool = False
+    ) -> float:
+        """The price in USD (`batch`: sent through a Batch API, at the model's batch factor); a
+        model without a price costs 0 and is reported in the summary."""
         rates = self.table.get(model)
         if rates is None:
             self.unpriced.add(model)
             return 0.0
-        return (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1e6
+        factor = self.batch_factor.get(model, BATCH_FACTOR) if batch else 1.0
+        return factor * (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1e6
 
 
 def _parse_entry(model: str, entry: Any) -> tuple[float, float]:
@@ -68,6 +79,19 @@ def _parse_entry(model: str, entry: Any) -> tuple[float, float]:
     raise FarmError(
         f"price of {model}: expected {{prompt: USD per 1M tokens, completion: USD per 1M tokens}}"
     )
+
+
+def _batch_factor(model: str, value: Any) -> float:
+    try:
+        factor = float(value)
+    except (TypeError, ValueError):
+        factor = math.nan
+    if not 0 < factor <= 1:
+        raise FarmError(
+            f"price of {model}: batch {value!r}: expected the share of the direct price a batch "
+            "costs, a number in (0, 1] (OpenAI: 0.5)"
+        )
+    return factor
 
 
 MESSAGE_TOKENS = 4  # what a chat message costs beyond its text (role, delimiters), as expected

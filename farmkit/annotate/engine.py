@@ -21,9 +21,10 @@ from typing import Any
 
 import orjson
 
+from farmkit.annotate import parse
 from farmkit.annotate.backends import Backends, backend_class
 from farmkit.annotate.base import FatalBackendError, RequestFailed, Verdict
-from farmkit.annotate.cache import VerdictCache, cache_key
+from farmkit.annotate.cache import PENDING_IN_BATCH, VerdictCache, cache_key
 from farmkit.annotate.cost import (
     EXPECTED_COMPLETION_TOKENS,
     MESSAGE_TOKENS,
@@ -100,6 +101,8 @@ class Stats:
     )  # judge -> replies that could not be read
     # reason -> pairs a judge that is not asked (a labels file) had no verdict for
     unanswered: dict[str, int] = field(default_factory=dict)
+    unreadable: int = 0  # pairs without a verdict because their reply could not be read
+    cached_failures: int = 0  # of those, pairs answered from replies cached as unreadable
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -155,11 +158,13 @@ class Annotator:
         max_cost: float | None = None,
         device: str = "auto",
         assign_by: str = "item",
+        retry_failed: bool = False,
     ):
         """`assign_by`: "item" (each pair draws its judge and order) or "instruction" (all pairs of one
-        instruction share them)."""
+        instruction share them). `retry_failed`: ask again the questions whose cached reply could not be
+        read (by default such a reply is re-read, and asked again only when a newer parser cannot read it)."""
         self.pool, self.seed, self.both_orders, self.cache = pool, seed, both_orders, cache
-        self.assign_by = assign_by
+        self.assign_by, self.retry_failed = assign_by, retry_failed
         self.prices = prices or PriceTable(pool.prices)
         self.max_cost = max_cost
         self.budget = None if max_cost is None else Budget(max_cost, self.prices)
@@ -226,7 +231,8 @@ class Annotator:
             found = self.cache.get_many(ask.key for ask in asks if ask.key is not None)
             for ask in asks:
                 if ask.key in found:
-                    ask.verdict, ask.cached = _verdict(found[ask.key]), True
+                    ask.verdict = self._from_cache(ask, found[ask.key])
+                    ask.cached = ask.verdict is not None
         # the same question twice in one run (a repeated pair, or a pair and its mirror image shown the other
         # way round) is asked once
         leaders: set[str] = set()
@@ -242,6 +248,24 @@ class Annotator:
                 leaders.add(ask.key)
             pending.append(ask)
         return Plan(asks, noise, ties, self._group(pending), followers)
+
+    def _from_cache(self, ask: Ask, row: dict[str, Any]) -> Verdict | None:
+        """The verdict a cache row gives `ask`, or None where it is to be asked again: a reply cached as
+        unreadable is read with the parser as it is now (a verdict now: the row becomes one), and asked
+        again with --retry-failed, or where the parser changed since and still cannot read it."""
+        if row["choice"] is not None:
+            return _verdict(row)
+        judge = self.pool.judges[ask.judge]
+        read = self._classes[ask.judge].reread(judge, row["raw"], row["position"], row["count"])
+        if read.choice is not None:
+            upgraded = {name: row[name] for name in _stored(read) if name in row}
+            upgraded.update(choice=read.choice, probability=read.probability, soft=read.soft)
+            if self.cache is not None:
+                self.cache.put_many({ask.key: upgraded})
+            return _verdict(upgraded)
+        if self.retry_failed or row["parser"] != parse.PARSER_VERSION:
+            return None
+        return dataclasses.replace(_verdict(row), reason=row["reason"], raw=row["raw"])
 
     def _key(self, ask: Ask, item: Item) -> str:
         shown = self.shown(item, ask)
@@ -308,10 +332,12 @@ class Annotator:
 
     def estimate(self, items: list[Item], plan: Plan) -> dict[str, Any]:
         prompt = completion = 0
-        price = 0.0
+        price = batch_price = 0.0
         for request in plan.requests:
             p, c, cost = self.request_cost(request, items)
             prompt, completion, price = prompt + p, completion + c, price + cost
+            model = self.pool.model_for(self.pool.judges[request[0].judge]) or ""
+            batch_price += self.prices.price(model, p, c, batch=True) if cost else 0.0
         paid = [self._classes[r[0].judge].priced for r in plan.requests]
         return {
             "items": len(items),
@@ -325,6 +351,7 @@ class Annotator:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "price": round(price, 6),
+            "batch_price": round(batch_price, 6),  # the same requests through a Batch API
             "unpriced_models": sorted(self.prices.unpriced),
         }
 
@@ -554,17 +581,38 @@ class Annotator:
             return asks, []
         # the claim reads the verdicts in its own transaction: a key answered by another run since the
         # plan (or since this run last looked) is settled from the cache, never claimed and paid again
-        _, theirs, answered = self.cache.claim(
-            [ask.key for ask in asks if ask.key is not None], lease
-        )
+        by_key = {ask.key: ask for ask in asks if ask.key is not None}
+        from_cache: dict[str, Verdict] = {}
+
+        def answers(key: str, row: dict[str, Any]) -> bool:
+            verdict = self._from_cache(by_key[key], row)
+            if verdict is not None:
+                from_cache[key] = verdict
+            return verdict is not None
+
+        mine, theirs, _ = self.cache.claim(list(by_key), lease, answers)
         for ask in asks:
-            if ask.key in answered:
-                self._settle(ask, _verdict(answered[ask.key]), cached=True)
+            if ask.key in from_cache:
+                self._settle(ask, from_cache[ask.key], cached=True)
+        self._leave_batched(asks, mine)
         rest = [ask for ask in asks if ask.verdict is None]
         taken = set(theirs)
         return [ask for ask in rest if ask.key not in taken], [
             ask for ask in rest if ask.key in taken
         ]
+
+    def _leave_batched(self, asks: list[Ask], mine: list[str]) -> None:
+        """Questions a batch took since the plan (farm-annotate --batch in another run) are not
+        asked directly: paid once, by the batch. Read after this run's claim, so a batch recorded
+        later saw the claim and left them out."""
+        assert self.cache is not None
+        batched = self.cache.pending_keys(mine)
+        if not batched:
+            return
+        self.cache.release(list(batched))
+        for ask in asks:
+            if ask.key in batched and ask.verdict is None:
+                self._settle(ask, Verdict(None, reason=PENDING_IN_BATCH))
 
     def _settle(self, ask: Ask, verdict: Verdict, cached: bool = False) -> None:
         """Give `ask`, and the same question asked elsewhere in this run, its verdict."""
@@ -606,6 +654,8 @@ class Annotator:
                 self._stopped = True
                 raise
             except RequestFailed as exc:
+                if backend.priced:  # sent, and failed: a request all the same
+                    self.stats.requests += 1
                 # its billed attempts count against the budget and in each pair's price
                 self.stats.prompt_tokens += exc.prompt_tokens
                 self.stats.completion_tokens += exc.completion_tokens
@@ -676,11 +726,25 @@ class Annotator:
                 and ask.verdict.choice is not None
             }
             if self.cache is not None:
-                self.cache.put_many(answered)
+                self.cache.put_many({**answered, **self._unreadable(judge, pending)})
             pending = [ask for ask in pending if ask.verdict is None]
             if not pending:
                 return
         self._fail(pending, "no verdict")  # only reached when parse_retries is negative
+
+    def _unreadable(self, judge: Judge, pending: list[Ask]) -> dict[str, dict[str, Any]]:
+        """Cache rows for the replies of `pending` (one request, as sent) that arrived and could not be
+        read, after their parse retries: what a rerun re-reads instead of paying for again."""
+        if not self._classes[pending[0].judge].rereads(judge):
+            return {}
+        return {
+            ask.key: unreadable_row(ask.verdict, position, len(pending))
+            for position, ask in enumerate(pending)
+            if ask.key is not None
+            and ask.verdict is not None
+            and ask.verdict.choice is None
+            and ask.verdict.raw is not None
+        }
 
     def _pay(self, price: float) -> None:
         self.stats.price += price
@@ -735,6 +799,11 @@ class Annotator:
             if reasons:
                 preference, reason = None, "; ".join(dict.fromkeys(reasons))
                 self.stats.failures += 1
+                if any(v.choice is None and v.raw is not None for v in verdicts):
+                    self.stats.unreadable += 1
+                    self.stats.cached_failures += any(
+                        a.cached and a.verdict.choice is None for a in asks
+                    )
                 if not self._classes[asks[0].judge].cacheable:
                     # answered from what the judge holds (a labels file): a rerun answers the same
                     self.stats.unanswered[reason] = self.stats.unanswered.get(reason, 0) + 1
@@ -836,6 +905,19 @@ def _stored(verdict: Verdict) -> dict[str, Any]:
         "attempts": verdict.attempts,
         "parse_failures": verdict.parse_failures,
         "estimated": verdict.estimated,
+    }
+
+
+def unreadable_row(verdict: Verdict, position: int, count: int) -> dict[str, Any]:
+    """The cache row of a reply that arrived and could not be read: the pair was at `position` of a
+    request of `count` pairs, so a later parser can read its verdict out of `raw` again."""
+    return {
+        **_stored(verdict),
+        "reason": verdict.reason or "no verdict",
+        "raw": verdict.raw,
+        "parser": parse.PARSER_VERSION,
+        "position": position,
+        "count": count,
     }
 
 

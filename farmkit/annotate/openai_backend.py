@@ -13,6 +13,7 @@ records) passes through `farmkit.core.endpoint.redact` first.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -37,6 +38,7 @@ class OpenAIBackend(Backend):
     priced = True
     needs_endpoint = True
     parses = True
+    batched = True
 
     @classmethod
     def identity(cls, pool: Pool, judge: Judge, options: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +51,7 @@ class OpenAIBackend(Backend):
             "endpoint": base_url(),
             "model": pool.model_for(judge),
             "template": prompts.load_template(judge.prompt).text,
-            "parser": parse.PARSER_VERSION,
+            "parser": parse.KEYED_VERSION,
         }
         if (
             judge.examples
@@ -74,6 +76,21 @@ class OpenAIBackend(Backend):
                 )
         return None
 
+    @classmethod
+    def rereads(cls, judge: Judge) -> bool:
+        return (
+            not judge.top_logprobs
+        )  # a weighted judge's verdict is in log-probabilities, not text
+
+    @classmethod
+    def reread(cls, judge: Judge, raw: str, position: int, count: int) -> Verdict:
+        from farmkit.annotate import parse  # by module: the parser as it is now
+
+        template = load_template(judge.prompt)
+        choices, reason = parse.parse_verdicts(template.format, raw, count, template)
+        choice = choices[position]
+        return Verdict(choice, reason=None if choice else (reason or "no verdict"))
+
     def __init__(self, pool: Pool, options: dict[str, Any]):
         self.pool = pool
         self.settings = pool.settings
@@ -87,6 +104,7 @@ class OpenAIBackend(Backend):
             backoff=float(self.settings["backoff"]),
             connections=int(self.settings["concurrency"]),
             connect_timeout=float(self.settings["connect_timeout"]),
+            max_reply_bytes=int(self.settings["max_reply_bytes"]),
         )
         self.stats = self.client.stats
 
@@ -111,18 +129,7 @@ class OpenAIBackend(Backend):
         started = time.perf_counter()
         try:
             reply = await self.client.complete(
-                {
-                    "model": model,
-                    "messages": messages,
-                    "temperature": judge.temperature,
-                    "max_tokens": judge.max_tokens,
-                    "seed": seed,
-                    **(
-                        {"logprobs": True, "top_logprobs": judge.top_logprobs}
-                        if judge.top_logprobs
-                        else {}
-                    ),
-                },
+                request_body(judge, model, messages, seed),
                 before_retry=None if reservation is None else reservation.retry_fits,
             )
         except EndpointFatal as exc:
@@ -150,28 +157,13 @@ class OpenAIBackend(Backend):
             reply.completion_tokens + (unknown + reply.completion_unreported) * judge.max_tokens
         )
         price = self.prices.price(model, prompt_tokens, completion_tokens)
-        if judge.top_logprobs:
-            verdict = weighted_verdict(reply.logprobs, self.client.base_url, judge)
-            if verdict.reason:  # it quotes the endpoint's tokens, which may echo the key
-                verdict.reason = redact(verdict.reason, self.client.api_key or "")
-            read = [verdict]
-        else:
-            choices, reason = parse_verdicts(template.format, reply.text, len(pairs), template)
-            read = [Verdict(choice, reason=reason) for choice in choices]
-        # kept in the records of pairs without a verdict: an endpoint may echo the key in its reply
-        raw = (
-            redact(reply.text, self.client.api_key or "")
-            if any(not v.choice for v in read)
-            else None
+        read = read_reply(
+            judge, reply.text, reply.logprobs, len(pairs), self.client.base_url, self.client.api_key
         )
         share = len(pairs)
         return [
-            Verdict(
-                verdict.choice,
-                reason=None if verdict.choice else (verdict.reason or "no verdict"),
-                raw=None if verdict.choice else raw,
-                probability=verdict.probability,
-                soft=verdict.soft,
+            dataclasses.replace(
+                verdict,
                 estimated=bool(unknown or reply.prompt_unreported or reply.completion_unreported),
                 prompt_tokens=prompt_tokens / share,
                 completion_tokens=completion_tokens / share,
@@ -184,6 +176,48 @@ class OpenAIBackend(Backend):
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def request_body(
+    judge: Judge, model: str, messages: list[dict[str, str]], seed: int
+) -> dict[str, Any]:
+    """The chat-completions request that asks `judge` (sent directly, or as a line of a batch)."""
+    return {
+        "model": model,
+        "messages": messages,
+        "temperature": judge.temperature,
+        "max_tokens": judge.max_tokens,
+        "seed": seed,
+        **({"logprobs": True, "top_logprobs": judge.top_logprobs} if judge.top_logprobs else {}),
+    }
+
+
+def read_reply(
+    judge: Judge, text: str, logprobs: Any, pairs: int, endpoint: str, api_key: str | None
+) -> list[Verdict]:
+    """The verdicts (choice, reason, raw, probability, soft; no tokens or price) a reply to a
+    request of `pairs` pairs gives, however it came (directly, or a line of a batch's output)."""
+    if judge.top_logprobs:
+        verdict = weighted_verdict(logprobs, endpoint, judge)
+        if verdict.reason:  # it quotes the endpoint's tokens, which may echo the key
+            verdict.reason = redact(verdict.reason, api_key or "")
+        read = [verdict]
+    else:
+        template = load_template(judge.prompt)
+        choices, reason = parse_verdicts(template.format, text, pairs, template)
+        read = [Verdict(choice, reason=reason) for choice in choices]
+    # kept in the records of pairs without a verdict: an endpoint may echo the key in its reply
+    raw = redact(text, api_key or "") if any(not v.choice for v in read) else None
+    return [
+        Verdict(
+            verdict.choice,
+            reason=None if verdict.choice else (verdict.reason or "no verdict"),
+            raw=None if verdict.choice else raw,
+            probability=verdict.probability,
+            soft=verdict.soft,
+        )
+        for verdict in read
+    ]
 
 
 MOST_TOP_LOGPROBS = 20  # the most OpenAI's chat completions give

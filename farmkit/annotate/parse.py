@@ -25,8 +25,12 @@ import re
 
 from farmkit.annotate.prompts import Template
 
-# bump when a parser reads a completion differently: cached verdicts of the old parsers are then asked again
+# bump when a parser reads a completion differently: replies cached as unreadable by an older parser are
+# re-read, and asked again where this one cannot read them either; cached verdicts are kept
 PARSER_VERSION = 3
+# the version in every cache key, as it was when a new parser made every verdict be asked again: fixed
+# there, so that caches written before keep their keys
+KEYED_VERSION = 3
 
 # a judge's reply is a few thousand characters; anything far longer is junk, not read
 MAX_REPLY_CHARS = 200_000

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farmkit.core.endpoint import DEFAULT_MAX_REPLY
 from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Bounds, Number
@@ -35,6 +36,7 @@ DEFAULT_SETTINGS = {
     "max_retries": 6,
     "backoff": 1.0,
     "parse_retries": 2,
+    "max_reply_bytes": DEFAULT_MAX_REPLY,  # a longer reply is not read: the pair gets no verdict
 }
 # The kind and range of each number a pool file holds (farmkit.core.values): farm-annotate's flags
 # that override them (--flip-rate, --concurrency, --timeout, --max-retries) are declared with these.
@@ -46,6 +48,7 @@ SETTINGS = {
     "max_retries": Number(int, NON_NEGATIVE),
     "backoff": Number(float, NON_NEGATIVE),
     "parse_retries": Number(int, NON_NEGATIVE),
+    "max_reply_bytes": Number(int, Bounds(min=1024)),
 }
 JUDGE_NUMBERS = {
     "weight": Number(float, POSITIVE),
@@ -121,6 +124,20 @@ class AnnotateConfig:
         None,
         "Retries of a failed request (pool default: 6).",
         bounds=SETTINGS["max_retries"].bounds,
+        show_default=False,
+    )
+    max_reply_bytes: int | None = help_field(
+        None,
+        "The largest reply read from an endpoint, in bytes: a larger one is not read and its pairs get no "
+        f"verdict, with the reason (pool default: {DEFAULT_MAX_REPLY:,}).",
+        bounds=SETTINGS["max_reply_bytes"].bounds,
+        show_default=False,
+    )
+    retry_failed: bool = help_field(
+        False,
+        "Ask again the pairs whose cached reply could not be read. By default such a reply is re-read "
+        "from the cache for free, and asked again only when a newer parser still cannot read it.",
+        flag=True,
         show_default=False,
     )
     progress: bool = help_field(

@@ -8,15 +8,18 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from farmkit.annotate import ledger
 from farmkit.annotate.backends import backend_class
+from farmkit.annotate.batch import BatchConfig, BatchMode, hold_pending
 from farmkit.annotate.cache import VerdictCache
 from farmkit.annotate.cost import PriceTable
-from farmkit.annotate.engine import Annotator, require_endpoint
+from farmkit.annotate.engine import Annotator, Plan, require_endpoint
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Pool, load_pool
 from farmkit.core.io import FarmError, RecordWriter
@@ -46,9 +49,13 @@ class Run:
         device: str = "auto",
         show_progress: bool = False,
         assign_by: str = "item",
+        batch: BatchConfig | None = None,
+        retry_failed: bool = False,
     ):
         """`cache_path`: a SQLite file, "default" (under farmkit's cache folder) or None (no cache).
-        `show_progress`: a progress bar on stderr even when stderr is not a terminal (never with -q)."""
+        `show_progress`: a progress bar on stderr even when stderr is not a terminal (never with -q).
+        `batch`: how paid judges are asked (its `batch` None: directly).
+        `retry_failed`: ask again the questions whose cached reply could not be read."""
         self.show_progress = show_progress
         self.pool = pool
         self.prices = PriceTable.from_file(prices_path, pool.prices)
@@ -57,6 +64,9 @@ class Run:
             self.cache = VerdictCache(
                 default_cache_path() if cache_path == "default" else cache_path
             )
+        self.cache_path = None if self.cache is None else self.cache.path
+        # the cache's rows that were not well formed, kept past close() for the summary
+        self.unreadable_rows: set[str] = set() if self.cache is None else self.cache.unreadable
         self.annotator = Annotator(
             pool,
             seed=seed,
@@ -66,8 +76,18 @@ class Run:
             max_cost=max_cost,
             device=device,
             assign_by=assign_by,
+            retry_failed=retry_failed,
         )
         self.max_cost = max_cost
+        self.paid = batch or BatchConfig()
+        self.batch = self.paid if self.paid.batch else None
+        if self.batch is not None and self.cache is None:
+            raise FarmError(
+                "--batch keeps its pending batches in the verdict cache; drop --no-cache"
+            )
+        self._batch_mode: BatchMode | None = None
+        self._plan: Plan | None = None  # the plan of the last records() (what the ledger books)
+        self.held_pending = 0  # questions a pending batch asks, not asked by this direct run
 
     def estimate(self, items: list[Item]) -> dict[str, Any]:
         """Expected requests, tokens and price of annotating `items` (cache hits and noised items cost nothing)."""
@@ -86,7 +106,30 @@ class Run:
             count -= 1
         return []
 
-    def records(self, items: list[Item]) -> Iterator[dict[str, Any]]:
+    def annotate(self, items: list[Item], write: Callable[[Iterator[dict[str, Any]]], None]) -> int:
+        """Ask for the verdicts of `items`, hand their records to `write`, say the summary and book
+        the run in the ledger (--ledger); the exit status: 0, or PENDING_EXIT while questions are
+        pending in batches (nothing handed to `write`)."""
+        ready = self.prepare_batch(items) if self.batch is not None else True
+        if ready:
+            write(self.records(items))
+        self.summary()
+        if self.paid.ledger:
+            ledger.append(self.paid.ledger, self.ledger_entry())
+        return 0 if ready or self._batch_mode is None else self._batch_mode.exit_status()
+
+    def prepare_batch(self, items: list[Item]) -> bool:
+        """--batch: collect finished batches, submit what is new and (wait) poll; True when every
+        question of `items` has its verdict (records() then writes them), False while some are
+        pending (the summary says how many)."""
+        assert self.batch is not None and self.cache is not None
+        self._check(items, batch=True)
+        self._batch_mode = BatchMode(self.annotator, self.cache, self.batch)
+        self._plan = self._batch_mode.prepare(items)
+        return self._plan is not None
+
+    def _check(self, items: list[Item], batch: bool = False) -> Plan:
+        """What must hold before anything is asked; the plan of `items`."""
         if self.max_cost is not None:
             # a model without a price would cost $0 to the budget: the cap would silently stop capping
             unpriced = sorted(
@@ -107,12 +150,23 @@ class Run:
         require_endpoint(self.pool)
         plan = self.annotator.plan(items)
         if self.max_cost is not None:
-            expected = self.annotator.estimate(items, plan)["price"]
+            expected = self.annotator.estimate(items, plan)["batch_price" if batch else "price"]
             if expected > self.max_cost:
                 raise FarmError(
                     f"the expected price ${expected:.4f} exceeds --max-cost ${self.max_cost:.4f}; "
                     "nothing was asked (see --estimate)"
                 )
+        return plan
+
+    def records(self, items: list[Item]) -> Iterator[dict[str, Any]]:
+        """The preference records of `items` (after prepare_batch in batch mode: its plan)."""
+        if self._batch_mode is not None:
+            assert self._plan is not None, "prepare_batch left questions pending"
+            plan = self._plan
+        else:
+            plan = self._plan = self._check(items)
+            if self.cache is not None:
+                self.held_pending += hold_pending(self.cache, plan)
         from tqdm import tqdm
 
         from farmkit.core.console import quiet
@@ -136,11 +190,33 @@ class Run:
                 yield record
             bar.refresh()  # the final counts, however fast the run was
 
+    def _cache_warnings(self) -> None:
+        """What the summary says of replies that could not be read and of cache rows that were not
+        well formed."""
+        stats = self.annotator.stats
+        if stats.unreadable:
+            log.warning(
+                "farm-annotate: %d pair(s) have no verdict because the judge's reply could not be read "
+                "(preference null, see preference_reason), %d pair(s) answered from cached failures: "
+                "such replies are cached, a rerun re-reads them for free and --retry-failed asks again",
+                stats.unreadable,
+                stats.cached_failures,
+            )
+        if self.unreadable_rows:
+            log.warning(
+                "farm-annotate: %d cache row(s) in %s could not be read (not a well-formed verdict): "
+                "asked again as if missing",
+                len(self.unreadable_rows),
+                self.cache_path,
+            )
+
     def close(self) -> None:
         """Close the backends (their connections, on their event loop) and the cache, giving up any
         claims this run still holds."""
         try:
             self.annotator.close()
+            if self._batch_mode is not None:
+                self._batch_mode.close()
         finally:
             if self.cache is not None:
                 self.cache.close()
@@ -170,12 +246,27 @@ class Run:
             f"{time.perf_counter() - stats.started:.1f} s",
         ]
         log.info("farm-annotate: %s", ", ".join(parts))
+        if self._batch_mode is not None:
+            log.info(self._batch_mode.summary())
+            if self._batch_mode.stats.pending:
+                log.warning(
+                    "farm-annotate: %d question(s) are pending in batches; no records were written: run "
+                    "the same command later to collect them",
+                    self._batch_mode.stats.pending,
+                )
+        if self.held_pending:
+            log.warning(
+                "farm-annotate: %d question(s) are pending in a batch and were not asked again (preference "
+                "null): collect them with the same command and --batch",
+                self.held_pending,
+            )
+        self._cache_warnings()
         unanswered = sum(stats.unanswered.values())
-        if stats.failures > stats.skipped_budget + unanswered:
+        if stats.failures > stats.skipped_budget + unanswered + stats.unreadable:
             log.warning(
                 "farm-annotate: %d pair(s) have no verdict (preference null, see preference_reason); rerun the "
                 "same command to ask them again: verdicts already given are cached",
-                stats.failures - stats.skipped_budget - unanswered,
+                stats.failures - stats.skipped_budget - unanswered - stats.unreadable,
             )
         for reason, count in sorted(stats.unanswered.items()):
             log.warning(
@@ -204,6 +295,53 @@ class Run:
                 ", ".join(sorted(self.prices.unpriced)),
             )
 
+    def ledger_entry(self) -> dict[str, Any]:
+        """What this run asked and spent, as one line of a ledger (farmkit.annotate.ledger)."""
+        stats = self.annotator.stats
+        judges: dict[str, dict[str, float]] = {}
+
+        def book(model: str, pairs: float, prompt: float, completion: float, price: float) -> None:
+            entry = judges.setdefault(
+                model, {"pairs": 0, "prompt_tokens": 0.0, "completion_tokens": 0.0, "price": 0.0}
+            )
+            for name, amount in zip(entry, (pairs, prompt, completion, price), strict=True):
+                entry[name] += amount
+
+        # what this run paid for directly: each question once (a repeated one is answered by its first)
+        seen: set[str] = set()
+        for ask in self._plan.asks if self._plan is not None else []:
+            verdict = ask.verdict
+            if ask.cached or verdict is None or verdict.model is None or ask.key in seen:
+                continue
+            if ask.key is not None:
+                seen.add(ask.key)
+            book(
+                verdict.model,
+                1,
+                verdict.prompt_tokens,
+                verdict.completion_tokens,
+                verdict.price,
+            )
+        batch = self._batch_mode.stats if self._batch_mode is not None else None
+        for model, spent in (batch.spend if batch else {}).items():
+            book(model, *spent)
+        return {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "pool": self.pool.name,
+            "mode": "batch" if self.batch is not None else "direct",
+            "pairs": stats.items,
+            "requests": stats.requests + (batch.submitted if batch else 0),
+            "cached": stats.cache_hits,
+            "pending": batch.pending if batch else 0,
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "price": round(stats.price, 8),
+            "judges": {
+                model: {**entry, "price": round(entry["price"], 8)}
+                for model, entry in sorted(judges.items())
+            },
+        }
+
 
 def judge_against_reference(
     outputs: list[str],
@@ -217,15 +355,18 @@ def judge_against_reference(
     max_cost: float | None = None,
     skip_missing: bool = False,
     device: str = "auto",
-) -> list[dict[str, Any]]:
+    batch: BatchConfig | None = None,
+) -> list[dict[str, Any]] | int:
     """farm-annotate OUTPUTS --reference REFERENCE: the preference records of every output against
-    the reference's output for its instruction (`device`: of the local and reward-model judges), the
-    run's summary on stderr; none when OUTPUTS hold no output record."""
+    the reference's output for its instruction (`device`: of the local and reward-model judges;
+    `batch`: --batch and --ledger), the run's summary on stderr; none when OUTPUTS hold no output
+    record; the exit status instead (PENDING_EXIT) while questions are pending in batches."""
     from farmkit.annotate.pairs import read_items
 
     items = read_items(outputs, reference, (), skip_missing)
     if not items:
         return []
+    records: list[dict[str, Any]] = []
     with Run(
         pool,
         seed=seed,
@@ -234,10 +375,10 @@ def judge_against_reference(
         prices_path=prices,
         max_cost=max_cost,
         device=device,
+        batch=batch,
     ) as run:
-        records = list(run.records(items))
-    run.summary()
-    return records
+        status = run.annotate(items, records.extend)
+    return status or records
 
 
 @dataclass

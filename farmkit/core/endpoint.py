@@ -12,12 +12,20 @@ Errors fall in three kinds:
   route): the caller stops the run at once.
 - transient (429, 408, 5xx, timeouts, dropped connections, a 200 whose body is not a well-formed
   completion): retried with exponential backoff that honours Retry-After, then `EndpointFailed`.
-- other 4xx (a request the endpoint rejects): `EndpointFailed` at once, for this request only.
+- other 4xx (a request the endpoint rejects), and a reply larger than the cap: `EndpointFailed` at once,
+  for this request only.
+A redirect (3xx) is fatal too: a request that carries the key is never sent on to a host the user did
+not name.
+
+The base URL may hold a query (Azure's `?api-version=...`), sent with every request, and credentials
+(`https://user:password@host/v1`), sent as HTTP Basic authentication where no API key is set; messages
+show the URL without credentials and with the query's values blanked (`Address.shown`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import itertools
 import math
@@ -32,11 +40,16 @@ from typing import Any
 
 import orjson
 
+from farmkit.core.io import FarmError
+
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_BACKOFF = 60.0
 # seconds to open a connection (TLS included): a healthy endpoint takes well under one; a host that
 # never answers (blackholed, firewalled) is told apart from a slow reply in seconds, not a timeout
 CONNECT_TIMEOUT = 10.0
+# bytes of one reply body: a verdict or a sample is kilobytes; an endpoint that sends far more (a broken
+# proxy, a hostile server) is cut off there instead of growing the process without bound
+DEFAULT_MAX_REPLY = 4 * 2**20
 FRAGMENT = 8  # a run of this many characters of the key is taken for the key
 # key shapes of the common providers, and bearer tokens, whatever the configured key is
 _KEY_SHAPES = re.compile(
@@ -47,6 +60,54 @@ _KEY_SHAPES = re.compile(
 def configured() -> tuple[str | None, str | None]:
     """(base URL, API key) from OPENAI_BASE_URL and OPENAI_API_KEY; None where unset."""
     return os.environ.get("OPENAI_BASE_URL") or None, os.environ.get("OPENAI_API_KEY") or None
+
+
+@dataclass(frozen=True)
+class Address:
+    """An endpoint's base URL taken apart: where requests go (`netloc`, the Host header: no
+    credentials), the path they start with, the query every request carries, and the credentials."""
+
+    scheme: str
+    host: str
+    port: int
+    netloc: str
+    path: str
+    query: str
+    username: str | None
+    password: str | None
+
+    @property
+    def shown(self) -> str:
+        """The URL as messages show it: no credentials, the query's values blanked (a key may be one)."""
+        query = "&".join(part.partition("=")[0] + "=***" for part in self.query.split("&") if part)
+        return f"{self.scheme}://{self.netloc}{self.path}" + (f"?{query}" if query else "")
+
+    def target(self, path: str) -> str:
+        """The request target of `path` under the base URL, with the base URL's query."""
+        return f"{self.path}{path}" + (f"?{self.query}" if self.query else "")
+
+
+def address(base_url: str) -> Address:
+    from urllib.parse import unquote, urlsplit
+
+    url = urlsplit(base_url)
+    netloc = url.netloc.rpartition("@")[2]
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        raise FarmError(f"{netloc}: not a host and port; check OPENAI_BASE_URL") from None
+    username = None if url.username is None else unquote(url.username)
+    password = None if url.password is None else unquote(url.password)
+    return Address(
+        url.scheme,
+        url.hostname or "",
+        port,
+        netloc,
+        url.path.rstrip("/"),
+        url.query,
+        username,
+        password,
+    )
 
 
 class EndpointFatal(Exception):
@@ -217,6 +278,138 @@ class ConcurrencyLimit:
                 waiter.set_result((self.in_flight, self.in_flight >= self.allowed))
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d*)?)(ms|h|m|s)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float | None:
+    """Seconds in a reset header: OpenAI's form ("20ms", "1s", "6m0s", "1h2m3.5s") or a plain number of
+    seconds; None where it is neither."""
+    text = text.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT[unit] for number, unit in parts)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A request as the pacer let it go: its number, the tokens sent with it included, and how many
+    requests sent before it were still unanswered (the provider may count them after it)."""
+
+    number: int
+    spent: float
+    earlier: int
+
+
+@dataclass
+class _Known:
+    """What the reply to `ticket` said of one limit: `remaining`, until `reset_at` (monotonic
+    seconds), `period` seconds after the reply came."""
+
+    remaining: float
+    reset_at: float
+    period: float
+    ticket: Ticket
+
+
+class Pacer:
+    """Paces requests by the provider's own rate-limit headers (OpenAI's x-ratelimit-remaining-requests,
+    -tokens and x-ratelimit-reset-requests, -tokens), so that a long run slows before it meets 429s.
+
+    What a reply says holds from the request it answered: the requests sent after it, and those sent
+    before it and unanswered then, count against it (the provider may have counted some already:
+    pacing errs slow, never over). A request waits while the latest word leaves less than one
+    request, or fewer tokens than a request takes (the most the last replies were billed), until that
+    word's reset time; then one request goes alone, and its reply says what is left. The run's first
+    request goes alone too. Without such headers it never waits after that."""
+
+    KINDS = ("requests", "tokens")
+
+    def __init__(self) -> None:
+        self.sent = self.ended = 0  # requests sent, and those whose attempt has ended
+        self.spent = 0.0  # the tokens the requests sent are expected to take
+        self.known: dict[str, _Known] = {}
+        self.billed: collections.deque[int] = collections.deque(maxlen=32)
+        self.waits = 0  # requests that waited for a limit (not for the first reply)
+        self._changed = asyncio.Event()
+        self._waiting = 0
+
+    def _cost(self) -> float:
+        return float(max(self.billed, default=0))
+
+    def _short(self, kind: str, known: _Known) -> bool:
+        ticket = known.ticket
+        if kind == "requests":
+            used, need = self.sent - ticket.number - 1 + ticket.earlier, 1.0
+        else:
+            used, need = self.spent - ticket.spent + ticket.earlier * self._cost(), self._cost()
+        return known.remaining - used < need
+
+    async def wait(self) -> Ticket:
+        """Wait until a request may go; its ticket, for `observe`."""
+        waited = False
+        while True:
+            now = time.monotonic()
+            # the first request goes alone: its reply tells the limits
+            if self.sent and not self.ended:
+                until = math.inf
+            else:
+                short = [
+                    (kind, known) for kind, known in self.known.items() if self._short(kind, known)
+                ]
+                if not short:
+                    break
+                if all(known.reset_at <= now for _, known in short):
+                    # reset by now: one request alone says what is left
+                    alone = Ticket(self.sent - 1, self.spent, 0)
+                    for kind, known in short:
+                        need = 1.0 if kind == "requests" else self._cost()
+                        self.known[kind] = _Known(need, now + known.period, known.period, alone)
+                    waited = True
+                    break
+                until, waited = max(known.reset_at for _, known in short), True
+            self._waiting += 1
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait(), max(0.001, until - now) if until < math.inf else None
+                )
+            except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+                pass
+            finally:
+                self._waiting -= 1
+        self.waits += waited
+        self.spent += self._cost()
+        ticket = Ticket(self.sent, self.spent, self.sent - self.ended)
+        self.sent += 1
+        return ticket
+
+    def observe(self, ticket: Ticket, headers: Any) -> None:
+        """Take what the reply to `ticket` says of the limits (`headers` empty: no reply came)."""
+        now = time.monotonic()
+        self.ended += 1
+        for kind in self.KINDS:
+            remaining = headers.get(f"x-ratelimit-remaining-{kind}")
+            reset = headers.get(f"x-ratelimit-reset-{kind}")
+            seconds = None if reset is None else duration(reset)
+            try:
+                left = float(remaining) if remaining is not None else None
+            except ValueError:
+                left = None
+            if left is None or seconds is None:
+                continue
+            known = self.known.get(kind)
+            if known is None or ticket.number >= known.ticket.number:  # the latest word wins
+                self.known[kind] = _Known(left, now + seconds, seconds, ticket)
+        if self._waiting:  # woken to look again; none waits in a run without limits
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+
 class EndpointClient:
     """Requests to one endpoint over one connection pool. `stats` counts attempts sent, retries and
     replies received, for the callers' summaries."""
@@ -231,15 +424,29 @@ class EndpointClient:
         backoff: float,
         connections: int = 100,
         connect_timeout: float | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY,
     ):
         """`timeout`: seconds for a whole request; `connect_timeout`: seconds to open a connection
-        (default: CONNECT_TIMEOUT, or `timeout` where that is shorter)."""
-        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        (default: CONNECT_TIMEOUT, or `timeout` where that is shorter); `max_reply_bytes`: the largest
+        reply body read (a larger one fails its request unread)."""
+        self.address = address((base_url or DEFAULT_BASE_URL).strip())
+        self.base_url = self.address.shown  # as messages show it
         self.api_key = api_key
         self.max_retries, self.backoff = max(0, int(max_retries)), float(backoff)
+        self.max_reply_bytes = int(max_reply_bytes)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:  # a local server needs none
             headers["Authorization"] = f"Bearer {api_key}"
+        if self.address.username is not None:
+            # a server behind a gateway that asks for HTTP Basic authentication: the URL's credentials are
+            # meant for it. A request has one Authorization header, so with a key as well one would be lost
+            if api_key:
+                raise FarmError(
+                    f"OPENAI_BASE_URL holds credentials (user:password@ before {self.address.netloc}) and "
+                    "OPENAI_API_KEY is set too: a request carries one of them; unset one"
+                )
+            userinfo = f"{self.address.username}:{self.address.password or ''}"
+            headers["Authorization"] = "Basic " + base64.b64encode(userinfo.encode()).decode()
         proxied = any(os.environ.get(name) for name in _PROXY_VARIABLES)
         # streams are the lean path; httpx knows proxies
         transport = _HttpxTransport if proxied else _StreamTransport
@@ -247,9 +454,15 @@ class EndpointClient:
             float(timeout), CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
         )
         self._transport = transport(
-            self.base_url, headers, float(timeout), max(1, int(connections)), connect
+            self.address,
+            headers,
+            float(timeout),
+            max(1, int(connections)),
+            connect,
+            self.max_reply_bytes,
         )
         self.limit = ConcurrencyLimit(max(1, int(connections)), float(timeout))
+        self.pacer = Pacer()
         self.stats = {"requests": 0, "retries": 0, "answered": 0}
 
     @property
@@ -291,6 +504,12 @@ class EndpointClient:
                 last, unknown = "timed out", unknown + 1
             except _Dropped as exc:  # dropped connection, protocol error
                 last, unknown = f"connection dropped ({self._reason(exc)})", unknown + 1
+            except _TooLarge as exc:  # asking again would bring the same flood
+                raise EndpointFailed(
+                    f"{exc}; not read (the cap is max_reply_bytes)",
+                    (prompt_tokens, completion_tokens),
+                    unknown=unknown + 1,
+                ) from None
             else:
                 self.stats["answered"] += 1
                 status = response.status_code
@@ -306,6 +525,8 @@ class EndpointClient:
                             completion_tokens + exc.usage[1],
                         )
                     else:
+                        if prompt is not None and completion is not None:
+                            self.pacer.billed.append(prompt + completion)
                         return Reply(
                             text,
                             finished,
@@ -327,6 +548,8 @@ class EndpointClient:
                         f"the endpoint {self.base_url} has no model {body.get('model')!r} "
                         f"(HTTP 404: {self._message(response)})"
                     )
+                elif 300 <= status < 400:
+                    raise EndpointFatal(self._redirected(response))
                 elif status in (408, 409, 429) or status >= 500:
                     last = f"HTTP {status}: {self._message(response)}"
                     wait = _retry_after(response.headers)
@@ -356,22 +579,49 @@ class EndpointClient:
         )
 
     async def _attempt(self, path: str, payload: bytes) -> _Response:
-        """One attempt, sent when the concurrency limit has a place for it, and telling it how it went."""
-        place = await self.limit.acquire()
-        outcome = None
+        """One attempt, sent when the provider's limits (as its headers tell them) and the concurrency
+        limit have a place for it, and telling them how it went."""
+        ticket = await self.pacer.wait()
+        headers: Any = {}
         try:
-            response = await self._transport.post(path, payload)
-            status = response.status_code
-            outcome = "overloaded" if status in OVERLOADED else "ok" if status == 200 else None
-            return response
-        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
-            outcome = "overloaded"
-            raise
+            place = await self.limit.acquire()
+            outcome = None
+            try:
+                response = await self._transport.post(path, payload)
+                headers = response.headers
+                status = response.status_code
+                outcome = "overloaded" if status in OVERLOADED else "ok" if status == 200 else None
+                return response
+            except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+                outcome = "overloaded"
+                raise
+            finally:
+                self.limit.release(place, outcome)
         finally:
-            self.limit.release(place, outcome)
+            self.pacer.observe(ticket, headers)
+
+    def _redirected(self, response: _Response) -> str:
+        """The line that ends a run on a redirect: its status, the origin it points to, and why it is
+        not followed."""
+        from urllib.parse import urljoin, urlsplit
+
+        location = response.headers.get("location") or ""
+        target = urlsplit(urljoin(f"{self.address.scheme}://{self.address.netloc}/", location))
+        origin = f"{target.scheme}://{target.netloc.rpartition('@')[2]}" if location else "nowhere"
+        return (
+            f"the endpoint {self.base_url} answered HTTP {response.status_code}, a redirect to "
+            f"{self._redact(origin)}: farmkit does not follow redirects, which would send the request and "
+            "its key to an address you did not name; set OPENAI_BASE_URL to the address it should use"
+        )
+
+    def _redact(self, text: str) -> str:
+        """`text` without the key, nor the password of the base URL's credentials."""
+        text = redact(text, self.api_key)
+        password = self.address.password
+        return redact(text, password, shapes=False) if password else text
 
     def _reason(self, exc: Exception) -> str:
-        return redact(str(exc) or type(exc).__name__, self.api_key)[:200]
+        return self._redact(str(exc) or type(exc).__name__)[:200]
 
     def _message(self, response: Any) -> str:
         """The endpoint's error message, short and without the key (OpenAI's quotes part of a rejected key)."""
@@ -382,7 +632,7 @@ class EndpointClient:
             text = str(message) if message else response.content.decode("utf-8", "replace")
         except orjson.JSONDecodeError:
             text = response.content.decode("utf-8", "replace")
-        text = redact(" ".join(text.split()), self.api_key)
+        text = self._redact(" ".join(text.split()))
         return text if len(text) <= 200 else text[:197] + "..."
 
     async def close(self) -> None:
@@ -407,6 +657,14 @@ class _Dropped(Exception):
     """The connection broke, or the reply was not HTTP."""
 
 
+class _TooLarge(Exception):
+    """A reply body larger than the client reads."""
+
+    def __init__(self, size: int | None, most: int):
+        told = f"of {size:,} bytes, more" if size is not None else "of more"
+        super().__init__(f"a reply {told} than {most:,} bytes")
+
+
 @dataclass
 class _Response:
     status_code: int
@@ -420,32 +678,29 @@ class _StreamTransport:
 
     def __init__(
         self,
-        base_url: str,
+        address: Address,
         headers: dict[str, str],
         timeout: float,
         connections: int,
         connect_timeout: float,
+        max_reply: int,
     ):
         import ssl
-        from urllib.parse import urlsplit
 
-        url = urlsplit(base_url)
-        self.host, self.prefix = url.hostname or "", url.path
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self.address, self.host, self.port = address, address.host, address.port
+        self.ssl = ssl.create_default_context() if address.scheme == "https" else None
         self.head = "".join(
-            f"{name}: {value}\r\n" for name, value in {**headers, "Host": url.netloc}.items()
+            f"{name}: {value}\r\n" for name, value in {**headers, "Host": address.netloc}.items()
         )
         self.timeout, self.connections, self.connect_timeout = timeout, connections, connect_timeout
+        self.max_reply = max_reply
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def post(self, path: str, payload: bytes) -> _Response:
         request = (
-            f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}Content-Length: {len(payload)}\r\n\r\n".encode(
-                "latin-1"
-            )
-            + payload
-        )
+            f"POST {self.address.target(path)} HTTP/1.1\r\n{self.head}"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode("latin-1") + payload
         while self.idle:
             reader, writer = self.idle.pop()
             if _reusable(reader, writer):
@@ -467,22 +722,28 @@ class _StreamTransport:
         keep = False
         try:
             writer.write(request)
-            status_line = await reader.readline()
-            if not status_line:
-                raise _Dropped("the connection was closed before a reply")
-            status = int(status_line.split()[1])
-            headers = {}
-            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            if "content-length" in headers:
-                content = await reader.readexactly(int(headers["content-length"]))
-                keep = headers.get("connection", "").lower() != "close"
-            elif headers.get("transfer-encoding", "").lower() == "chunked":
-                content = await _read_chunked(reader)
-                keep = headers.get("connection", "").lower() != "close"
+            status, headers = await _read_head(reader)
+            # interim replies (100 Continue, 103 Early Hints) come before the final one (RFC 9110 15.2)
+            while 100 <= status < 200 and status != 101:
+                status, headers = await _read_head(reader)
+            coding = headers.get("transfer-encoding", "").lower()
+            if coding:
+                # Transfer-Encoding overrides Content-Length (RFC 9112 6.3); a reply that has both may be
+                # an attempt at smuggling, so its connection is not used again
+                if coding.rsplit(",", 1)[-1].strip() == "chunked":
+                    content = await _read_chunked(reader, self.max_reply)
+                    keep = "content-length" not in headers
+                else:  # a coding that does not delimit the body: it ends when the connection closes
+                    content = await _read_to_close(reader, self.max_reply)
+            elif "content-length" in headers:
+                length = int(headers["content-length"])
+                if length > self.max_reply:
+                    raise _TooLarge(length, self.max_reply)
+                content = await reader.readexactly(length)
+                keep = True
             else:
-                content = await reader.read()  # delimited by the server closing the connection
+                content = await _read_to_close(reader, self.max_reply)
+            keep = keep and headers.get("connection", "").lower() != "close"
             return _Response(status, headers, content)
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
             # any OSError on an open connection (reset, aborted, a TLS record that fails: ssl.SSLError,
@@ -519,14 +780,40 @@ def _reusable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> boo
     return not readable
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    chunks = []
-    while size := int((await reader.readline()).split(b";")[0], 16):
-        chunks.append(await reader.readexactly(size))
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """A reply's status and headers (names in lower case)."""
+    status_line = await reader.readline()
+    if not status_line:
+        raise _Dropped("the connection was closed before a reply")
+    status = int(status_line.split()[1])
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+async def _read_chunked(reader: asyncio.StreamReader, most: int) -> bytes:
+    chunks, size = [], 0
+    while length := int((await reader.readline()).split(b";")[0], 16):
+        size += length
+        if size > most:
+            raise _TooLarge(None, most)
+        chunks.append(await reader.readexactly(length))
         await reader.readexactly(2)
     while (await reader.readline()) not in (b"\r\n", b"\n", b""):  # trailers
         pass
     return b"".join(chunks)
+
+
+async def _read_to_close(reader: asyncio.StreamReader, most: int) -> bytes:
+    """A body delimited by the server closing the connection, read up to `most` bytes."""
+    content = bytearray()
+    while piece := await reader.read(65536):
+        content += piece
+        if len(content) > most:
+            raise _TooLarge(None, most)
+    return bytes(content)
 
 
 class _HttpxTransport:
@@ -534,15 +821,17 @@ class _HttpxTransport:
 
     def __init__(
         self,
-        base_url: str,
+        address: Address,
         headers: dict[str, str],
         timeout: float,
         connections: int,
         connect_timeout: float,
+        max_reply: int,
     ):
         import httpx
 
-        self.base_url, self.httpx, self.connect_timeout = base_url, httpx, connect_timeout
+        self.address, self.httpx, self.connect_timeout = address, httpx, connect_timeout
+        self.origin, self.max_reply = f"{address.scheme}://{address.netloc}", max_reply
         self.client = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
@@ -550,8 +839,15 @@ class _HttpxTransport:
         )
 
     async def post(self, path: str, payload: bytes) -> _Response:
+        request = self.client.build_request(
+            "POST", self.origin + self.address.target(path), content=payload
+        )
         try:
-            response = await self.client.post(self.base_url + path, content=payload)
+            response = await self.client.send(request, stream=True)
+            try:
+                content = await self._read(response)
+            finally:
+                await response.aclose()
         except self.httpx.ConnectError as exc:
             raise _ConnectFailed(str(exc) or type(exc).__name__) from None
         except self.httpx.ConnectTimeout:
@@ -560,7 +856,19 @@ class _HttpxTransport:
             raise TimeoutError from None
         except self.httpx.TransportError as exc:
             raise _Dropped(str(exc) or type(exc).__name__) from None
-        return _Response(response.status_code, response.headers, response.content)
+        return _Response(response.status_code, response.headers, content)
+
+    async def _read(self, response: Any) -> bytes:
+        """The body, read as it streams in up to the cap."""
+        told = response.headers.get("content-length")
+        if told and told.isdigit() and int(told) > self.max_reply:
+            raise _TooLarge(int(told), self.max_reply)
+        content = bytearray()
+        async for piece in response.aiter_bytes():
+            content += piece
+            if len(content) > self.max_reply:
+                raise _TooLarge(None, self.max_reply)
+        return bytes(content)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -31,7 +31,7 @@ def help_field(
     `extra` shapes the field's command-line option where the default (--field-name, its type, the
     default shown) does not fit, in plain values (farmkit.cli reads them; no click here):
     flags (("-o", "--output")), aliases (old names, hidden), metavar, flag (a bare --x rather than
-    --x/--no-x), multiple (repeatable: a tuple), nargs, path (click.Path's settings, a dict),
+    --x/--no-x), flag_value (the value of the option given without one), multiple (repeatable: a tuple), nargs, path (click.Path's settings, a dict),
     parse (text -> value; a ValueError is a usage error naming the option), required, and
     show_default (False: the help says the default itself, or it means "none")."""
     metadata: dict[str, Any] = {"help": help, "bounds": bounds, **extra}

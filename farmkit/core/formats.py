@@ -51,9 +51,20 @@ class ConvertConfig:
     target: str = help_field(
         "farmkit",
         "farmkit: any format farmkit reads (TRL, hh-rlhf, chat messages, Parquet) as farmkit records; "
-        "trl: TRL rows with plain-text prompts; trl-chat: TRL rows with chat-message prompts.",
-        ("farmkit", "trl", "trl-chat"),
+        "trl: TRL rows with plain-text prompts; trl-chat: TRL rows with chat-message prompts; "
+        "label-studio: pairs as Label Studio tasks to import (a JSON array; each pair's outputs "
+        "left and right in a seeded random order). Label Studio's JSON export reads back as "
+        "preference records with --to farmkit.",
+        ("farmkit", "trl", "trl-chat", "label-studio"),
         flags=("--to",),
+    )
+    label_config: str | None = help_field(
+        None,
+        "With --to label-studio: also write the labeling config (XML) the tasks are made for to FILE "
+        "(paste it in the project's Labeling Interface, Code).",
+        path={"dir_okay": False},
+        metavar="FILE",
+        show_default=False,
     )
     kind: str = help_field(
         "auto",

@@ -28,6 +28,11 @@ from farmkit.core.validate import problems
 log = logging.getLogger("farmkit")
 
 
+# sysexits' EX_TEMPFAIL: the work is not finished yet and the same command, run later, goes on
+# (farm-annotate --batch while questions are pending; farm-label --status before LABELS is complete)
+PENDING_EXIT = 75
+
+
 class FarmError(Exception):
     """A data or runtime problem the user can fix; reported without a traceback, exit 1."""
 

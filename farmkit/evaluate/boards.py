@@ -85,7 +85,11 @@ def markdown_text(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None 
     if not rows:
         return ""
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    # a `|` inside a cell (annotator pairs "a|b") would end the cell: markdown escapes it
+    lines += [
+        "| " + " | ".join(_cell(row.get(c)).replace("|", "\\|") for c in columns) + " |"
+        for row in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -116,6 +120,14 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         # two decimals, but small values (p-values) keep two significant digits
         return f"{value:.2g}" if 0 < abs(value) < 0.005 else f"{value:.2f}"
+    if isinstance(value, dict):  # figures by name (kappas by annotator pair): name: figure; ...
+        return "; ".join(f"{key}: {_cell(item)}" for key, item in value.items())
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, float) for v in value)
+    ):
+        return f"{_cell(value[0])}–{_cell(value[1])}"  # an interval (low, high)
     if isinstance(value, (list, tuple)):
         # long lists (models missing from a board) would swamp a table: the count and the first few
         shown = ",".join(map(str, value[:3]))

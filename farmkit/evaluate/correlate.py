@@ -34,8 +34,39 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
   Variance x 100, price and time per 1,000 as above, the three preferences as fractions, # parsed =
   the labels that are a verdict (over all runs), and Spearman / Pearson between the judge's
   leaderboard and the human one (1 for the humans).
-- cohen_kappa: between every two human annotators (their shared pairs), (p_o - p_e) / (1 - p_e);
-  left out when there are more than 20 named annotators (crowd labels, where pairs rarely overlap).
+
+Agreement as AlpacaFarm reports it, on the overlap: the pairs that two humans or more labelled (its
+650 cross-annotated pairs). Every figure has a 95% percentile bootstrap interval (`_ci`, low and high)
+over --bootstrap resamples of the overlap's pairs, drawn once (--seed) and shared by all figures.
+- pairwise_agreement: mean over pairs of the share of its pairs of human labels that are equal (a tie
+  a label like the others): Fleiss' observed agreement.
+- fleiss_kappa: (P - P_e) / (1 - P_e), P that mean, P_e the sum of the squared shares of the labels
+  1, tie and 2 among all the overlap's labels. Pairs may have different numbers of labels
+  (labels_per_pair gives the fewest and the most): each pair's agreement is over its own label
+  pairs and the shares pool every label, which is Fleiss' (1971) kappa when the numbers are equal.
+- annotator_pair_agreement / cohen_kappa: between every two named annotators, on the pairs both
+  labelled: the share of equal labels, and (p_o - p_e) / (1 - p_e) with p_e from each one's shares
+  of the three labels. Left out, like the rows per human, above 20 annotators (crowd labels, where
+  two annotators rarely share a pair).
+- held_out_agreement of a human (a row per named annotator, role "human"): the agreement of their
+  labels with the mode of the others' on the same pair, over the overlap pairs they labelled (the
+  paper's held-out human). The humans row's human_agreement is the same over every human.
+- held_out_agreement of a judge: the same held-out protocol on the overlap pairs it labelled (mean
+  over held-out humans and runs of the agreement of its label with the mode of the other humans),
+  so that a judge and a human are measured against majorities of the same size; n_overlap pairs.
+- The alternative annotator test (Calderon, Reichart and Dror, ACL 2025), on the pairs that three
+  humans or more labelled. For human j and such a pair, the alignment of a labeller with the other
+  humans is the share of their labels it equals (averaged over the judge's runs). The judge wins the
+  pair against j when its alignment is at least j's, j wins it when j's is at least the judge's
+  (both, on a draw). Per human, a one-sided paired t-test of the mean of (j wins - judge wins) being
+  below epsilon: epsilon is the cost-benefit margin granted to the judge for being cheaper and
+  faster (the paper suggests 0.2 for experts, 0.15 for skilled annotators, 0.1 for crowd workers;
+  0.15 by default here: a team's own trained annotators are skilled rather than expert). The
+  p-values over humans go through the Benjamini-Yekutieli procedure at a false discovery rate of
+  0.05 (the paper's); alt_test_winning_rate (omega) is the share of humans whose null is rejected
+  (the judge beats them), alt_test_pass is omega >= 0.5, and alt_test_advantage (rho) is the mean
+  over humans of the share of their pairs the judge wins. Humans with fewer than two such pairs are
+  left out; with fewer than three humans left the test is null and alt_test_note says why.
 """
 
 from __future__ import annotations
@@ -52,6 +83,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from farmkit.core.fields import FILE_OR_STDIN, help_field
 from farmkit.core.io import (
     FarmError,
@@ -63,10 +96,31 @@ from farmkit.core.io import (
     open_binary,
 )
 from farmkit.core.validate import problems
-from farmkit.core.values import NON_NEGATIVE
-from farmkit.evaluate.boards import BOARD_FORMATS
+from farmkit.core.values import FRACTION, NON_NEGATIVE
+from farmkit.evaluate.boards import BOARD_FORMATS, markdown_text
 
 TIE = 1.5
+LABEL_CODES = {1.0: 0, TIE: 1, 2.0: 2}  # a label's column in a table of counts
+CONFIDENCE = 0.95  # of the bootstrap intervals
+MAX_NAMED_ANNOTATORS = 20  # more: crowd labels, where two annotators rarely share a pair
+ALT_TEST_FDR = 0.05  # the alternative annotator test's false discovery rate (the paper's)
+ALT_TEST_FIELDS = (
+    "pass",
+    "winning_rate",
+    "advantage",
+    "advantage_ci",
+    "epsilon",
+    "humans",
+    "pairs",
+    "p_values",
+    "note",
+)
+ANNOTATOR_PAIR_FIELDS = (
+    "annotator_pair_agreement",
+    "annotator_pair_agreement_ci",
+    "cohen_kappa",
+    "cohen_kappa_ci",
+)
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
 
 
@@ -165,6 +219,20 @@ class CorrelateConfig:
         path=FILE_OR_STDIN,
         metavar="FILE",
         show_default=False,
+    )
+    bootstrap: int = help_field(
+        1000,
+        "Annotation mode: 95% intervals of the agreement figures from N bootstrap resamples of the "
+        "pairs two humans or more labelled (0: none; --seed sets the draw).",
+        bounds=NON_NEGATIVE,
+        metavar="N",
+    )
+    epsilon: float = help_field(
+        0.15,
+        "Annotation mode: the alternative annotator test's margin, what a judge is let off for being "
+        "cheaper and faster. Calderon et al. (2025) suggest 0.2 for experts, 0.15 for skilled "
+        "annotators (a team's own, trained), 0.1 for crowd workers.",
+        bounds=FRACTION,
     )
     fmt: str = help_field(
         "jsonl",
@@ -639,15 +707,71 @@ def _preferences(
     }
 
 
-def kappa(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Cohen's kappa of two annotators' labels on the same items."""
-    n = len(a)
-    if n == 0:
+def resample_weights(n: int, resamples: int, seed: int = 0) -> np.ndarray:
+    """(resamples x n) counts: how often each of n items is drawn in each bootstrap resample (n
+    draws with replacement), so that a sum over the items of a resample is `weights @ values`."""
+    if not n:
+        return np.zeros((resamples, 0), dtype=np.int64)
+    return np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=resamples)
+
+
+def interval(draws: np.ndarray) -> list[float] | None:
+    """The central 95% of the finite bootstrap draws of a figure (None when there are none)."""
+    finite = np.asarray(draws, float)
+    finite = finite[np.isfinite(finite)]
+    if not finite.size:
         return None
-    observed = sum(x == y for x, y in zip(a, b, strict=True)) / n
-    count_a, count_b = Counter(a), Counter(b)
-    expected = sum(count_a[c] * count_b[c] for c in set(a) | set(b)) / (n * n)
-    return None if expected == 1 else (observed - expected) / (1 - expected)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    return [float(np.percentile(finite, tail)), float(np.percentile(finite, 100 - tail))]
+
+
+def _batch(weights: np.ndarray | None, n: int) -> np.ndarray:
+    return np.ones((1, n)) if weights is None else np.asarray(weights, float)
+
+
+def _kappa(observed: np.ndarray, expected: np.ndarray, weights: np.ndarray | None) -> Any:
+    """(p_o - p_e) / (1 - p_e), undefined (nan, or None for one value) where p_e is 1."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = (observed - expected) / (1 - expected)
+    value[np.isclose(expected, 1) | ~np.isfinite(value)] = np.nan
+    if weights is not None:
+        return value
+    return None if math.isnan(value[0]) else float(value[0])
+
+
+def cohen_kappa(
+    first: Sequence[Any], second: Sequence[Any], weights: np.ndarray | None = None
+) -> Any:
+    """Cohen's kappa of two annotators' labels on the same items (None if undefined); with
+    `weights` (resample_weights), one kappa per resample (nan if undefined)."""
+    a, b = np.asarray(first), np.asarray(second)
+    categories = np.union1d(a, b)
+    batch = _batch(weights, len(a))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        total = batch.sum(axis=1)
+        observed = (batch @ (a == b)) / total
+        shares_a = (batch @ (a[:, None] == categories)) / total[:, None]
+        shares_b = (batch @ (b[:, None] == categories)) / total[:, None]
+    return _kappa(observed, (shares_a * shares_b).sum(axis=1), weights)
+
+
+def fleiss_kappa(counts: Sequence[Sequence[float]], weights: np.ndarray | None = None) -> Any:
+    """Fleiss' kappa of a table of counts (items x categories: how many ratings put the item in
+    the category), every item rated twice or more; with `weights`, one kappa per resample.
+
+    Items may have different numbers of ratings: each item's agreement is over its own pairs of
+    ratings and the category shares pool every rating, which is Fleiss' (1971) kappa when every
+    item has the same number."""
+    table = np.asarray(counts, float)
+    ratings = table.sum(axis=1)
+    if (ratings < 2).any():
+        raise ValueError("Fleiss' kappa needs two ratings or more of every item")
+    batch = _batch(weights, len(table))
+    per_item = (table * (table - 1)).sum(axis=1) / (ratings * (ratings - 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        observed = (batch @ per_item) / batch.sum(axis=1)
+        shares = (batch @ table) / (batch @ ratings)[:, None]
+    return _kappa(observed, (shares**2).sum(axis=1), weights)
 
 
 def _label_name(label: float) -> str:
@@ -655,45 +779,273 @@ def _label_name(label: float) -> str:
 
 
 def human_summary(
-    annotations: Annotations, min_length_difference: int = 30
+    annotations: Annotations, overlap: Overlap, min_length_difference: int = 30
 ) -> dict[str, Any] | None:
     pairs = [p for p in annotations.pairs.values() if p.humans]
     if not pairs:
         return None
-    loo = [
-        agreement(label, [x for j, (_, x) in enumerate(p.humans) if j != i])
-        for p in pairs
-        if len(p.humans) > 1
-        for i, (_, label) in enumerate(p.humans)
-    ]
     majority: Counter = Counter()
     for p in pairs:
         top = modes([label for _, label in p.humans])
         majority[_label_name(top[0]) if len(top) == 1 else "none"] += 1
-    by_annotator: dict[str, dict[Any, float]] = defaultdict(dict)
-    for key, p in annotations.pairs.items():
-        for name, label in p.humans:
-            by_annotator[name][key] = label
-    kappas = {}
-    if len(by_annotator) <= 20:  # wide human files: a handful of named annotators
-        for first, second in itertools.combinations(sorted(by_annotator), 2):
-            shared = sorted(set(by_annotator[first]) & set(by_annotator[second]), key=repr)
-            kappas[f"{first}|{second}"] = kappa(
-                [by_annotator[first][k] for k in shared], [by_annotator[second][k] for k in shared]
-            )
+    agreement_all, agreement_ci = overlap.held_out_humans()
     return {
         "annotator": "humans",
         "n_pairs": len(pairs),
         "n_labels": sum(len(p.humans) for p in pairs),
-        "human_agreement": _mean(loo),
+        "human_agreement": agreement_all,
+        "human_agreement_ci": agreement_ci,
         "human_agreement_alpacaeval": None,
         "flip_rate": None,
         "price_per_1000": None,
         "seconds_per_1000": None,
         **_preferences(pairs, lambda p: [label for _, label in p.humans], min_length_difference),
         "majority_labels": dict(sorted(majority.items())),
-        "cohen_kappa": kappas,
+        **overlap.inter_annotator(),
     }
+
+
+def held_out(runs: Sequence[float], humans: Sequence[float]) -> list[float]:
+    """AlpacaFarm's agreement of each run's label with the mode of the humans but one, for each
+    human held out (the one human label itself where there is only one)."""
+    if len(humans) == 1:
+        return [agreement(run, humans) for run in runs]
+    return [
+        agreement(run, [*humans[:i], *humans[i + 1 :]]) for i in range(len(humans)) for run in runs
+    ]
+
+
+class Overlap:
+    """The pairs that two humans or more labelled (AlpacaFarm's cross-annotated set), the
+    agreement figures on them, and their bootstrap intervals over `resamples` resamples of those
+    pairs (none when 0)."""
+
+    def __init__(self, annotations: Annotations, resamples: int = 1000, seed: int = 0):
+        self.pairs = [p for p in annotations.pairs.values() if len(p.humans) > 1]
+        self.weights = resample_weights(len(self.pairs), resamples, seed) if resamples else None
+        # one label per annotator and pair (the last given), for the figures between annotators
+        self.labels: dict[str, dict[int, float]] = defaultdict(dict)
+        for i, pair in enumerate(self.pairs):
+            for name, label in pair.humans:
+                self.labels[name][i] = label
+        self.named = len(self.labels) <= MAX_NAMED_ANNOTATORS
+
+    def figure(
+        self, numerators: Sequence[float], denominators: Sequence[float]
+    ) -> tuple[float | None, list[float] | None]:
+        """A ratio of sums over the pairs, and its interval: the same ratio over each resample."""
+        top, bottom = np.asarray(numerators, float), np.asarray(denominators, float)
+        if not bottom.sum():
+            return None, None
+        if self.weights is None:
+            return float(top.sum() / bottom.sum()), None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            draws = (self.weights @ top) / (self.weights @ bottom)
+        return float(top.sum() / bottom.sum()), interval(draws)
+
+    def _held_out_sums(self, names: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair: the sum and the count of the held-out agreements of the humans in `names`
+        (all when None) with the mode of the others."""
+        sums, counts = np.zeros(len(self.pairs)), np.zeros(len(self.pairs))
+        wanted = None if names is None else set(names)
+        for i, pair in enumerate(self.pairs):
+            labels = [label for _, label in pair.humans]
+            for k, (name, label) in enumerate(pair.humans):
+                if wanted is None or name in wanted:
+                    sums[i] += agreement(label, [*labels[:k], *labels[k + 1 :]])
+                    counts[i] += 1
+        return sums, counts
+
+    def held_out_humans(self) -> tuple[float | None, list[float] | None]:
+        """The humans' leave-one-out agreement (each human against the mode of the others)."""
+        return self.figure(*self._held_out_sums())
+
+    def individuals(self) -> list[dict[str, Any]]:
+        """One row per named human: agreement with the mode of the others on the overlap."""
+        if not self.named:
+            return []
+        rows = []
+        for name in sorted(self.labels):
+            value, bounds = self.figure(*self._held_out_sums([name]))
+            rows.append(
+                {
+                    "annotator": name,
+                    "n_pairs": len(self.labels[name]),
+                    "held_out_agreement": value,
+                    "held_out_agreement_ci": bounds,
+                }
+            )
+        return rows
+
+    def inter_annotator(self) -> dict[str, Any]:
+        """Pairwise agreement and Fleiss' kappa over the overlap, and between every two named
+        annotators their agreement and Cohen's kappa on the pairs both labelled."""
+        if not self.pairs:
+            return {}
+        counts = np.zeros((len(self.pairs), len(LABEL_CODES)))
+        for i, pair in enumerate(self.pairs):
+            for _, label in pair.humans:
+                counts[i, LABEL_CODES[label]] += 1
+        ratings = counts.sum(axis=1)
+        shares = (counts * (counts - 1)).sum(axis=1) / (ratings * (ratings - 1))
+        pairwise, pairwise_ci = self.figure(shares, np.ones(len(self.pairs)))
+        fields: dict[str, Any] = {
+            "pairwise_agreement": pairwise,
+            "pairwise_agreement_ci": pairwise_ci,
+            "fleiss_kappa": fleiss_kappa(counts),
+            "fleiss_kappa_ci": None
+            if self.weights is None
+            else interval(fleiss_kappa(counts, self.weights)),
+            "labels_per_pair": [int(ratings.min()), int(ratings.max())],
+        }
+        if not self.named:  # crowd labels: pairs rarely share annotators
+            return fields
+        by_pair: dict[str, dict[str, Any]] = defaultdict(dict)
+        for first, second in itertools.combinations(sorted(self.labels), 2):
+            shared = sorted(set(self.labels[first]) & set(self.labels[second]))
+            a = [self.labels[first][i] for i in shared]
+            b = [self.labels[second][i] for i in shared]
+            name = f"{first}|{second}"
+            agree = np.zeros(len(self.pairs))
+            agree[shared] = np.equal(a, b)
+            present = np.zeros(len(self.pairs))
+            present[shared] = 1
+            value, bounds = self.figure(agree, present)
+            by_pair["annotator_pair_agreement"][name] = value
+            by_pair["annotator_pair_agreement_ci"][name] = bounds
+            by_pair["cohen_kappa"][name] = cohen_kappa(a, b)
+            by_pair["cohen_kappa_ci"][name] = (
+                None
+                if self.weights is None
+                else interval(cohen_kappa(a, b, self.weights[:, shared]))
+            )
+        return {**fields, **{key: by_pair[key] for key in ANNOTATOR_PAIR_FIELDS}}
+
+    def judge(self, name: str, epsilon: float) -> dict[str, Any]:
+        """A judge against the humans on the overlap: AlpacaFarm's held-out agreement (as each
+        human's, so that the two compare) and the alternative annotator test."""
+        runs = [[label for judge, _, label in pair.judge if judge == name] for pair in self.pairs]
+        sums, counts = np.zeros(len(self.pairs)), np.zeros(len(self.pairs))
+        for i, pair in enumerate(self.pairs):
+            if runs[i]:
+                scores = held_out(runs[i], [label for _, label in pair.humans])
+                sums[i], counts[i] = math.fsum(scores), len(scores)
+        value, bounds = self.figure(sums, counts)
+        test = alt_test(self.labels, runs, epsilon, self.weights)
+        return {
+            "n_overlap": sum(1 for labels in runs if labels),
+            "held_out_agreement": value,
+            "held_out_agreement_ci": bounds,
+            **{f"alt_test_{key}": test[key] for key in ALT_TEST_FIELDS},
+        }
+
+
+def alt_test(
+    humans: dict[str, Sequence[float | None] | dict[int, float]],
+    judge: Sequence[Sequence[float]],
+    epsilon: float = 0.15,
+    weights: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """The alternative annotator test (definitions in the module's docstring) of a judge whose
+    runs' labels of pair i are judge[i] against humans[name][i] (a list with None where a human
+    did not label, or a dict by pair index), on the pairs with three human labels or more;
+    `weights` (resample_weights over the pairs) give the advantage probability an interval."""
+    from scipy import stats
+
+    by_pair: dict[int, list[tuple[str, float]]] = defaultdict(list)
+    for name, labels in humans.items():
+        for i, label in labels.items() if isinstance(labels, dict) else enumerate(labels):
+            if label is not None:
+                by_pair[i].append((name, label))
+    rows: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for i, runs in enumerate(judge):
+        labelled = by_pair.get(i, [])
+        if not runs or len(labelled) < 3:
+            continue
+        for k, (name, label) in enumerate(labelled):
+            others = [other for _, other in labelled[:k] + labelled[k + 1 :]]
+            human_score = np.mean([label == other for other in others])
+            judge_score = np.mean([np.mean([run == other for other in others]) for run in runs])
+            rows[name].append((i, human_score, judge_score))
+    compared: dict[str, tuple[list[int], np.ndarray, np.ndarray]] = {}
+    for name in sorted(rows):
+        if len(rows[name]) >= 2:
+            index, human_scores, judge_scores = zip(*rows[name], strict=True)
+            compared[name] = (list(index), np.array(human_scores), np.array(judge_scores))
+    result: dict[str, Any] = dict.fromkeys(ALT_TEST_FIELDS)
+    result["epsilon"] = epsilon
+    if len(compared) < 3:
+        result["note"] = (
+            f"the alternative annotator test needs three humans or more, each with two or more "
+            f"pairs that three humans or more labelled; found {len(compared)}"
+        )
+        return result
+    p_values, advantages = {}, {}
+    for name, (_, human_scores, judge_scores) in compared.items():
+        judge_wins = judge_scores >= human_scores
+        difference = (human_scores >= judge_scores).astype(float) - judge_wins
+        spread = difference.std(ddof=1)
+        if spread == 0:  # every pair the same: the mean is exact
+            p_values[name] = 0.0 if difference.mean() < epsilon else 1.0
+        else:
+            t = (difference.mean() - epsilon) / (spread / math.sqrt(len(difference)))
+            p_values[name] = float(stats.t.cdf(t, len(difference) - 1))
+        advantages[name] = judge_wins
+    beaten = benjamini_yekutieli(list(p_values.values()), ALT_TEST_FDR)
+    result.update(
+        winning_rate=len(beaten) / len(compared),
+        advantage=float(np.mean([wins.mean() for wins in advantages.values()])),
+        humans=len(compared),
+        pairs=len({i for index, _, _ in compared.values() for i in index}),
+        p_values=p_values,
+    )
+    result["pass"] = result["winning_rate"] >= 0.5
+    if weights is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_human = [
+                (weights[:, index] @ advantages[name]) / weights[:, index].sum(axis=1)
+                for name, (index, _, _) in compared.items()
+            ]
+        draws = np.array(per_human)
+        finite = np.isfinite(draws)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            means = np.where(finite, draws, 0).sum(axis=0) / finite.sum(axis=0)
+        result["advantage_ci"] = interval(means)
+    return result
+
+
+def benjamini_yekutieli(p_values: Sequence[float], rate: float) -> list[int]:
+    """The indices of the hypotheses rejected by the Benjamini-Yekutieli step-up procedure at
+    false discovery rate `rate` (valid under any dependence between the tests)."""
+    count = len(p_values)
+    if not count:
+        return []
+    order = np.argsort(p_values, kind="stable")
+    harmonic = math.fsum(1 / k for k in range(1, count + 1))
+    thresholds = np.arange(1, count + 1) * rate / (count * harmonic)
+    below = np.nonzero(np.asarray(p_values)[order] <= thresholds)[0]
+    return sorted(order[: below[-1] + 1].tolist()) if below.size else []
+
+
+def annotation_rows(
+    annotations: Annotations,
+    min_length_difference: int = 30,
+    resamples: int = 1000,
+    seed: int = 0,
+    epsilon: float = 0.15,
+) -> list[dict[str, Any]]:
+    """Annotation mode's rows: one per judge, one per named human of the overlap, and the humans'
+    own (role: judge, human, humans)."""
+    overlap = Overlap(annotations, resamples, seed)
+    rows = [
+        {**row, **overlap.judge(row["annotator"], epsilon), "role": "judge"}
+        for row in judge_summaries(annotations, min_length_difference)
+    ]
+    people = human_summary(annotations, overlap, min_length_difference)
+    if people is not None:
+        rows += [{**row, "role": "human"} for row in overlap.individuals()]
+        rows.append({**people, "role": "humans"})
+    return rows
 
 
 def judge_summaries(
@@ -718,13 +1070,8 @@ def judge_summary(
     for p, labels in pairs:
         runs = [label for _, label in labels]
         humans = [label for _, label in p.humans]
-        if len(humans) == 1:
-            against_humans.extend(agreement(run, humans) for run in runs)
-        elif len(humans) > 1:
-            for i in range(len(humans)):
-                others = humans[:i] + humans[i + 1 :]
-                against_humans.extend(agreement(run, others) for run in runs)
         if humans:
+            against_humans.extend(held_out(runs, humans))
             half_ties.extend(half_tie_agreement(run, humans) for run in runs)
             bias.append(1 - _mode_agreement(runs, humans))
     # variance is a mean over runs: average each run's disagreements over its pairs first
@@ -761,6 +1108,86 @@ def judge_summary(
     }
 
 
+def _figure(value: float | None, bounds: list[float] | None = None) -> str:
+    """A figure to two decimals with its interval in brackets, as a paper prints it."""
+    if value is None:
+        return ""
+    return f"{value:.2f}" + (f" [{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else "")
+
+
+def annotation_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """Annotation mode's rows as markdown: the judges' statistics, then, where humans labelled
+    pairs in common, the agreement table (each judge and human against the humans' majority, the
+    alternative annotator test) and the agreement between the humans, with their 95% intervals."""
+    agreement_fields = {"n_overlap", "held_out_agreement", "held_out_agreement_ci", "role"}
+    agreement_fields |= {f"alt_test_{key}" for key in ALT_TEST_FIELDS}
+    agreement_fields |= {"human_agreement_ci", "pairwise_agreement", "pairwise_agreement_ci"}
+    agreement_fields |= {"fleiss_kappa", "fleiss_kappa_ci", "labels_per_pair"}
+    agreement_fields |= set(ANNOTATOR_PAIR_FIELDS)
+    statistics = [
+        {key: value for key, value in row.items() if key not in agreement_fields}
+        for row in rows
+        if row.get("role") != "human"
+    ]
+    text = markdown_text(statistics)
+    people = next((row for row in rows if row.get("role") == "humans"), None)
+    if people is None or people.get("pairwise_agreement") is None:
+        return text
+    epsilon = next((row["alt_test_epsilon"] for row in rows if row.get("role") == "judge"), None)
+    table = []
+    for row in rows:
+        judge = row.get("role") == "judge"
+        if row.get("role") == "humans":
+            agreement, bounds = row["human_agreement"], row["human_agreement_ci"]
+        else:
+            agreement, bounds = row.get("held_out_agreement"), row.get("held_out_agreement_ci")
+        entry = {
+            "annotator": row["annotator"],
+            "role": "all" if row.get("role") == "humans" else row.get("role"),
+            "pairs": row["n_overlap"] if judge else row["n_pairs"],
+            "agreement with the humans' majority [95% CI]": _figure(agreement, bounds),
+        }
+        if epsilon is not None:  # the test is a judge's
+            passed = row.get("alt_test_pass")
+            entry[f"alt-test (ε = {epsilon})"] = (
+                ("pass" if passed else "fail") if passed is not None else row.get("alt_test_note")
+            ) or ""
+            entry["winning rate ω"] = _figure(row.get("alt_test_winning_rate"))
+            entry["advantage ρ [95% CI]"] = _figure(
+                row.get("alt_test_advantage"), row.get("alt_test_advantage_ci")
+            )
+        table.append(entry)
+    between = [
+        {
+            "between the humans": "pairwise agreement",
+            "value [95% CI]": _figure(
+                people["pairwise_agreement"], people["pairwise_agreement_ci"]
+            ),
+        },
+        {
+            "between the humans": "Fleiss' kappa",
+            "value [95% CI]": _figure(people["fleiss_kappa"], people["fleiss_kappa_ci"]),
+        },
+    ]
+    for name, value in people.get("annotator_pair_agreement", {}).items():
+        pair = name.replace("|", ", ")
+        between.append(
+            {
+                "between the humans": f"{pair}: agreement",
+                "value [95% CI]": _figure(value, people["annotator_pair_agreement_ci"][name]),
+            }
+        )
+        between.append(
+            {
+                "between the humans": f"{pair}: Cohen's kappa",
+                "value [95% CI]": _figure(
+                    people["cohen_kappa"][name], people["cohen_kappa_ci"][name]
+                ),
+            }
+        )
+    return f"{text}\n{markdown_text(table)}\n{markdown_text(between)}"
+
+
 # AlpacaEval's evaluators leaderboard (evaluators/evaluators_leaderboard.csv): its columns in its
 # order, each with the field of an annotation-mode row and the factor it is shown at
 ALPACA_EVAL_EVALUATORS = (
@@ -791,6 +1218,8 @@ def alpaca_eval_evaluators(
     judge_boards = judge_boards or {}
     table = []
     for row in rows:
+        if row.get("role") == "human":  # one person's row: AlpacaEval's table has the humans' only
+            continue
         name = row["annotator"]
         people = name == "humans" and name not in annotations.runs_of
         fields = dict(row)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from farmkit.core.validate import first_invalid, problems
 from farmkit.core.values import NON_NEGATIVE, Bounds
 from farmkit.evaluate.boards import BOARD_FORMATS
 from farmkit.evaluate.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
+from farmkit.evaluate.ppi import PairLedger
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
@@ -89,6 +90,21 @@ class InvalidRecord(ValueError):
         self.line, self.message = line, message
 
 
+def win_values(records: Sequence[dict[str, Any]], numbers: Sequence[int]) -> np.ndarray:
+    """Each record's x, the win value of position 2 (NaN: a null verdict); InvalidRecord names the
+    first preference outside the scale."""
+    preference = np.array([record.get("preference") for record in records], dtype=np.float64)
+    out_of_range = ~np.isnan(preference) & (preference != 0) & ((preference < 1) | (preference > 2))
+    if out_of_range.any():
+        i = int(np.argmax(out_of_range))
+        raise InvalidRecord(
+            numbers[i],
+            f"preference {records[i]['preference']!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), "
+            "a value in between, 0 (AlpacaEval's legacy tie) or null",
+        )
+    return np.where(preference == 0, 0.5, preference - 1.0)
+
+
 class WinrateTable:
     """Accumulates preference records into one tally per (reference, model).
 
@@ -98,7 +114,8 @@ class WinrateTable:
     per-item verdicts are kept for a paired comparison. dedupe: count only the first verdict on each
     instruction per (reference, model); the repeats are counted in `duplicates` either way.
     difficulty: instruction difficulties by item key (see `read_instruction_difficulty`), instead of
-    estimating them from the input.
+    estimating them from the input. humans: keep each pair's simulated verdicts, for human labels
+    (`add_human_file`) and the prediction-powered win rates (farmkit/evaluate/ppi.py).
     """
 
     def __init__(
@@ -110,6 +127,7 @@ class WinrateTable:
         compare: Sequence[tuple[str, str]] = (),
         dedupe: bool = False,
         difficulty: tuple[str, dict[Any, float]] | None = None,
+        humans: bool = False,
     ):
         self.reference, self.swap = reference, swap
         self.bootstrap, self.length_control, self.dedupe = bootstrap, length_control, dedupe
@@ -134,6 +152,7 @@ class WinrateTable:
         # (results_dir, model) -> [count, first FILE:LINE]: AlpacaEval rows whose results folder is
         # another system's (an upstream copy, or a folder holding a renamed generator)
         self.misfiled: dict[tuple[str, Any], list[Any]] = {}
+        self.pairs = PairLedger(item_key) if humans else None
 
     def add_records(
         self,
@@ -188,18 +207,7 @@ class WinrateTable:
                 [values[i] for i in kept] for values in (records, models, numbers)
             )
             slots_array, items, flips = slots_array[kept], items[kept], flips[kept]
-        preference = np.array([record.get("preference") for record in records], dtype=np.float64)
-        out_of_range = (
-            ~np.isnan(preference) & (preference != 0) & ((preference < 1) | (preference > 2))
-        )
-        if out_of_range.any():
-            i = int(np.argmax(out_of_range))
-            raise InvalidRecord(
-                numbers[i],
-                f"preference {records[i]['preference']!r} is outside [1, 2]; expected 1, 2, 1.5 (tie), "
-                "a value in between, 0 (AlpacaEval's legacy tie) or null",
-            )
-        x = np.where(preference == 0, 0.5, preference - 1.0)
+        x = win_values(records, numbers)
         if self.swap or self.reference is not None:
             x = np.where(flips, 1.0 - x, x)
         lengths_1 = [record.get("len_1") for record in records]
@@ -213,6 +221,8 @@ class WinrateTable:
         if self.swap or self.reference is not None:
             lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
         self._fold(slots_array, x, lengths[:, 1])
+        if self.pairs is not None:
+            self.pairs.add_simulated(records, slots_array.tolist(), x, flips, list(self._slots))
         self._note_annotators(records, slots_array)
         if self.length_control:
             usable = ~np.isnan(x) & ~np.isnan(lengths).any(axis=1)
@@ -349,25 +359,28 @@ class WinrateTable:
     def add_file(self, path: str) -> None:
         """Read and count every record of a file (JSONL, JSON array, .gz, `-`), a chunk at a time."""
         name = display_name(path)
-        policy, kept = bad_records(), 0
-        for numbers, records in iter_json_chunks(path, CHUNK):
-            bad = first_invalid(records, "preference")
-            if bad is not None:  # raised at the first (--on-error fail), else each left out
-                good = []
-                for index in range(bad, len(records)):
-                    problem = problems(records[index], "preference")
-                    if problem:
-                        policy.reject(RecordError(name, numbers[index], problem))
-                    else:
-                        good.append(index)
-                good = list(range(bad)) + good
-                numbers, records = [numbers[i] for i in good], [records[i] for i in good]
-            kept += len(records)
+        for numbers, records in _checked_chunks(path, name):
             try:
                 self.add_records(records, name, numbers)
             except InvalidRecord as exc:
                 raise RecordError(name, exc.line, exc.message) from None
-        policy.finish(name, kept)
+
+    def add_human_file(self, path: str) -> None:
+        """Read human labels on pairs of the simulated verdicts already added (humans=True); a label
+        whose pair is not among them is a RecordError naming its line."""
+        name = display_name(path)
+        for numbers, records in _checked_chunks(path, name):
+            try:
+                values = win_values(records, numbers).tolist()
+            except InvalidRecord as exc:
+                raise RecordError(name, exc.line, exc.message) from None
+            for record, number, value in zip(records, numbers, values, strict=True):
+                try:
+                    self.pairs.add_human(record, value)
+                except ValueError as exc:
+                    raise RecordError(
+                        name, number, f"a human label on no simulated pair: {exc}"
+                    ) from None
 
     def self_judged(self) -> list[tuple[str, Tally]]:
         """(model, tally) of each model judged against itself: no ranking, only position bias."""
@@ -390,6 +403,8 @@ class WinrateTable:
         score = SORT_BY[sort_by]
         rng = np.random.default_rng(seed)
         controlled = self._length_controlled() if self.length_control else {}
+        slots = {key: slot for slot, key in enumerate(self.tallies)}
+        human = self.pairs.figures(confidence) if self.pairs is not None else {}
         rows = []
         for (reference, model), tally in sorted(self.tallies.items()):
             if reference == model:
@@ -403,6 +418,8 @@ class WinrateTable:
                 )
             if self.bootstrap:
                 row.update(bootstrap_interval(tally, rng, resamples, confidence))
+            if self.pairs is not None:
+                row.update(human[slots[(reference, model)]])
             rows.append(row)
         sizes = Counter(row["reference"] for row in rows)
         order = {
@@ -453,6 +470,27 @@ class WinrateTable:
     def comparison(self, model_a: str, model_b: str) -> dict[str, Any]:
         """Paired comparison of two models on the items both were judged on (see `paired`)."""
         return paired(model_a, model_b, self.items.get(model_a, {}), self.items.get(model_b, {}))
+
+
+def _checked_chunks(path: str, name: str) -> Iterator[tuple[list[int], list[dict[str, Any]]]]:
+    """(line numbers, preference records) a chunk at a time; a record the schema refuses is raised
+    (--on-error fail) or left out and counted."""
+    policy, kept = bad_records(), 0
+    for numbers, records in iter_json_chunks(path, CHUNK):
+        bad = first_invalid(records, "preference")
+        if bad is not None:  # raised at the first (--on-error fail), else each left out
+            good = []
+            for index in range(bad, len(records)):
+                problem = problems(records[index], "preference")
+                if problem:
+                    policy.reject(RecordError(name, numbers[index], problem))
+                else:
+                    good.append(index)
+            good = list(range(bad)) + good
+            numbers, records = [numbers[i] for i in good], [records[i] for i in good]
+        kept += len(records)
+        yield numbers, records
+    policy.finish(name, kept)
 
 
 def _histogram(
@@ -563,6 +601,13 @@ TABLE_COLUMNS = (
     "n_total",
     "n_dropped",
     "avg_length",
+    # with --humans (farmkit/evaluate/ppi.py)
+    "n_human",
+    "human_win_rate",
+    "ppi_win_rate",
+    "ppi_standard_error",
+    "ppi_ci_low",
+    "ppi_ci_high",
 )
 
 
@@ -605,7 +650,7 @@ class WinrateConfig:
     )
     confidence: float = help_field(
         0.95,
-        "Level of the bootstrap interval.",
+        "Level of the bootstrap interval and of the prediction-powered one (--humans).",
         bounds=Bounds(0, 1, min_open=True, max_open=True),
     )
     compare: tuple[tuple[str, str], ...] = help_field(
@@ -638,6 +683,17 @@ class WinrateConfig:
         "reference (repeats are reported either way).",
         flag=True,
     )
+    humans: str | None = help_field(
+        None,
+        "Human labels (preference records, farm-label's for instance) on a uniformly random subset "
+        "of the pairs in PREFS. Each row adds the humans' own win rate on its labelled pairs "
+        "(human_win_rate, n_human) and the prediction-powered one (PPI++: the simulated verdicts on "
+        "every pair, their bias corrected by the human labels): ppi_win_rate, ppi_standard_error, "
+        "ppi_ci_low and ppi_ci_high at --confidence, ppi_lambda. A label finds its pair by the texts "
+        "(in either order), else by id and generators; a label on no simulated pair is an error.",
+        path={"dir_okay": False},
+        metavar="LABELS",
+    )
     plot: str | None = help_field(
         None,
         "Also draw the win rates (and the length-controlled ones) "
@@ -650,5 +706,13 @@ class WinrateConfig:
         "history, stamped with the time, a run id and each input's SHA-256 (safe from concurrent runs); "
         "`farm-plot history FILE` draws it.",
         path={"dir_okay": False},
+        metavar="FILE",
+    )
+    ledger: str | None = help_field(
+        None,
+        "Instead of ranking PREFS, total this farm-annotate --ledger file: one row per day (UTC) with its "
+        "runs, pairs, requests, tokens and price, batch and direct apart, each judge's as price:MODEL; "
+        "`farm-plot curves FILE` draws the rows written with -o.",
+        path={"exists": True, "dir_okay": False},
         metavar="FILE",
     )

@@ -88,6 +88,15 @@ class GroupConfig(OnPolicyConfig):
         4,
         more_help="k: the group whose scores give each other their baseline (at least 2).",
     )
+    dynamic_sampling: bool = help_field(
+        False,
+        "DAPO's dynamic sampling: groups whose scores are all equal (no signal) are dropped and more prompts drawn until the batch is full (at most --max-extra-draws draws; then dropped groups fill it). metrics.jsonl counts dropped_groups and extra_draws.",
+    )
+    max_extra_draws: int = help_field(
+        4,
+        "With --dynamic-sampling: the most extra draws of rollout-batch-size / num-samples prompts per step.",
+        bounds=NON_NEGATIVE,
+    )
     minibatch_size: int = help_field(
         16,
         "Responses per optimizer step, over all processes (groups may be split).",
@@ -144,6 +153,39 @@ GRPO_PRESETS = {
         "no per-response length normalization) and no KL penalty (--kl-coef 0)",
         {"dr_grpo": True, "kl_coef": 0.0},
     ),
+    "dapo": Preset(
+        "DAPO (Yu et al. 2025): the dapo loss (every token of a minibatch weighs the same), "
+        "clip-higher 0.2 / 0.28, no KL, dynamic sampling, the soft overlong penalty over the last "
+        "4096 of 20480 tokens, 16 samples for each of 512 prompts, minibatches of 512 responses "
+        "(16 updates per batch), learning rate 1e-6 warmed up over 20 steps",
+        {
+            "policy_loss": "dapo",
+            "clip_range_low": 0.2,
+            "clip_range_high": 0.28,
+            "kl_coef": 0.0,
+            "dynamic_sampling": True,
+            "overlong": "penalty",
+            "overlong_cache": 4096,
+            "max_new_tokens": 20480,
+            "samples_per_prompt": 16,
+            "rollout_batch_size": 8192,
+            "minibatch_size": 512,
+            "ppo_epochs": 1,
+            "learning_rate": 1e-6,
+            "warmup_steps": 20,
+        },
+    ),
+    "gspo": Preset(
+        "GSPO (Zheng et al. 2025) as TRL's paper index sets it: the gspo loss (one "
+        "length-normalized ratio per response, clipped to 1 - 3e-4 and 1 + 4e-4), no KL, each "
+        "rollout batch in 4 minibatches of one pass",
+        {
+            "policy_loss": "gspo",
+            "kl_coef": 0.0,
+            "ppo_epochs": 1,
+            "minibatch_size": lambda lookup: lookup("rollout_batch_size") // 4,
+        },
+    ),
 }
 
 
@@ -192,7 +234,7 @@ class GroupMethod(OnPolicyMethod):
             raise ValueError("train_group needs an RLOOConfig or a GRPOConfig")
         super().__init__(config)
         self.name, self.tool = config.method, config.tool
-        self.k = config.samples_per_prompt
+        self.k = self.group_size = config.samples_per_prompt
 
     @property
     def prompts_per_step(self) -> int:
@@ -207,9 +249,6 @@ class GroupMethod(OnPolicyMethod):
 
     def rows(self, prompt_indices: list[int]) -> list[int]:
         return [index for index in prompt_indices for _ in range(self.k)]  # groups of k rows
-
-    def sequence_weights(self) -> bool:
-        return policy_loss(self.config.policy_loss).per_response_weights
 
     def advantages_use_old_logprobs(self) -> bool:
         return self.config.kl_in == "reward" and self.config.kl_coef > 0
@@ -241,7 +280,7 @@ class GroupMethod(OnPolicyMethod):
 
         config = self.config
         loss, stats = micro.surrogate(
-            config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens
+            config.policy_loss, prepared.advantages, config.clip_bounds, config.max_new_tokens
         )
         if config.kl_in == "loss" and config.kl_coef > 0:
             kl = rl_common.kl_estimate(micro.logprobs, micro.ref_logprobs, config.kl_estimator)

@@ -181,7 +181,7 @@ class PPOMethod(OnPolicyMethod):
 
         config = self.config
         loss, policy_stats = micro.surrogate(
-            config.policy_loss, prepared.advantages, config.clip_range, config.max_new_tokens
+            config.policy_loss, prepared.advantages, config.clip_bounds, config.max_new_tokens
         )
         value_loss, value_stats = rl_common.clipped_value_loss(
             micro.values,

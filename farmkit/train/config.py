@@ -37,6 +37,7 @@ from farmkit.train.estimators import (
     POLICY_LOSSES,
     check_fit,
     names_of,
+    policy_loss,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +99,8 @@ SHARED_HELP = {
     "max_cost": "Budget in USD. Refuses a model without a known price (give one with --prices); each "
     "request in flight holds its worst case (max_tokens, and the prompt at the densest billing "
     "seen), so concurrent requests cannot overshoot the cap.",
-    "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M}.",
+    "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M} (and batch: the share of it a "
+    "Batch API bills, default 0.5).",
 }
 
 # The kind and range of every numeric concept several tools share: the options (farmkit.cli.SHARED)
@@ -178,6 +180,9 @@ RENAMED_FIELDS = {"lora_r": "lora_rank", "max_response_tokens": "max_new_tokens"
 # What the policy-gradient methods (farm-ppo, farm-quark, and those to come) share: the rollout.
 
 UNFINISHED = ("truncate", "penalty")
+# --rollout-correction (farmkit.train.rollout_backends.rollout_correction)
+CORRECTION_MODES = ("token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+OVERLONG = ("none", "penalty", "filter")
 KL_ESTIMATORS = ("k1", "clamped", "k3")
 
 
@@ -318,12 +323,58 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
+    clip_range_low: float | None = help_field(
+        None,
+        "Lower clipping of the probability ratio: 1 - this. Default: --clip-range, or the policy "
+        "loss's own range (gspo: 3e-4).",
+        bounds=POSITIVE,
+        show_default=False,
+    )
+    clip_range_high: float | None = help_field(
+        None,
+        "Upper clipping of the probability ratio: 1 + this (DAPO's clip-higher: 0.28 against 0.2 "
+        "below; cispo caps its weight at 1 + this). Default: as --clip-range-low.",
+        bounds=POSITIVE,
+        show_default=False,
+    )
     importance_sampling_cap: float = help_field(
         0.0,
-        "Truncated importance sampling of the rollout engine's mismatch (vllm): each token's loss "
-        "weighted by min(pi_trainer / pi_engine, this) of the sampled token (RLOO: of the whole "
-        "response). 0: off (TRL and verl cap at 2 when they turn it on).",
+        "The cap of the rollout correction (--rollout-correction) of the rollout engine's "
+        "mismatch (vllm): pi_trainer / pi_engine of the sampled token, or of the whole response. "
+        "0: off (TRL caps at 3, verl at 2).",
         bounds=NON_NEGATIVE,
+    )
+    rollout_correction: str | None = help_field(
+        None,
+        "With --importance-sampling-cap: each token's loss weighted by its own ratio (token-*) or "
+        "by its response's (sequence-*: the product over its tokens), a ratio above the cap capped "
+        "(*-truncate) or its weight set to 0 (*-mask). metrics.jsonl gets the share truncated or "
+        "masked and the engine-vs-trainer KL. Default: token-truncate, or sequence-truncate for a "
+        "loss with one ratio per response (sequence-ratio, gspo), which takes only sequence-*.",
+        CORRECTION_MODES,
+        show_default=False,
+    )
+    off_policy_mask_threshold: float | None = help_field(
+        None,
+        "Drop from the loss a response with a negative advantage whose mean per-token log "
+        "pi_sampling - log pi (the engine's, or the sampling policy's, against the policy being "
+        "trained) exceeds this (DeepSeek-V3.2's off-policy sequence mask; TRL's "
+        "off_policy_mask_threshold, e.g. 0.5). Default: off.",
+        bounds=POSITIVE,
+        show_default=False,
+    )
+    overlong: str = help_field(
+        "none",
+        "Responses cut at max-new-tokens: 'penalty' adds DAPO's soft overlong punishment to the "
+        "score (0 up to max-new-tokens - overlong-cache tokens, then falling linearly to -1 at "
+        "max-new-tokens); 'filter' leaves unfinished responses out of the loss.",
+        OVERLONG,
+    )
+    overlong_cache: int = help_field(
+        64,
+        "The last tokens before max-new-tokens over which --overlong penalty falls (DAPO: 4096 "
+        "of 20480).",
+        bounds=AT_LEAST_ONE,
     )
     advantage_estimator: str | None = advantage_estimator_field(None)
     policy_loss: str | None = policy_loss_field(None)
@@ -334,6 +385,27 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         if self.rollout_batch_size % self.minibatch_size:
             raise ValueError("rollout-batch-size must be a multiple of minibatch-size")
         check_fit(self.tool, self.advantage_kind, self.advantage_estimator, self.policy_loss)
+        loss = policy_loss(self.policy_loss)
+        low, high = loss.clip or (self.clip_range, self.clip_range)
+        if self.clip_range_low is None:
+            self.clip_range_low = low
+        if self.clip_range_high is None:
+            self.clip_range_high = self.clip_range_low if loss.clip is None else high
+        if self.rollout_correction is None:
+            level = "sequence" if loss.per_response_weights else "token"
+            self.rollout_correction = f"{level}-truncate"
+        elif loss.per_response_weights and self.rollout_correction.startswith("token"):
+            raise ValueError(
+                f"--rollout-correction {self.rollout_correction}: --policy-loss {self.policy_loss} "
+                "has one ratio per response, so it takes sequence-truncate or sequence-mask"
+            )
+        if self.overlong == "penalty" and self.overlong_cache >= self.max_new_tokens:
+            raise ValueError("overlong-cache must be below max-new-tokens")
+
+    @property
+    def clip_bounds(self) -> tuple[float, float]:
+        """(low, high): the ratio is clipped to [1 - low, 1 + high]."""
+        return self.clip_range_low, self.clip_range_high
 
     def check_rollout(self) -> None:
         """A method's own checks of the rollout's shape, before the batch sizes' (groups)."""

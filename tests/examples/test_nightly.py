@@ -210,3 +210,59 @@ def test_nights_pay_only_for_new_pairs(tiny_model_path, tmp_path):
     )
     figure = tmp_path / "nightly" / "history.png"
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # 35 s alone (the recipe's fork server starts for it)
+def test_batch_nights_submit_then_collect(tmp_path):
+    """BATCH=submit: the first night uploads the checkpoints' questions and writes no annotations
+    (make goes on), the next night collects them and writes the board; the ledger books both."""
+    from batch_server import BatchServer
+
+    (tmp_path / "prompts.jsonl").write_bytes(
+        b"".join(orjson.dumps({"instruction": p, "input": ""}) + b"\n" for p in PROMPTS)
+    )
+    (tmp_path / "pool.yaml").write_text(POOL)
+    _reference(tmp_path, {i: "Blue." for i in range(3)})
+    outputs = tmp_path / "nightly" / "outputs"
+    outputs.mkdir(parents=True)
+    for step in ("step-1", "step-2"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+        (tmp_path / "checkpoints" / step / "config.json").write_text("{}")
+        # sampled already (newer than the checkpoint and the prompts): the nights only judge
+        (outputs / f"{step}.jsonl").write_bytes(
+            b"".join(
+                orjson.dumps(
+                    {
+                        "instruction": p,
+                        "input": "",
+                        "output": f"{step} says green, {p}",
+                        "generator": step,
+                    }
+                )
+                + b"\n"
+                for p in PROMPTS
+            )
+        )
+        os.utime(outputs / f"{step}.jsonl", (2e9, 2e9))
+    with BatchServer(polls=1) as server:
+        first = _night(tmp_path, server, "BATCH=submit")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert (
+            "pending in batches" in first.stderr
+            and not (tmp_path / "nightly" / "annotations" / "step-1.jsonl").exists()
+        )
+        # one batch per checkpoint (each is its own farm-annotate run; the second collected the
+        # first's, its own still pending), so no checkpoint has annotations yet
+        assert server.calls["POST /v1/batches"] == 2
+        assert not list((tmp_path / "nightly" / "annotations").glob("*.jsonl"))
+        second = _night(tmp_path, server, "BATCH=submit")
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert server.calls["POST /v1/batches"] == 2 and set(server.answered.values()) == {1}
+        assert server.direct == 0
+    assert sorted(row["generator"] for row in _history(tmp_path)) == ["step-1", "step-2"]
+    ledger = [
+        orjson.loads(line)
+        for line in (tmp_path / "nightly" / "spend.jsonl").read_bytes().splitlines()
+    ]
+    assert [entry["mode"] for entry in ledger] == ["batch"] * 4
+    assert sum(entry["pending"] for entry in ledger[:2]) == 6 and ledger[-1]["pending"] == 0

@@ -509,6 +509,24 @@ def test_every_rollout_is_sampled_from_the_policy_being_trained(onpolicy_runs, m
     assert all(row["rollout_logprob_diff_mean"] > 1e-3 for row in rows[1:]), rows
 
 
+def test_the_rollout_correction_masks_the_real_engines_mismatch(onpolicy_runs):
+    """The engine left with the SFT weights (no push) parts from the trainer from step 2 on: with
+    --rollout-correction token-mask and a cap of 2, tokens are masked there and none at step 1,
+    where the two agree; the engine-vs-trainer KL says how far apart they are."""
+    masked = onpolicy_runs(
+        "grpo",
+        "stale-masked",
+        push=False,
+        importance_sampling_cap=2.0,
+        rollout_correction="token-mask",
+    )
+    rows = masked["rows"]
+    print(f"\nmasked: {[(row['rollout_masked_fraction'], row['rollout_kl']) for row in rows]}")
+    assert rows[0]["rollout_masked_fraction"] == 0.0 and rows[0]["rollout_kl"] < 1e-4
+    assert all(row["rollout_masked_fraction"] > 0 for row in rows[1:]), rows
+    assert all(row["rollout_kl"] > 1e-3 for row in rows[1:]), rows
+
+
 def test_a_rerun_with_the_same_seed_writes_the_same_metrics(onpolicy_runs):
     """Seeded engine requests and a seeded loop: a second PPO run repeats the first to the bit
     (every figure of every step but the clocks)."""

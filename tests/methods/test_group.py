@@ -181,6 +181,9 @@ def test_group_loss_adds_the_kl_term():
         (dict(rollout_batch_size=10, samples_per_prompt=4), "multiple of num-samples"),
         (dict(rollout_batch_size=16, minibatch_size=6), "multiple of minibatch-size"),
         (dict(kl_coef=-0.1), "kl-coef"),
+        # RLOO's one ratio per response takes a correction per response only
+        (dict(rollout_correction="token-mask"), "takes sequence-truncate or sequence-mask"),
+        (dict(overlong="penalty", overlong_cache=300), "overlong-cache must be below"),
     ],
 )
 def test_bad_settings_are_refused(values, message):
@@ -389,9 +392,10 @@ def constant_advantages(scores, k):
 
 
 @E.register_policy_loss("counted", E.RESPONSE, E.seq_mean_token_mean)
-def counted_loss(*args, **kwargs):
-    loss, stats = E.seq_mean_token_mean_loss(*args, **kwargs)
-    return loss, {**stats, "counted_calls": torch.tensor(1.0)}
+def counted_terms(logprobs, old_logprobs, advantages, mask, low, high):
+    terms, figures = E.per_token_clipped(logprobs, old_logprobs, advantages, mask, low, high)
+    # 1 on every token: its average over each minibatch's tokens is 1 wherever it was called
+    return terms, {**figures, "counted_calls": torch.ones_like(terms)}
 """
 
 

@@ -43,6 +43,7 @@ CONTRACT: dict[str, dict] = {
     "farm-convert": {"args": ["{input}"], "empty": "empty"},
     "farm-plot": {"args": ["history", "{input}", "-o", "{dir}/history.png"], "empty": "empty"},
     "farm-judge-train": {"args": ["{input}", "--folds", "0", "-o", "{dir}"], "empty": "error"},
+    "farm-label": {"args": ["{input}", "-o", "{dir}/labels.jsonl"], "empty": "error"},
 }
 
 

@@ -101,12 +101,46 @@ DR_GRPO = {
     "policy_loss": "seq-mean-token-sum-norm",
 }
 
+# DAPO (Yu et al. 2025), section 4.1 and its training details: clip-higher eps_low 0.2, eps_high
+# 0.28; token-level loss; no KL; dynamic sampling; overlong reward shaping, expected length 16,384
+# plus a 4,096-token punishment cache (max 20,480); 512 prompts x 16 responses; mini-batch 512
+# (16 gradient updates per rollout step); lr 1e-6, linear warm-up over 20 rollout steps
+DAPO = {
+    "policy_loss": "dapo",
+    "clip_range_low": 0.2,
+    "clip_range_high": 0.28,
+    "kl_coef": 0.0,
+    "dynamic_sampling": True,
+    "overlong": "penalty",
+    "overlong_cache": 4096,
+    "max_new_tokens": 20480,
+    "samples_per_prompt": 16,
+    "rollout_batch_size": 512 * 16,
+    "minibatch_size": 512,
+    "ppo_epochs": 1,
+    "learning_rate": 1e-6,
+    "warmup_steps": 20,
+    "advantage_estimator": "grpo",
+}
+# GSPO as TRL's paper index reproduces it: importance_sampling_level="sequence", epsilon 3e-4,
+# epsilon_high 4e-4, beta 0, steps_per_generation 4 x gradient_accumulation_steps (4 minibatches)
+GSPO = {
+    "policy_loss": "gspo",
+    "clip_range_low": 3e-4,
+    "clip_range_high": 4e-4,
+    "kl_coef": 0.0,
+    "ppo_epochs": 1,
+    "minibatch_size": 64 // 4,
+}
+
 CASES = [
     (PPOConfig, "alpacafarm", ALPACAFARM_PPO),
     (QuarkConfig, "alpacafarm", ALPACAFARM_QUARK),
     (RLOOConfig, "ahmadian2024", AHMADIAN_RLOO),
     (GRPOConfig, "deepseekmath", DEEPSEEKMATH_GRPO),
     (GRPOConfig, "dr-grpo", DR_GRPO),
+    (GRPOConfig, "dapo", DAPO),
+    (GRPOConfig, "gspo", GSPO),
 ]
 
 
@@ -208,6 +242,8 @@ def test_a_config_file_may_name_the_preset_and_flags_still_win(tmp_path, monkeyp
         ("farm_rloo", "ahmadian2024", AHMADIAN_RLOO),
         ("farm_grpo", "deepseekmath", DEEPSEEKMATH_GRPO),
         ("farm_grpo", "dr-grpo", DR_GRPO),
+        ("farm_grpo", "dapo", DAPO),
+        ("farm_grpo", "gspo", GSPO),
     ],
 )
 def test_the_group_tools_take_their_presets(tool, preset, table, tmp_path, monkeypatch):

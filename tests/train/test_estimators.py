@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from farmkit.methods.quark import assign_quantiles
+from farmkit.train.estimators import policy_loss
 from farmkit.train.rl_common import (
-    clipped_policy_loss,
     clipped_value_loss,
     generalized_advantages,
     kl_estimate,
@@ -18,6 +18,7 @@ from farmkit.train.rl_common import (
     linear_schedule,
     masked_mean,
     masked_whiten,
+    overlong_penalty,
     response_mask,
 )
 
@@ -140,14 +141,13 @@ def test_policy_loss_clips_only_in_the_pessimistic_direction():
     ratios = torch.tensor([[1.5, 1.5, 0.5, 0.5, 3.0]])
     advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0, 50.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
-    loss, stats = clipped_policy_loss(torch.log(ratios), old, advantages, mask, clip=0.2)
+    surrogate = policy_loss("token-mean")
+    loss, stats = surrogate(torch.log(ratios), old, advantages, mask, 0.2, responses=1, tokens=4)
     # per token max(-A r, -A clip(r)): -1.2 (clipped), 1.5, -0.5, 0.8 (clipped); padding left out
     assert loss.item() == pytest.approx((-1.2 + 1.5 - 0.5 + 0.8) / 4)
     assert stats["clip_fraction"].item() == pytest.approx(0.5)
     # a minibatch split in micro-batches divides by the minibatch's token count
-    half, _ = clipped_policy_loss(
-        torch.log(ratios), old, advantages, mask, clip=0.2, tokens=torch.tensor(8.0)
-    )
+    half, _ = surrogate(torch.log(ratios), old, advantages, mask, 0.2, responses=1, tokens=8)
     assert half.item() == pytest.approx(loss.item() / 2)
 
 
@@ -212,3 +212,10 @@ def test_linear_schedule_warms_up_then_decays_to_zero():
     assert [linear_schedule(0, 4)(step) for step in range(4)] == pytest.approx(
         [1.0, 0.75, 0.5, 0.25]
     )
+
+
+def test_overlong_penalty_falls_linearly_over_the_last_cache_tokens():
+    """DAPO's soft overlong punishment with max length 20 and a cache of 8: nothing up to 12
+    tokens, then -1/8 per token, -1 at 20."""
+    lengths = torch.tensor([5.0, 12.0, 14.0, 16.0, 20.0])
+    assert overlong_penalty(lengths, 20, 8).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0]

@@ -38,6 +38,10 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
         "sequence-ratio",
         "seq-mean-token-mean",
         "seq-mean-token-sum-norm",
+        "dapo",
+        "bnpo",
+        "gspo",
+        "cispo",
     }
     # each method's defaults are what it ran before it chose them by name
     chosen = {
@@ -65,7 +69,9 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
 
 PER_TOKEN = "per-token advantages from a value model (farm-ppo)"
 PER_RESPONSE = "one advantage per response from its group of k samples (farm-rloo, farm-grpo)"
-GROUP_LOSSES = "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm"
+GROUP_LOSSES = (
+    "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm, dapo, bnpo, gspo, cispo"
+)
 
 
 @pytest.mark.parametrize(
@@ -144,10 +150,10 @@ def test_truncated_importance_weights_are_capped_ratios():
     trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.0]])
     engine = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -3.0, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    weights = RB.truncated_is_weights(trainer, engine, mask, cap=2.0)
+    weights, _ = RB.rollout_correction(trainer, engine, mask, "token-truncate", cap=2.0)
     expected = torch.tensor([[0.5, -1.0, 0.0], [1.9, 0.0, 0.0]]).exp().clamp(max=2.0) * mask
     assert torch.allclose(weights, expected)
-    sequence = RB.truncated_is_weights(trainer, engine, mask, cap=2.0, per_sequence=True)
+    sequence, _ = RB.rollout_correction(trainer, engine, mask, "sequence-truncate", cap=2.0)
     assert torch.allclose(sequence, torch.tensor([0.5 - 1.0, 1.9]).exp().clamp(max=2.0))
     figures = RB.logprob_mismatch(engine, trainer, mask)
     assert figures["max"] == pytest.approx(1.9)
@@ -379,3 +385,163 @@ def test_one_update_per_step_takes_the_old_logprobs_from_the_updates_forward(
         for figure in ("reward", "kl", "entropy", "policy_loss", "clip_fraction"):
             assert a[figure] == pytest.approx(b[figure], rel=1e-4, abs=1e-7), figure
     assert fused_rows[1]["kl"] != 0.0  # step 2's KL is measured, not left at its stand-in
+
+
+# one minibatch of 8 rows, one pass: the new trainer tests' shape (a few seconds a run)
+TINY = {
+    **SMALL,
+    "rollout_batch_size": 8,
+    "minibatch_size": 8,
+    "micro_batch_size": 8,
+    "ppo_epochs": 1,
+}
+
+
+class RaisedEngine(SpyEngine):
+    """The spy engine with every sampled token's log-probability `raise_by` above the trainer's."""
+
+    def __init__(self, sft: str, raise_by: float) -> None:
+        super().__init__(sft)
+        self.raise_by = raise_by
+
+    def sample(self, policy, tokenizer, prompts, **kwargs):
+        rollout, logprobs = super().sample(policy, tokenizer, prompts, **kwargs)
+        return rollout, logprobs + self.raise_by * rollout.response_mask
+
+
+def test_rollout_correction_masks_what_the_perturbed_engine_puts_beyond_the_cap(
+    models, tmp_path, monkeypatch
+):
+    """A perturbed engine (log-probabilities shifted by up to 0.3 per position): token-mask with a
+    cap of 1.2 leaves some tokens out of the loss (their gradient is 0:
+    test_estimators_trl.py's mask modes), and the KL between engine and trainer is measured. The
+    off-policy mask drops the negative-advantage responses of an engine 0.5 nats above the
+    trainer on every token."""
+    config = dict(steps=1, kl_coef=0.0, **TINY)
+    (row,) = run_with(
+        SpyEngine(str(models[0]), offset=0.3),
+        monkeypatch,
+        train_group,
+        tmp_path / "masked",
+        GRPOConfig(importance_sampling_cap=1.2, rollout_correction="token-mask", **config),
+        models,
+    )
+    assert 0 < row["rollout_masked_fraction"] < 1
+    assert row["rollout_kl"] > 0 and row["policy_loss"] != 0
+    (row,) = run_with(
+        RaisedEngine(str(models[0]), raise_by=0.5),
+        monkeypatch,
+        train_group,
+        tmp_path / "off-policy",
+        GRPOConfig(off_policy_mask_threshold=0.3, **config),
+        models,
+    )
+    assert row["rollout_kl"] > 0 and "rollout_masked_fraction" not in row  # no cap: no correction
+    assert 0 < row["off_policy_masked_fraction"] < 1
+
+
+def test_dynamic_sampling_replaces_groups_without_signal(models, tmp_path, monkeypatch):
+    """A reward model that scores every answer alike: every group has equal scores, so every
+    group is dropped and each extra draw (bounded) finds none either; the batch is then filled
+    with dropped groups and trains on nothing (zero advantages). With the keyword reward model
+    (scores of 0 or 1, some groups all alike), the dropped groups are replaced by drawn ones."""
+    from farmkit.train import rollouts
+
+    config = GRPOConfig(steps=1, kl_coef=0.0, dynamic_sampling=True, max_extra_draws=2, **TINY)
+    sft, rm = models
+    original = rollouts.sample_and_score
+
+    def flat(*args, **kwargs):
+        scored = original(*args, **kwargs)
+        scored.scores = torch.zeros_like(scored.scores)
+        return scored
+
+    draws = []
+    monkeypatch.setattr(
+        rollouts, "sample_and_score", lambda *a, **k: draws.append(1) or flat(*a, **k)
+    )
+    train_group(str(sft), str(rm), prompt_records(16), str(tmp_path / "flat"), config)
+    (row,) = [
+        json.loads(line) for line in (tmp_path / "flat" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert (row["extra_draws"], len(draws)) == (2, 3)
+    assert row["dropped_groups"] == 3 * 8 / 4  # 2 groups per draw, all dropped
+    assert row["advantage_abs"] == 0.0
+    assert row["tokens_sampled"] > row["response_length"] * 8  # the extra draws were paid for
+    monkeypatch.setattr(rollouts, "sample_and_score", original)
+    train_group(str(sft), str(rm), prompt_records(16), str(tmp_path / "signal"), config)
+    (row,) = [
+        json.loads(line)
+        for line in (tmp_path / "signal" / "metrics.jsonl").read_text().splitlines()
+    ]
+    # groups without signal were drawn again, and the batch trained on has none left
+    assert row["dropped_groups"] > 0 and row["extra_draws"] >= 1
+    assert row["zero_std_group_fraction"] == 0.0
+
+
+def test_dynamic_sampling_keeps_the_informative_groups_of_extra_draws(tmp_path):
+    """The join of kept groups from batches of different widths is the batch sample_rollout would
+    have built: prompts padded on the left, responses on the right, rows in order."""
+    from farmkit.train import policy as P
+    from farmkit.train.rollouts import ScoredRollout, join
+
+    def scored(prompts, responses, scores):
+        rollout = P.Rollout(
+            torch.tensor(prompts),
+            torch.ones(len(prompts), len(prompts[0]), dtype=torch.long),
+            torch.tensor(responses),
+            torch.ones(len(responses), len(responses[0])),
+            torch.tensor([True] * len(responses)),
+        )
+        n = len(prompts)
+        return ScoredRollout(
+            rollout, list(range(n)), ["x"] * n, torch.tensor(scores), torch.tensor(scores)
+        )
+
+    a = scored([[5, 6]], [[7]], [1.0])
+    b = scored([[8]], [[9, 10]], [2.0])
+    joined = join([a, b.rows([0])], pad_token_id=0)
+    assert joined.rollout.prompt_ids.tolist() == [[5, 6], [0, 8]]
+    assert joined.rollout.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert joined.rollout.response_ids.tolist() == [[7, 0], [9, 10]]
+    assert joined.rollout.response_mask.tolist() == [[1.0, 0.0], [1.0, 1.0]]
+    assert joined.scores.tolist() == [1.0, 2.0]
+
+
+def test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out(
+    models, tmp_path, monkeypatch
+):
+    """Answers of at most 2 tokens: --overlong penalty (cache 1) takes 1 from the score of each
+    answer of 2 tokens (its length, the end token included), nothing from those of 1; --overlong
+    filter gives the cut answers weight 0 in every update."""
+    from farmkit.train import onpolicy
+
+    sft, rm = models
+    weights = []
+    surrogate = onpolicy.MicroBatch.surrogate
+
+    def spy(self, *args, **kwargs):
+        weights.append(self.weights)
+        return surrogate(self, *args, **kwargs)
+
+    monkeypatch.setattr(onpolicy.MicroBatch, "surrogate", spy)
+    small = {**TINY, "max_new_tokens": 2}
+    rows = {}
+    for overlong in ("penalty", "filter"):
+        weights.clear()
+        config = GRPOConfig(steps=1, kl_coef=0.0, overlong=overlong, overlong_cache=1, **small)
+        train_group(str(sft), str(rm), prompt_records(8), str(tmp_path / overlong), config)
+        (rows[overlong],) = [
+            json.loads(line)
+            for line in (tmp_path / overlong / "metrics.jsonl").read_text().splitlines()
+        ]
+    penalty, filtered = rows["penalty"], rows["filter"]
+    long_share = penalty["response_length"] - 1  # the share of answers of 2 tokens
+    assert 0 < long_share < 1
+    # the score is the reward model's (--unfinished truncate) less the penalty
+    assert penalty["score"] == pytest.approx(penalty["reward"] - long_share)
+    # each row once (one pass): the cut ones weigh 0, the others 1
+    rows_seen = torch.cat(weights)
+    cut = round(filtered["unfinished_fraction"] * 8)
+    assert rows_seen.shape == (8,) and 0 < cut < 8
+    assert (int((rows_seen == 0).sum()), int((rows_seen == 1).sum())) == (cut, 8 - cut)

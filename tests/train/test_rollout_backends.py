@@ -227,19 +227,34 @@ def test_logprob_mismatch_is_over_response_tokens_only():
     assert R.logprob_mismatch(engine, trainer, torch.zeros_like(mask)) == {"mean": 0.0, "max": 0.0}
 
 
-def test_truncated_importance_weights_cap_exp_of_trainer_minus_engine():
+def test_rollout_correction_truncates_or_masks_exp_of_trainer_minus_engine():
     trainer = torch.tensor([[-1.0, -0.5, -3.0], [-2.0, -1.0, 0.0]], requires_grad=True)
     engine = torch.tensor([[-1.0, -1.5, -2.0], [-0.1, -1.0, -4.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    weights = R.truncated_is_weights(trainer, engine, mask, cap=2.0)
+    weights, figures = R.rollout_correction(trainer, engine, mask, "token-truncate", 2.0)
     expected = [[1.0, 2.0, math.exp(-1.0)], [math.exp(-1.9), 1.0, 0.0]]  # e^1 > 2: capped
     assert torch.allclose(weights, torch.tensor(expected))
+    assert figures == {"rollout_truncated_fraction": pytest.approx(1 / 5)}
     assert not weights.requires_grad  # constants in the loss
+    masked, figures = R.rollout_correction(trainer, engine, mask, "token-mask", 2.0)
+    expected[0][1] = 0.0  # above the cap: out of the loss, the others keep their ratio
+    assert torch.allclose(masked, torch.tensor(expected))
+    assert figures == {"rollout_masked_fraction": pytest.approx(1 / 5)}
+    # per response: the product of its tokens' ratios, e^0 = 1 and e^-1.9 (padding left out)
+    sequence, _ = R.rollout_correction(trainer, engine, mask, "sequence-truncate", 0.5)
+    assert torch.allclose(sequence, torch.tensor([0.5, math.exp(-1.9)]))
+    sequence, figures = R.rollout_correction(trainer, engine, mask, "sequence-mask", 0.5)
+    assert torch.allclose(sequence, torch.tensor([0.0, math.exp(-1.9)]))
+    assert figures == {"rollout_masked_fraction": 0.5}
     # the cap bounds from above only: tiny ratios pass through
-    assert R.truncated_is_weights(trainer, engine, mask, cap=100.0)[0, 1] == pytest.approx(math.e)
+    loose, _ = R.rollout_correction(trainer, engine, mask, "token-truncate", 100.0)
+    assert loose[0, 1] == pytest.approx(math.e)
     for cap in (0.0, -1.0, float("nan")):
         with pytest.raises(FarmError, match="cap"):
-            R.truncated_is_weights(trainer, engine, mask, cap=cap)
+            R.rollout_correction(trainer, engine, mask, "token-mask", cap)
+    # the engine-vs-trainer KL: k3 of the engine's samples, over response tokens only
+    k3 = [math.expm1(-d) + d for d in (0.0, -1.0, 1.0, 1.9, 0.0)]
+    assert R.engine_kl(engine, trainer.detach(), mask) == pytest.approx(sum(k3) / 5)
 
 
 def test_a_vllm_completion_counts_its_tokens_as_generate_does():

@@ -1,0 +1,57 @@
+# Included by examples/Makefile (it uses the Makefile's OUT, SEED, PYTHON and SIM_EVALS).
+# -------------------------------------------------------------------------------------------
+# Your own annotators on the demo's evaluation (docs/humans.md):
+#
+#   make humans                serves HUMAN_N of the evaluation pairs the simulated pool judged (every
+#                              system against the reference) with farm-label and prints each
+#                              annotator's link; Ctrl-C stops it and the same command resumes. Once
+#                              every pair is labelled, the same command prints the report instead.
+#   make humans-report         the agreement table (farm-correlate --judge --humans) and the
+#                              prediction-powered board (farm-winrate --humans) on the labels so far
+#   make humans HUMAN_ANNOTATORS=alice,bob,carol HUMAN_OVERLAP=0.25 HUMAN_HOST=0.0.0.0 HUMAN_PORT=8000
+#
+# The pairs are a seeded uniform sample of the judged ones (human_sample.py), as prediction-powered
+# inference assumes. LABELS is complete when every annotator has labelled their whole queue, as
+# `farm-label ... --status` says.
+
+HUMAN_N ?= 40
+HUMAN_ANNOTATORS ?= 3
+HUMAN_OVERLAP ?= 0.25
+HUMAN_HOST ?= 127.0.0.1
+HUMAN_PORT ?= 0
+HUMAN_FORMAT ?= table
+HUMANS_OUT ?= $(OUT)/humans
+HUMAN_SIM := $(HUMANS_OUT)/sim_prefs.jsonl
+HUMAN_PAIRS := $(HUMANS_OUT)/pairs.jsonl
+HUMAN_LABELS := $(HUMANS_OUT)/labels.jsonl
+
+# the report's two commands (a variable, not a sub-make: `make -n humans` must run nothing)
+HUMAN_REPORT = farm-correlate --judge $(HUMAN_SIM) --humans $(HUMAN_LABELS) --format $(HUMAN_FORMAT) && \
+	farm-winrate $(HUMAN_SIM) --humans $(HUMAN_LABELS) --format $(HUMAN_FORMAT)
+
+# the simulated pool's verdicts on every evaluation pair, in one file: what the humans are compared with
+$(HUMAN_SIM): $(SIM_EVALS)
+	@mkdir -p $(@D)
+	cat $^ > $@
+
+$(HUMAN_PAIRS): $(HUMAN_SIM)
+	$(PYTHON) human_sample.py $< -n $(HUMAN_N) --seed $(SEED) -o $@
+
+# farm-label's own command, and its --status (exit 0 once LABELS is complete, 75 before; 1 while a
+# server holds LABELS): the recipe asks farm-label rather than counting lines itself
+HUMAN_LABEL = farm-label $(HUMAN_PAIRS) -o $(HUMAN_LABELS) --annotators $(HUMAN_ANNOTATORS) \
+	--overlap $(HUMAN_OVERLAP) --seed $(SEED)
+
+humans: $(HUMAN_PAIRS) $(HUMAN_SIM)
+	@if $(HUMAN_LABEL) --status -q > /dev/null; then \
+	  $(HUMAN_REPORT); \
+	else \
+	  echo "humans: $(HUMAN_LABELS) is not complete; serving it (Ctrl-C stops, the same command resumes)"; \
+	  $(HUMAN_LABEL) --host $(HUMAN_HOST) --port $(HUMAN_PORT); \
+	fi
+
+humans-report: $(HUMAN_SIM)
+	@test -s $(HUMAN_LABELS) || { echo "humans-report: no labels in $(HUMAN_LABELS) yet: run make humans"; exit 1; }
+	$(HUMAN_REPORT)
+
+.PHONY: humans humans-report

@@ -1,0 +1,87 @@
+"""farm-label: pairs served to a team's own annotators through a local page, their answers written as
+preference records (the assignment, the durable store, the server and the organiser's status page)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from farmkit.core.fields import EXISTING_FILE, help_field
+from farmkit.core.values import FRACTION, Bounds
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_annotators(text: str) -> tuple[str, ...]:
+    """`alice,bob` (names) or `3` (annotator-1..annotator-3)."""
+    text = str(text).strip()
+    if text.isdigit():
+        count = int(text)
+        if count < 1:
+            raise ValueError("expected at least one annotator")
+        return tuple(f"annotator-{number}" for number in range(1, count + 1))
+    names = tuple(part.strip() for part in text.split(","))
+    for name in names:
+        if not _NAME.match(name):
+            raise ValueError(
+                f"{name!r} is not an annotator name; expected names of letters, digits, '_', '.' or "
+                "'-' separated by commas (alice,bob), or a count (3)"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError("an annotator is named twice")
+    return names
+
+
+@dataclass
+class LabelConfig:
+    """farm-label's settings (its options; --reference and --seed are the shared ones)."""
+
+    output: str = help_field(
+        None,
+        "The preference records (LABELS), rewritten whole after every answer and undo; its journal, "
+        "the links' tokens and the check answers are kept beside it (LABELS.journal.jsonl, "
+        "LABELS.session.json, LABELS.checks.jsonl). The same command again resumes.",
+        flags=("-o", "--output"),
+        required=True,
+        path={"dir_okay": False},
+        show_default=False,
+    )
+    annotators: tuple[str, ...] = help_field(
+        "1",
+        "Names (alice,bob) or a count (3: annotator-1..annotator-3); one link each.",
+        parse=parse_annotators,
+        metavar="NAMES|N",
+    )
+    overlap: float = help_field(
+        0.0,
+        "The fraction of the pairs that every annotator labels (for agreement); each other pair goes "
+        "to one annotator.",
+        bounds=FRACTION,
+    )
+    checks: str | None = help_field(
+        None,
+        "Known-answer pairs (preference records) mixed into every annotator's queue at seeded "
+        "places; their answers go to LABELS.checks.jsonl, never to LABELS, and each annotator's "
+        "score is on the status page and in the summary.",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    guidelines: str | None = help_field(
+        None,
+        "A markdown file of guidelines shown on the page, instead of farmkit's own.",
+        path=EXISTING_FILE,
+        show_default=False,
+    )
+    host: str = help_field(
+        "127.0.0.1", "The address to listen on (another than 127.0.0.1 opens the page to others)."
+    )
+    port: int = help_field(
+        0,
+        "The port to listen on; 0 picks a free one (the printed links carry it).",
+        bounds=Bounds(0, 65535),
+    )
+    status: bool = help_field(
+        False,
+        "Serve nothing: print LABELS' progress (one JSON record: each annotator's done and total, "
+        "whether LABELS is complete) and exit 0 when it is complete, 75 when not yet.",
+    )

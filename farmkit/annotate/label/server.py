@@ -1,0 +1,314 @@
+"""farm-label's web server (Starlette, served by uvicorn): the labelling page and its JSON API, one
+link per annotator, and the organiser's status page. Every route past the static assets needs a
+token; model outputs leave the server only as JSON strings, for the page to set as text."""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import math
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from farmkit.annotate.label.assign import CHOICES
+from farmkit.annotate.label.store import Store
+from farmkit.core.io import FarmError
+
+STATIC = Path(__file__).parent / "static"
+GUIDELINES = Path(__file__).parent / "guidelines.md"  # --guidelines replaces them
+MAX_BODY = 16 * 1024
+# the page has no inline script or style, loads nothing from elsewhere and cannot be framed
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # the token is in the URL
+}
+FORBIDDEN = "forbidden\n"  # the one reply to every unknown token or path: it tells nothing
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response):
+        self.response = response
+
+
+def _forbidden() -> Response:
+    return PlainTextResponse(FORBIDDEN, status_code=403)
+
+
+def _error(status: int, message: str, **more: Any) -> Response:
+    return JSONResponse({"error": message, **more}, status_code=status)
+
+
+class _Headers:
+    """ASGI middleware: the security headers on every reply, and no caching of anything but the
+    page's assets (the API's state changes with every answer; the page's URL holds a token)."""
+
+    def __init__(self, app: Callable):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cacheable = scope["path"].startswith("/static/")
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+                if not cacheable:
+                    headers["Cache-Control"] = "no-store"
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def same_token(known: str, given: str) -> bool:
+    """In constant time (a timing cannot tell how much of a guess was right); as bytes, since a
+    guess may hold any character."""
+    return hmac.compare_digest(known.encode(), given.encode("utf-8", "surrogatepass"))
+
+
+def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlette:
+    """The application over an open store. `static`: the folder of the page (label.html) and its
+    assets. Handlers are coroutines that touch the store without awaiting, so the event loop runs
+    one answer at a time to its end: writes never interleave, whoever sends them."""
+
+    def annotator_of(request: Request) -> str:
+        given = request.path_params["token"]
+        found = [name for name, known in store.tokens.items() if same_token(known, given)]
+        if not found:
+            raise _Refused(_forbidden())
+        return found[0]
+
+    def admin(request: Request) -> None:
+        if not same_token(store.admin, request.path_params["token"]):
+            raise _Refused(_forbidden())
+
+    def state(annotator: str) -> dict[str, Any]:
+        item_id = store.current(annotator)
+        done, total = store.progress(annotator)
+        return {
+            "annotator": annotator,
+            "item": None if item_id is None else store.item(annotator, item_id),
+            "progress": {"done": done, "total": total},
+            "can_undo": done > 0,
+            "guidelines": guidelines,
+        }
+
+    async def posted(request: Request) -> dict[str, Any]:
+        """The JSON body of a POST from the page itself: same origin, JSON, at most MAX_BODY."""
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host')}":
+            raise _Refused(_error(403, "cross-origin request refused"))
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise _Refused(_error(415, "expected Content-Type: application/json"))
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+            raise _Refused(_error(413, f"request body over {MAX_BODY} bytes"))
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                raise _Refused(_error(413, f"request body over {MAX_BODY} bytes"))
+        try:
+            value = json.loads(body or b"{}")
+        except ValueError:
+            raise _Refused(_error(400, "the body is not JSON")) from None
+        if not isinstance(value, dict):
+            raise _Refused(_error(400, "expected a JSON object"))
+        return value
+
+    async def page(request: Request) -> Response:
+        annotator_of(request)
+        return FileResponse(static / "label.html", media_type="text/html; charset=utf-8")
+
+    async def get_state(request: Request) -> Response:
+        return JSONResponse(state(annotator_of(request)))
+
+    async def answer(request: Request) -> Response:
+        annotator = annotator_of(request)
+        body = await posted(request)
+        item_id, choice, seconds = body.get("item_id"), body.get("choice"), body.get("seconds")
+        if not isinstance(item_id, str):
+            return _error(400, "expected item_id, a string")
+        if choice not in CHOICES:
+            return _error(400, f"expected choice, one of {', '.join(CHOICES)}")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            return _error(400, "expected seconds, a number >= 0")
+        if store.current(annotator) != item_id:
+            return _error(409, "not your current item", state=state(annotator))
+        store.answer(annotator, item_id, choice, seconds)
+        return JSONResponse(state(annotator))
+
+    async def undo(request: Request) -> Response:
+        annotator = annotator_of(request)
+        await posted(request)
+        if not store.answers[annotator]:
+            return _error(409, "nothing to undo", state=state(annotator))
+        store.undo(annotator)
+        return JSONResponse(state(annotator))
+
+    async def status_json(request: Request) -> Response:
+        admin(request)
+        return JSONResponse(status(store))
+
+    async def status_page(request: Request) -> Response:
+        admin(request)
+        return HTMLResponse(status_html(status(store)))
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        return exc.response if isinstance(exc, _Refused) else _forbidden()
+
+    routes = [
+        Route("/a/{token}", page),
+        Route("/a/{token}/api/state", get_state),
+        Route("/a/{token}/api/answer", answer, methods=["POST"]),
+        Route("/a/{token}/api/undo", undo, methods=["POST"]),
+        Route("/status/{token}.json", status_json),
+        Route("/status/{token}", status_page),
+        Mount("/static", StaticFiles(directory=static, check_dir=False)),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={_Refused: refused, 404: refused, 405: refused},
+    )
+    app.add_middleware(_Headers)
+    return app
+
+
+def status(store: Store) -> dict[str, Any]:
+    """The organiser's view: each annotator's progress and check score, and whether LABELS is whole."""
+    annotators = []
+    for name in store.assignment.queues:
+        done, total = store.progress(name)
+        right, answered = store.check_score(name)
+        annotators.append(
+            {
+                "annotator": name,
+                "done": done,
+                "total": total,
+                "checks_right": right,
+                "checks_answered": answered,
+                "check_score": right / answered if answered else None,
+            }
+        )
+    return {"output": str(store.output), "complete": store.complete(), "annotators": annotators}
+
+
+def status_html(report: dict[str, Any]) -> str:
+    rows = "".join(
+        "<tr><td>{}</td><td>{} / {}</td><td>{}</td></tr>".format(
+            html.escape(row["annotator"]),
+            row["done"],
+            row["total"],
+            "-"
+            if row["check_score"] is None
+            else f"{row['checks_right']} / {row['checks_answered']} ({row['check_score']:.0%})",
+        )
+        for row in report["annotators"]
+    )
+    said = (
+        "complete: every annotator has labelled every pair" if report["complete"] else "in progress"
+    )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>farm-label status</title>'
+        f"</head><body><h1>farm-label status</h1><p>{html.escape(report['output'])}: {said}</p>"
+        "<table><thead><tr><th>annotator</th><th>labelled</th><th>checks right</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></body></html>\n"
+    )
+
+
+def summary(store: Store) -> list[str]:
+    """The lines printed when the server stops."""
+    report = status(store)
+    lines = []
+    for row in report["annotators"]:
+        checks = (
+            f", checks {row['checks_right']}/{row['checks_answered']}"
+            if row["checks_answered"]
+            else ""
+        )
+        lines.append(f"{row['annotator']}: {row['done']}/{row['total']} labelled{checks}")
+    lines.append(
+        f"{report['output']} is complete"
+        if report["complete"]
+        else f"{report['output']} is not complete yet: run the same command to resume"
+    )
+    return lines
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: a free port), or a FarmError saying why not."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise FarmError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as exc:
+        listener.close()
+        raise FarmError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port "
+            "(--port 0 picks a free one)"
+        ) from None
+    return listener
+
+
+def base_url(listener: socket.socket, host: str) -> str:
+    port = listener.getsockname()[1]
+    shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(number: int, frame: Any) -> None:
+    raise _Stopped
+
+
+def serve(app: Starlette, listener: socket.socket) -> None:
+    """Serve until SIGINT or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
+    # uvicorn re-raises the signal that stopped it once it is done: with these handlers that is an
+    # exception caught here, so a SIGTERM ends the command as a Ctrl-C does, with the summary
+    previous = {number: signal.signal(number, _stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        uvicorn.Server(config).run(sockets=[listener])
+    except _Stopped:
+        pass
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -1,0 +1,171 @@
+// farm-label's page: shows this annotator's current pair, sends one answer at a time and moves on
+// only when the server says the answer is written. Model outputs are untrusted: every text from the
+// server is set with textContent, never parsed as HTML.
+"use strict";
+
+(() => {
+  // the page is served at /a/<token>; its API lives under the same path, so the token never leaves it
+  const base = window.location.pathname.replace(/\/+$/, "");
+  const byId = (id) => document.getElementById(id);
+  const choiceButtons = Array.from(document.querySelectorAll("#choices button[data-choice]"));
+  // keys 1-5 are the buttons in their order on the page
+  const keyChoices = new Map(choiceButtons.map((button, index) => [String(index + 1), button]));
+  const undoButton = byId("undo");
+
+  let state = null;
+  let shownItem = null;
+  let shownAt = 0;
+  let inFlight = false;
+
+  function setText(element, text) {
+    element.textContent = text;
+  }
+
+  function showError(message) {
+    setText(byId("error"), message);
+    byId("error").hidden = !message;
+  }
+
+  function refreshButtons() {
+    for (const button of choiceButtons) {
+      button.disabled = inFlight || !state || !state.item;
+    }
+    undoButton.disabled = inFlight || !state || !state.can_undo;
+  }
+
+  function render(next) {
+    state = next;
+    setText(byId("annotator"), next.annotator);
+    setText(byId("progress"), `${next.progress.done} / ${next.progress.total}`);
+    setText(byId("guidelines").querySelector(".text"), next.guidelines || "");
+    const item = next.item;
+    byId("task").hidden = item === null;
+    byId("done").hidden = item !== null;
+    if (item !== null) {
+      setText(byId("instruction"), item.instruction);
+      const hasInput = Boolean(item.input);
+      setText(byId("input"), hasInput ? item.input : "");
+      byId("input").hidden = !hasInput;
+      byId("input-heading").hidden = !hasInput;
+      setText(byId("left").querySelector(".text"), item.left);
+      setText(byId("right").querySelector(".text"), item.right);
+      if (item.item_id !== shownItem) {
+        // a new pair on screen: its time starts now, and the reader starts at its top
+        shownItem = item.item_id;
+        shownAt = performance.now();
+        window.scrollTo(0, 0);
+      }
+    } else {
+      shownItem = null;
+    }
+    refreshButtons();
+  }
+
+  async function request(method, path, body) {
+    const options = { method, cache: "no-store", headers: {} };
+    if (body !== undefined) {
+      options.headers["Content-Type"] = "application/json";
+      options.body = JSON.stringify(body);
+    }
+    const response = await fetch(`${base}/api/${path}`, options);
+    let payload = null;
+    try {
+      payload = await response.json();
+    } catch (_) {
+      payload = null;
+    }
+    return { response, payload };
+  }
+
+  // One request at a time: the buttons and keys stay dead until the server has answered, so a
+  // double click or a held key cannot send a second answer for the same pair.
+  async function send(method, path, body, conflictMessage) {
+    if (inFlight) {
+      return;
+    }
+    inFlight = true;
+    refreshButtons();
+    try {
+      const { response, payload } = await request(method, path, body);
+      if (response.ok && payload) {
+        showError("");
+        render(payload);
+      } else if (response.status === 409) {
+        if (payload && payload.state) {
+          render(payload.state);
+        }
+        showError(conflictMessage);
+      } else {
+        showError(
+          `The server refused this (HTTP ${response.status}); nothing was saved. Reload the page; ` +
+            "if it happens again, tell the organiser.",
+        );
+      }
+    } catch (_) {
+      showError(
+        "The server cannot be reached, so nothing was saved. When it is running again, reload the page: " +
+          "you will continue where you were.",
+      );
+    } finally {
+      inFlight = false;
+      refreshButtons();
+    }
+  }
+
+  function answer(choice) {
+    if (!state || !state.item) {
+      return;
+    }
+    const seconds = (performance.now() - shownAt) / 1000;
+    // the focused button would otherwise take a stray Enter or Space as an answer to the next pair
+    if (document.activeElement instanceof HTMLElement) {
+      document.activeElement.blur();
+    }
+    send(
+      "POST",
+      "answer",
+      { item_id: state.item.item_id, choice, seconds },
+      "That pair was already answered (another tab?); this is your current one.",
+    );
+  }
+
+  function undo() {
+    if (!state || !state.can_undo) {
+      return;
+    }
+    send("POST", "undo", {}, "There is nothing to undo.");
+  }
+
+  for (const button of choiceButtons) {
+    button.addEventListener("click", () => answer(button.dataset.choice));
+  }
+  undoButton.addEventListener("click", undo);
+
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) {
+      return;
+    }
+    if (keyChoices.has(event.key)) {
+      event.preventDefault();
+      answer(keyChoices.get(event.key).dataset.choice);
+    } else if (event.key === "u" || event.key === "U") {
+      event.preventDefault();
+      undo();
+    }
+  });
+
+  async function load() {
+    try {
+      const { response, payload } = await request("GET", "state");
+      if (!response.ok || !payload) {
+        showError(`The server refused this page (HTTP ${response.status}). Check your link.`);
+        return;
+      }
+      render(payload);
+    } catch (_) {
+      showError("The server cannot be reached. When it is running again, reload the page.");
+    }
+  }
+
+  load();
+})();

@@ -1,0 +1,335 @@
+"""The durable state of a labelling session: every answer and undo appended to a journal and fsync'd
+before the page is answered, LABELS (and LABELS.checks.jsonl) rewritten whole from it, the links'
+tokens kept, and one server at a time.
+
+Why a journal: appending one line is the only write that is both cheap and made durable by one fsync,
+and a crash can tear only its last line, which was never acknowledged (the reply waits for the fsync)
+and is dropped at the next start. LABELS itself cannot be appended to, since an undo removes a record
+from it; it is a view of the journal, rewritten to a temporary file and renamed, so a reader never sees
+half of it, and rebuilt from the journal at every start, so a crash between the two writes loses
+nothing.
+
+Files beside LABELS: LABELS.journal.jsonl (the journal, locked while a server runs), LABELS.session.json
+(the tokens and what the assignment was made from, mode 0600) and LABELS.checks.jsonl (the answers to
+--checks pairs, never mixed into LABELS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from farmkit.annotate.label.assign import Assignment, assign, check_id, pair_id, verdict
+from farmkit.core.io import FarmError, RecordError, atomic_path, display_name, dumps, read_numbered
+from farmkit.core.provenance import provenance, stamp
+from farmkit.core.seeds import stable_hash
+
+TOOL = "farm-label"
+KNOWN = (1, 2, 1.5)  # the answers a check may know
+# what a verdict of someone else (farm-annotate's, or the known answer of a check) leaves on a pair
+# that a human answer replaces
+_VERDICT_FIELDS = ("preference", "preference_reason", "strength", "annotator", "shown", "seconds")
+
+
+def companion(output: Path, suffix: str) -> Path:
+    """A file kept beside LABELS: LABELS.journal.jsonl, LABELS.session.json, LABELS.checks.jsonl."""
+    return output.with_name(output.name + suffix)
+
+
+@dataclass
+class Answer:
+    sequence: int  # the journal line that made it: LABELS keeps the order answers were given in
+    item_id: str
+    record: dict[str, Any]
+
+
+@dataclass
+class Store:
+    """A session's answers, per annotator a stack in queue order (the i-th answer is to the i-th
+    item of the queue), so the current item is the queue's next one and undo pops the last."""
+
+    output: Path
+    pairs: dict[str, dict[str, Any]]  # item id -> the pair record (checks included)
+    checks: set[str]  # the item ids that are known-answer checks
+    assignment: Assignment
+    seed: int
+    tokens: dict[str, str] = field(default_factory=dict)  # annotator -> token
+    admin: str = ""
+    answers: dict[str, list[Answer]] = field(default_factory=dict)
+    _journal: int | None = None
+    _sequence: int = 0
+
+    @property
+    def journal_path(self) -> Path:
+        return companion(self.output, ".journal.jsonl")
+
+    @property
+    def session_path(self) -> Path:
+        return companion(self.output, ".session.json")
+
+    @property
+    def checks_path(self) -> Path:
+        return companion(self.output, ".checks.jsonl")
+
+    def open(self, made_from: dict[str, Any]) -> Store:
+        """Take the lock, check that LABELS belongs to this session (`made_from`: what the
+        assignment was drawn from), read the tokens (new ones for a new session) and replay the
+        journal. Raises FarmError when another server holds LABELS or it was made otherwise."""
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.journal_path.exists()
+        journal = os.open(self.journal_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(journal)
+            raise FarmError(
+                f"{self.output}: another farm-label server is using it (it holds the lock on "
+                f"{self.journal_path}); stop that one first, or choose another -o"
+            ) from None
+        self._journal = journal
+        try:
+            self._session(made_from)
+            self._replay()
+            self._rewrite(checks=True)
+        except BaseException:
+            self.close()
+            if new and not self.session_path.exists():  # refused before it began: leave no trace
+                self.journal_path.unlink(missing_ok=True)
+            raise
+        return self
+
+    def close(self) -> None:
+        if self._journal is not None:
+            os.close(self._journal)  # closing releases the lock
+            self._journal = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _session(self, made_from: dict[str, Any]) -> None:
+        if self.session_path.exists():
+            session = orjson.loads(self.session_path.read_bytes())
+            before = session["made_from"]
+            changed = sorted(
+                key
+                for key in made_from.keys() | before.keys()
+                if before.get(key) != made_from.get(key)
+            )
+            if changed:
+                raise FarmError(
+                    f"{self.output}: its labelling session was started with other "
+                    f"{', '.join(changed)} (a different assignment); run the same command as before "
+                    "to resume, or choose another -o for a new session"
+                )
+            self.tokens, self.admin = session["tokens"], session["admin"]
+            return
+        if self.output.exists() or self.checks_path.exists():
+            raise FarmError(
+                f"{self.output}: exists and is not a farm-label session (no {self.session_path.name} "
+                "beside it); choose another -o"
+            )
+        self.tokens = {name: secrets.token_urlsafe(24) for name in self.assignment.queues}
+        self.admin = secrets.token_urlsafe(24)
+        session = {"made_from": made_from, "tokens": self.tokens, "admin": self.admin}
+        _write_durably(self.session_path, orjson.dumps(session, option=orjson.OPT_INDENT_2), 0o600)
+
+    def _replay(self) -> None:
+        self.answers = {name: [] for name in self.assignment.queues}
+        data = self.journal_path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) < len(data):
+            # a line cut short by a crash: never acknowledged (the reply waits for the fsync)
+            os.truncate(self.journal_path, len(complete))
+        for number, line in enumerate(complete.splitlines(), 1):
+            try:
+                event = orjson.loads(line)
+                self._apply(event, number)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise RecordError(
+                    str(self.journal_path),
+                    number,
+                    f"not an event of this session ({exc}); expected the answers and undos "
+                    "farm-label wrote",
+                ) from None
+        self._sequence = complete.count(b"\n")
+
+    def _apply(self, event: dict[str, Any], sequence: int) -> None:
+        annotator, item_id = event["annotator"], event["item_id"]
+        stack = self.answers[annotator]
+        if event["event"] == "answer":
+            if self.current(annotator) != item_id:
+                raise ValueError(f"{annotator} answered {item_id} out of turn")
+            stack.append(Answer(sequence, item_id, event["record"]))
+        elif event["event"] == "undo":
+            if not stack or stack[-1].item_id != item_id:
+                raise ValueError(f"{annotator} undid {item_id}, not their last answer")
+            stack.pop()
+        else:
+            raise ValueError(f"unknown event {event['event']!r}")
+
+    def current(self, annotator: str) -> str | None:
+        """The item this annotator is shown now (None: all answered)."""
+        queue = self.assignment.queues[annotator]
+        done = len(self.answers[annotator])
+        return queue[done] if done < len(queue) else None
+
+    def item(self, annotator: str, item_id: str) -> dict[str, Any]:
+        """The item as this annotator sees it: the two outputs in the order drawn for them."""
+        pair = self.pairs[item_id]
+        swapped = self.assignment.swapped(annotator, item_id)
+        left, right = ("output_2", "output_1") if swapped else ("output_1", "output_2")
+        return {
+            "item_id": item_id,
+            "instruction": pair["instruction"],
+            "input": pair.get("input") or None,
+            "left": pair[left],
+            "right": pair[right],
+        }
+
+    def answer(self, annotator: str, item_id: str, choice: str, seconds: float) -> None:
+        """Record an answer to the annotator's current item, durably, then rewrite LABELS."""
+        if self.current(annotator) != item_id:
+            raise ValueError(f"{item_id} is not {annotator}'s current item")
+        record = self._record(annotator, item_id, choice, seconds)
+        self._append(
+            {"event": "answer", "annotator": annotator, "item_id": item_id, "record": record}
+        )
+
+    def undo(self, annotator: str) -> None:
+        """Remove the annotator's last answer (ValueError when there is none)."""
+        stack = self.answers[annotator]
+        if not stack:
+            raise ValueError(f"{annotator} has nothing to undo")
+        self._append({"event": "undo", "annotator": annotator, "item_id": stack[-1].item_id})
+
+    def _record(self, annotator: str, item_id: str, choice: str, seconds: float) -> dict[str, Any]:
+        pair = self.pairs[item_id]
+        swapped = self.assignment.swapped(annotator, item_id)
+        preference, strength = verdict(choice, swapped)
+        record = {key: value for key, value in pair.items() if key not in _VERDICT_FIELDS}
+        if item_id in self.checks:
+            record["known_preference"] = pair["preference"]
+        record.update(
+            preference=preference,
+            strength=strength,
+            annotator=annotator,
+            shown=["output_2", "output_1"] if swapped else ["output_1", "output_2"],
+            seconds=float(seconds),
+            time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        )
+        return stamp(record, TOOL, provenance(TOOL, self.seed, item_id=item_id))
+
+    def _append(self, event: dict[str, Any]) -> None:
+        assert self._journal is not None, "the store is not open"
+        line = dumps(event)
+        os.write(self._journal, line)  # O_APPEND: one write, at the end
+        os.fsync(self._journal)
+        self._sequence += 1
+        self._apply(event, self._sequence)
+        self._rewrite(checks=event["item_id"] in self.checks)
+
+    def _rewrite(self, checks: bool) -> None:
+        answers = sorted(
+            (answer for stack in self.answers.values() for answer in stack),
+            key=lambda answer: answer.sequence,
+        )
+        targets = [(self.output, False)] + (
+            [(self.checks_path, True)] if checks and self.checks else []
+        )
+        for path, of_checks in targets:
+            data = b"".join(
+                dumps(answer.record)
+                for answer in answers
+                if (answer.item_id in self.checks) == of_checks
+            )
+            _write_durably(path, data)
+
+    def progress(self, annotator: str) -> tuple[int, int]:
+        return len(self.answers[annotator]), len(self.assignment.queues[annotator])
+
+    def check_score(self, annotator: str) -> tuple[int, int]:
+        """(answers that match the known answer, check answers) of this annotator."""
+        answered = [
+            answer.record for answer in self.answers[annotator] if answer.item_id in self.checks
+        ]
+        return sum(record["preference"] == record["known_preference"] for record in answered), len(
+            answered
+        )
+
+    def complete(self) -> bool:
+        """Whether every annotator has answered every item of their queue (LABELS is then whole)."""
+        return all(done == total for done, total in map(self.progress, self.assignment.queues))
+
+
+def _write_durably(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write a whole file through a temporary one, fsync'd before the rename and the folder after it."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
+            os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def read_checks(path: str) -> list[dict[str, Any]]:
+    """The known-answer pairs of --checks: preference records whose preference is 1, 2 or 1.5."""
+    checks = []
+    for where, record in read_numbered(path, "pair"):
+        if record.get("preference") not in KNOWN:
+            raise FarmError(
+                f"{where}: preference is {record.get('preference')!r}; expected a check's known "
+                "answer, 1 (output_1 better), 2 (output_2 better) or 1.5 (a tie)"
+            )
+        checks.append(record)
+    if not checks:
+        raise FarmError(
+            f"{display_name(path)}: no checks; expected preference records with a known answer"
+        )
+    return checks
+
+
+def open_store(
+    output: str,
+    pairs: list[dict[str, Any]],
+    checks: list[dict[str, Any]],
+    annotators: tuple[str, ...],
+    overlap: float,
+    seed: int,
+) -> Store:
+    """The store of the session that labels `pairs` (with `checks` mixed in), opened: locked, its
+    tokens read or made, its journal replayed (see Store.open)."""
+    items = {pair_id(index): pair for index, pair in enumerate(pairs)}
+    items.update({check_id(index): check for index, check in enumerate(checks)})
+    made_from = {
+        "pairs": stable_hash(pairs),
+        "checks": stable_hash(checks) if checks else None,
+        "annotators": list(annotators),
+        "overlap": overlap,
+        "seed": seed,
+    }
+    store = Store(
+        Path(output),
+        items,
+        {check_id(index) for index in range(len(checks))},
+        assign(len(pairs), len(checks), annotators, overlap, seed),
+        seed,
+    )
+    return store.open(made_from)

@@ -1,0 +1,307 @@
+"""farm-label's HTTP API through Starlette's TestClient: state, answer, undo and 409 on a stale item;
+the records written; every security rule (tokens, other annotators' items, body cap, origin, content
+type, the status page's admin token, the headers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+from starlette.testclient import TestClient  # noqa: E402
+
+from farmkit.annotate.label.server import FORBIDDEN, MAX_BODY, create_app  # noqa: E402
+from farmkit.annotate.label.store import open_store  # noqa: E402
+
+GUIDELINES = "Prefer the answer that does what was asked."
+# the contract's headers, written out: the server's own table could lose one unnoticed
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+INJECTION = '<script>alert(1)</script><img src=x onerror="alert(2)"> [x](javascript:alert(3))'
+
+
+def pairs(count: int) -> list[dict]:
+    return [
+        {
+            "instruction": f"task {index}",
+            "input": "context" if index == 0 else "",
+            "output_1": f"first {index}",
+            "output_2": f"second {index} {INJECTION}",
+            "generator_1": "ref",
+            "generator_2": "model",
+            "id": f"id-{index}",
+        }
+        for index in range(count)
+    ]
+
+
+CHECKS = [{"instruction": "2+2?", "input": "", "output_1": "4", "output_2": "5", "preference": 1}]
+
+
+@pytest.fixture(name="session")
+def session_fixture(tmp_path):
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "label.html").write_text("<!doctype html><title>page</title>\n")
+    (static / "label.js").write_text("// the page's script\n")
+    store = open_store(str(tmp_path / "labels.jsonl"), pairs(6), CHECKS, ("alice", "bob"), 0.0, 0)
+    client = TestClient(create_app(store, GUIDELINES, static))
+    yield store, client
+    store.close()
+
+
+def api(store, name: str, route: str) -> str:
+    return f"/a/{store.tokens[name]}/api/{route}"
+
+
+def post(client, url: str, body: dict, **headers) -> object:
+    return client.post(
+        url, content=json.dumps(body), headers={"Content-Type": "application/json", **headers}
+    )
+
+
+def written(store) -> list[dict]:
+    return [json.loads(line) for line in store.output.read_text().splitlines()]
+
+
+def test_state_shows_the_current_item_in_its_order_progress_and_guidelines(session):
+    store, client = session
+    reply = client.get(api(store, "alice", "state"))
+    assert reply.status_code == 200
+    state = reply.json()
+    assert set(state) == {"annotator", "item", "progress", "can_undo", "guidelines"}
+    assert state["annotator"] == "alice" and state["guidelines"] == GUIDELINES
+    assert state["progress"] == {"done": 0, "total": len(store.assignment.queues["alice"])}
+    assert state["can_undo"] is False
+    item = state["item"]
+    assert set(item) == {"item_id", "instruction", "input", "left", "right"}
+    pair = store.pairs[item["item_id"]]
+    swapped = store.assignment.swapped("alice", item["item_id"])
+    assert (item["left"], item["right"]) == (
+        (pair["output_2"], pair["output_1"]) if swapped else (pair["output_1"], pair["output_2"])
+    )
+    assert item["input"] == (pair["input"] or None)
+
+
+def answer_all(store, client, name: str, choice: str = "A_much") -> list[dict]:
+    states = []
+    while (state := client.get(api(store, name, "state")).json())["item"] is not None:
+        body = {"item_id": state["item"]["item_id"], "choice": choice, "seconds": 2.5}
+        reply = post(client, api(store, name, "answer"), body)
+        assert reply.status_code == 200, reply.text
+        states.append(reply.json())
+    return states
+
+
+def test_answers_become_preference_records_mapped_back_from_the_order_shown(session):
+    store, client = session
+    states = answer_all(store, client, "alice", "A_slightly")
+    assert (
+        states[-1]["item"] is None
+        and states[-1]["progress"]["done"] == states[-1]["progress"]["total"]
+    )
+    records = written(store)
+    assert len(records) == len(store.assignment.queues["alice"]) - 1  # the check goes elsewhere
+    assert {record["shown"][0] for record in records} == {"output_1", "output_2"}  # both orders met
+    for record in records:
+        left = record["shown"][0]
+        assert record["preference"] == (1 if left == "output_1" else 2)
+        assert record["strength"] == "slightly" and record["annotator"] == "alice"
+        assert record["seconds"] == 2.5 and record["time"].endswith("+00:00")
+        assert record["generator_2"] == "model" and record["id"].startswith("id-")
+        assert record["output_2"].endswith(INJECTION)  # stored as given, never rewritten
+    (check,) = [json.loads(line) for line in store.checks_path.read_text().splitlines()]
+    assert check["known_preference"] == 1 and check["annotator"] == "alice"
+    assert store.check_score("alice") == (int(check["preference"] == 1), 1)
+
+
+def test_a_tie_has_preference_one_and_a_half_and_no_strength(session):
+    store, client = session
+    state = client.get(api(store, "bob", "state")).json()
+    body = {"item_id": state["item"]["item_id"], "choice": "tie", "seconds": 1}
+    assert post(client, api(store, "bob", "answer"), body).status_code == 200
+    (record,) = written(store) or [json.loads(store.checks_path.read_text())]  # or a check
+    assert (record["preference"], record["strength"]) == (1.5, None)
+
+
+def test_a_stale_or_foreign_item_is_409_with_the_state_and_nothing_is_written(session):
+    store, client = session
+    current = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    bobs = store.assignment.queues["bob"][0]
+    for item_id in (bobs, "p999", store.assignment.queues["alice"][1]):
+        reply = post(
+            client,
+            api(store, "alice", "answer"),
+            {"item_id": item_id, "choice": "tie", "seconds": 1},
+        )
+        assert reply.status_code == 409
+        assert reply.json()["state"]["item"]["item_id"] == current
+    assert store.journal_path.read_bytes() == b""
+    first = post(
+        client, api(store, "alice", "answer"), {"item_id": current, "choice": "tie", "seconds": 1}
+    )
+    assert first.status_code == 200
+    again = post(
+        client, api(store, "alice", "answer"), {"item_id": current, "choice": "tie", "seconds": 1}
+    )
+    assert again.status_code == 409  # a double click answers once
+    assert len(store.journal_path.read_bytes().splitlines()) == 1
+
+
+def test_undo_removes_the_last_answer_and_shows_that_item_again(session):
+    store, client = session
+    assert post(client, api(store, "alice", "undo"), {}).status_code == 409  # nothing to undo
+    first = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    post(
+        client, api(store, "alice", "answer"), {"item_id": first, "choice": "B_much", "seconds": 3}
+    )
+    reply = post(client, api(store, "alice", "undo"), {})
+    assert reply.status_code == 200
+    state = reply.json()
+    assert state["item"]["item_id"] == first and state["progress"]["done"] == 0
+    assert state["can_undo"] is False
+    assert store.output.read_text() == ""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"choice": "tie", "seconds": 1},
+        {"item_id": "p0", "choice": "A", "seconds": 1},
+        {"item_id": "p0", "choice": "tie", "seconds": -1},
+        {"item_id": "p0", "choice": "tie", "seconds": "1"},
+        {"item_id": "p0", "choice": "tie", "seconds": True},
+        [1, 2],
+    ],
+)
+def test_a_malformed_answer_is_400_and_nothing_is_written(session, body):
+    store, client = session
+    reply = post(client, api(store, "alice", "answer"), body)
+    assert reply.status_code == 400 and "expected" in reply.json()["error"]
+    assert store.journal_path.read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/a/{wrong}",
+        "/a/{wrong}/api/state",
+        "/a/",
+        "/a",
+        "/",
+        "/status/{wrong}",
+        "/status/{wrong}.json",
+        "/status/{alice}",
+        "/a/{admin}/api/state",
+    ],
+)
+@pytest.mark.parametrize("wrong", ["x" * 32, "%C3%A9t%C3%A9", "..%2F..%2Fetc"])
+def test_a_wrong_or_missing_token_gets_403_and_the_same_body(session, path, wrong):
+    store, client = session
+    url = path.format(wrong=wrong, alice=store.tokens["alice"], admin=store.admin)
+    reply = client.get(url)
+    assert (reply.status_code, reply.text) == (403, FORBIDDEN)
+    reply = client.post(
+        url + "/api/answer" if path == "/a/{wrong}" else url,
+        content="{}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert (reply.status_code, reply.text) == (403, FORBIDDEN)
+
+
+def test_the_page_and_its_assets_are_served(session):
+    store, client = session
+    page = client.get(f"/a/{store.tokens['bob']}")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert client.get("/static/label.js").status_code == 200
+    # the session file (the tokens) is beside the page's folder here: out of reach
+    for escape in (
+        "/static/../labels.jsonl.session.json",
+        "/static/..%2Flabels.jsonl.session.json",
+    ):
+        reply = client.get(escape)
+        assert reply.status_code != 200 and store.admin not in reply.text
+
+
+def test_every_reply_carries_the_security_headers_and_the_api_is_not_cached(session):
+    store, client = session
+    for url in (
+        f"/a/{store.tokens['bob']}",
+        api(store, "bob", "state"),
+        "/nowhere",
+        f"/status/{store.admin}",
+    ):
+        reply = client.get(url)
+        for name, value in HEADERS.items():
+            assert reply.headers[name] == value, (url, name)
+        assert reply.headers["cache-control"] == "no-store", url
+
+
+def test_a_cross_origin_post_is_refused(session):
+    store, client = session
+    item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    body = {"item_id": item, "choice": "A_much", "seconds": 1}
+    reply = post(client, api(store, "alice", "answer"), body, Origin="http://evil.example")
+    assert reply.status_code == 403
+    assert post(client, api(store, "alice", "undo"), {}, Origin="null").status_code == 403
+    assert store.journal_path.read_bytes() == b""
+    same = post(client, api(store, "alice", "answer"), body, Origin="http://testserver")
+    assert same.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],
+)
+def test_a_post_that_is_not_json_is_refused(session, kind):
+    """A form or a text/plain fetch is what another page can send without asking the browser first."""
+    store, client = session
+    item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    body = json.dumps({"item_id": item, "choice": "A_much", "seconds": 1})
+    headers = {"Content-Type": kind} if kind else {}
+    reply = client.post(api(store, "alice", "answer"), content=body, headers=headers)
+    assert reply.status_code == 415
+    assert store.journal_path.read_bytes() == b""
+
+
+def test_a_body_over_the_cap_is_413(session):
+    store, client = session
+    item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    body = {"item_id": item, "choice": "A_much", "seconds": 1, "pad": "x" * MAX_BODY}
+    assert post(client, api(store, "alice", "answer"), body).status_code == 413
+
+    def chunks():  # no Content-Length: the cap holds on what arrives
+        yield b'{"item_id": "' + item.encode() + b'", "pad": "'
+        for _ in range(20):
+            yield b"x" * 1024
+        yield b'"}'
+
+    reply = client.post(
+        api(store, "alice", "answer"),
+        content=chunks(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert reply.status_code == 413
+    assert store.journal_path.read_bytes() == b""
+
+
+def test_the_status_page_needs_the_admin_token_and_shows_progress_and_checks(session):
+    store, client = session
+    answer_all(store, client, "alice", "A_much")
+    report = client.get(f"/status/{store.admin}.json").json()
+    rows = {row["annotator"]: row for row in report["annotators"]}
+    assert rows["alice"]["done"] == rows["alice"]["total"] > 0
+    assert rows["alice"]["checks_answered"] == 1
+    assert rows["bob"]["done"] == 0 and report["complete"] is False
+    page = client.get(f"/status/{store.admin}")
+    assert page.status_code == 200 and "alice" in page.text and "in progress" in page.text
+    answer_all(store, client, "bob", "B_much")
+    assert client.get(f"/status/{store.admin}.json").json()["complete"] is True
+    assert "complete" in client.get(f"/status/{store.admin}").text

@@ -1,0 +1,269 @@
+"""farm-label as its users run it: a real server on --port 0, killed with kill -9 and started again,
+annotators answering at once from several processes, a port in use, a second server, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("uvicorn")
+
+TOOL = str(Path(sys.executable).parent / "farm-label")
+
+# An annotator in a process of its own: answers its queue as fast as the server lets it, and writes
+# each item id the server acknowledged (a 200) to ACKED, flushed, before the next one.
+CLIENT = r"""
+import json, sys, urllib.error, urllib.request
+url, acked, choice = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(acked, "a") as out:
+    while True:
+        state = json.load(urllib.request.urlopen(url + "/api/state"))
+        if state["item"] is None:
+            break
+        item = state["item"]["item_id"]
+        body = json.dumps({"item_id": item, "choice": choice, "seconds": 0.5}).encode()
+        request = urllib.request.Request(
+            url + "/api/answer", body, {"Content-Type": "application/json"}
+        )
+        try:
+            urllib.request.urlopen(request)
+        except urllib.error.HTTPError as error:
+            if error.code != 409:
+                raise
+            continue
+        out.write(item + "\n")
+        out.flush()
+"""
+
+
+def label(*args: str) -> subprocess.CompletedProcess:
+    """farm-label run to its end (a refusal): a plain process, since it loads no model."""
+    return subprocess.run([TOOL, *args], capture_output=True, timeout=120)
+
+
+def write_pairs(path: Path, count: int) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"instruction": f"task {i}", "output_1": f"one {i}", "output_2": f"two {i}"})
+            + "\n"
+            for i in range(count)
+        )
+    )
+    return path
+
+
+class Server:
+    """`farm-label ARGS` started in the background, its links read from its stderr."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.log = tmp_path / f"server-{time.monotonic_ns()}.err"
+        with open(self.log, "wb") as stderr:
+            self.process = subprocess.Popen([TOOL, *args], stderr=stderr)
+        self.links = self._links()
+
+    def _links(self) -> dict[str, str]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            text = self.log.read_text()
+            if "farm-label: status " in text:
+                return dict(line.split()[1:3] for line in text.splitlines() if line.count(" ") == 2)
+            assert self.process.poll() is None, text
+            time.sleep(0.05)
+        raise AssertionError(self.log.read_text())
+
+    def get(self, name: str, route: str = "/api/state") -> dict:
+        import urllib.request
+
+        return json.load(urllib.request.urlopen(self.links[name] + route, timeout=30))
+
+    def stop(self, number: int = signal.SIGTERM) -> str:
+        self.process.send_signal(number)
+        self.process.wait(timeout=60)
+        return self.log.read_text()
+
+
+def client(url: str, acked: Path, choice: str = "A_much") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLIENT, url, str(acked), choice])
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def answered(path: Path) -> list[tuple[str, str]]:
+    return [(r["annotator"], r["provenance"]["farm-label"]["item_id"]) for r in records(path)]
+
+
+def tokens(links: dict[str, str]) -> dict[str, str]:
+    return {name: url.rsplit("/", 1)[1] for name, url in links.items()}
+
+
+@pytest.mark.heavy
+def test_kill_9_mid_answering_then_the_same_command_resumes_with_nothing_lost_or_doubled(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 40)
+    labels = tmp_path / "labels.jsonl"
+    command = [str(pairs), "-o", str(labels), "--annotators", "alice,bob", "--port", "0"]
+    server = Server(tmp_path, *command)
+    acked = tmp_path / "acked.txt"
+    answering = client(server.links["alice"], acked)
+    deadline = time.monotonic() + 60
+    while (
+        not acked.exists() or len(acked.read_text().split()) < 5
+    ) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.stop(signal.SIGKILL)  # while alice is answering
+    answering.wait(timeout=60)
+    assert answering.returncode != 0  # the server went away under it
+    acknowledged = acked.read_text().split()
+    assert len(acknowledged) >= 5
+
+    # another PAIRS for the same LABELS is refused, and changes nothing
+    other = label(str(write_pairs(tmp_path / "other.jsonl", 39)), *command[1:])
+    assert other.returncode == 1
+    assert "started with other pairs (a different assignment)" in other.stderr.decode()
+
+    again = Server(tmp_path, *command)
+    assert tokens(again.links) == tokens(server.links)  # the same links, on the new port
+    done = answered(labels)
+    assert len(done) == len(set(done))  # none written twice
+    alice = [item for name, item in done if name == "alice"]
+    # every acknowledged answer is kept; at most the one in flight was written but not acknowledged
+    assert alice[: len(acknowledged)] == acknowledged and len(alice) - len(acknowledged) <= 1
+    state = again.get("alice")
+    assert state["progress"]["done"] == len(alice)
+    assert state["guidelines"].startswith("# How to judge a pair")  # farmkit's own
+    assert state["item"]["item_id"] not in alice
+    finished = client(again.links["alice"], acked, "B_slightly")
+    assert finished.wait(timeout=120) == 0
+    said = again.stop()
+    assert again.process.returncode == 0
+    assert "farm-label: alice: 20/20 labelled" in said and "is not complete yet" in said
+    done = answered(labels)
+    assert len(done) == len(set(done)) == 20
+    assert labels.with_name("labels.jsonl.journal.jsonl").exists()
+
+
+@pytest.mark.heavy
+def test_annotators_answering_at_once_from_several_processes_never_collide(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 30)
+    labels = tmp_path / "labels.jsonl"
+    names = ("alice", "bob", "carol")
+    server = Server(
+        tmp_path, str(pairs), "-o", str(labels), "--annotators", ",".join(names), "--overlap", "0.2"
+    )
+    clients = [client(server.links[name], tmp_path / f"{name}.txt") for name in names]
+    assert [process.wait(timeout=120) for process in clients] == [0, 0, 0]
+    report = json.loads(
+        __import__("urllib.request").request.urlopen(server.links["status"] + ".json").read()
+    )
+    said = server.stop()
+    assert report["complete"] is True and "labels.jsonl is complete" in said
+    done = answered(labels)
+    assert len(done) == len(set(done)) == 6 * 3 + 24  # 6 pairs to all, 24 dealt out
+    per_pair = Counter(item for _, item in done)
+    assert sorted(Counter(per_pair.values()).items()) == [(1, 24), (3, 6)]
+    for name in names:
+        assert [item for who, item in done if who == name] == (
+            (tmp_path / f"{name}.txt").read_text().split()
+        )
+    journal = labels.with_name("labels.jsonl.journal.jsonl").read_bytes().splitlines()
+    assert len(journal) == len(done)
+
+
+@pytest.mark.heavy
+def test_outputs_with_a_reference_and_a_second_server_on_the_same_labels_is_refused(tmp_path):
+    outputs, reference = tmp_path / "outputs.jsonl", tmp_path / "reference.jsonl"
+    for path, generator in ((outputs, "model"), (reference, "ref")):
+        path.write_text(
+            json.dumps({"instruction": "Colour?", "output": f"{generator} says blue"}) + "\n"
+        )
+    labels = tmp_path / "labels.jsonl"
+    guidelines = tmp_path / "ours.md"
+    guidelines.write_text("Prefer the shorter answer.\n")
+    command = [str(outputs), "--reference", str(reference), "-o", str(labels)]
+    first = Server(tmp_path, *command, "--guidelines", str(guidelines))
+    assert first.links["annotator-1"].startswith("http://127.0.0.1:")  # loopback unless --host
+    state = first.get("annotator-1")
+    assert state["guidelines"] == "Prefer the shorter answer.\n"
+    item = state["item"]
+    assert {item["left"], item["right"]} == {"ref says blue", "model says blue"}
+    second = label(*command)
+    first.stop()
+    assert second.returncode == 1
+    stderr = second.stderr.decode()
+    assert f"farm-label: error: {labels}: another farm-label server is using it" in stderr
+
+
+def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = label(str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--port", str(port))
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    assert f"farm-label: error: cannot listen on 127.0.0.1:{port}: " in stderr
+    assert "choose another --port (--port 0 picks a free one)" in stderr
+    assert "Traceback" not in stderr
+    assert sorted(os.listdir(tmp_path)) == ["pairs.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "code", "message"),
+    [
+        ("bad_pairs", [], 1, "{pairs}:2: missing field 'output_2'; expected"),
+        ("empty", [], 1, "{pairs}: no pairs to label; expected pair records"),
+        ("bad_checks", ["--checks", "{checks}"], 1, "{checks}:1: preference is None; expected"),
+        ("good", ["--annotators", "0"], 2, "expected at least one annotator"),
+        ("good", ["--overlap", "1.5"], 2, "--overlap"),
+        ("good", ["-o", "{tmp}/labels.jsonl.gz"], 2, "plain JSONL file"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, setup, args, code, message):
+    pairs = tmp_path / "pairs.jsonl"
+    checks = tmp_path / "checks.jsonl"
+    pair = {"instruction": "x", "output_1": "a", "output_2": "b"}
+    rows = {"bad_pairs": [pair, {"instruction": "y", "output_1": "a"}], "empty": []}
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows.get(setup, [pair])))
+    checks.write_text(json.dumps({**pair, "preference": None}) + "\n")
+    names = {"pairs": pairs, "checks": checks, "tmp": tmp_path}
+    filled = [arg.format(**names) for arg in args]
+    output = [] if "-o" in filled else ["-o", str(tmp_path / "labels.jsonl")]
+    result = label(str(pairs), *output, *filled)
+    assert result.returncode == code, result.stderr.decode()
+    assert message.format(**names) in result.stderr.decode()
+    assert "Traceback" not in result.stderr.decode()
+    assert sorted(os.listdir(tmp_path)) == ["checks.jsonl", "pairs.jsonl"]
+
+
+@pytest.mark.heavy
+def test_status_says_whether_labels_is_complete_without_serving(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 4)
+    labels = tmp_path / "labels.jsonl"
+    command = [str(pairs), "-o", str(labels), "--annotators", "alice,bob"]
+    before = label(*command, "--status")
+    assert before.returncode == 75, before.stderr.decode()  # not complete: come back later
+    report = json.loads(before.stdout)
+    assert report["complete"] is False
+    assert [(row["annotator"], row["done"], row["total"]) for row in report["annotators"]] == [
+        ("alice", 0, 2),
+        ("bob", 0, 2),
+    ]
+    assert "http" not in before.stderr.decode()  # no links: nothing is served
+    server = Server(tmp_path, *command, "--port", "0")
+    assert label(*command, "--status").returncode == 1  # the running server holds the lock
+    for name in ("alice", "bob"):
+        assert client(server.links[name], tmp_path / f"{name}.txt").wait(timeout=120) == 0
+    server.stop()
+    after = label(*command, "--status")
+    assert after.returncode == 0 and json.loads(after.stdout)["complete"] is True

@@ -1,0 +1,274 @@
+"""A loopback fake of an OpenAI-compatible Batch API, for tests and the batch benchmark: /v1/files
+(a multipart upload), /v1/batches (create, list with metadata), /v1/batches/{id}, /v1/files/{id}/content,
+and /v1/chat/completions for direct requests, answering farm-annotate's prompts as
+openai_server.judge_longer does (the longer answer wins) with usage counted by count_tokens.
+
+    with BatchServer(polls=1) as server:
+        env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "test-key"}
+        ...
+        server.answered   # batch lines answered (billed), by custom_id
+        server.direct     # direct chat completions answered
+        server.calls      # Counter of "METHOD /path" (ids replaced by {id})
+
+Knobs:
+- `polls`: how many looks at a batch report it in_progress before it is done (0: done at once).
+- `outcomes`: what happens to the batches created, in order (then "completed"): "completed",
+  "expired_half" (the first half of its lines answered, the batch expired), "errors_half" (the second
+  half of its lines in the error file, HTTP 500), "failed" (no line answered).
+- `upload_faults`: HTTP statuses the first uploads get (500: retried by the client).
+- `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
+  batch is made, its reply never sent); `create_seen` is set when a create arrives.
+- `unreadable`: a request whose prompt holds this text is answered with prose no parser reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import time
+from collections import Counter
+from email.parser import BytesParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from openai_server import count_tokens, judge_longer
+
+_ID = re.compile(r"/(file|batch)-[0-9a-z]+")
+
+
+class BatchServer:
+    def __init__(
+        self,
+        polls: int = 0,
+        outcomes: list[str] | None = None,
+        upload_faults: list[int] | None = None,
+        hang_create: str | None = None,
+        unreadable: str | None = None,
+    ):
+        self.polls, self.outcomes = polls, list(outcomes or [])
+        self.upload_faults, self.hang_create = list(upload_faults or []), hang_create
+        self.unreadable = unreadable
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.looks: Counter = Counter()
+        self.answered: Counter = Counter()  # custom_id -> times answered (billed)
+        self.direct = 0
+        self.billed: list[tuple[int, int]] = []  # (prompt, completion) of every reply
+        self.calls: Counter = Counter()
+        self.create_seen = threading.Event()
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> BatchServer:
+        threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def new_id(self, kind: str) -> str:
+        return f"{kind}-{next(self._ids):06d}"
+
+    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A chat completion answering `body`, billed."""
+        prompt_text = "".join(m.get("content") or "" for m in body["messages"])
+        if self.unreadable is not None and self.unreadable in prompt_text:
+            text = "Both answers have their merits and I would rather not choose."
+        else:
+            text = judge_longer(body)
+        prompt = sum(count_tokens(m.get("content") or "") for m in body["messages"])
+        completion = min(count_tokens(text), body.get("max_tokens") or 10**9)
+        with self._lock:
+            self.billed.append((prompt, completion))
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+
+    def create(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            outcome = self.outcomes.pop(0) if self.outcomes else "completed"
+        batch = {
+            "id": self.new_id("batch"),
+            "object": "batch",
+            "endpoint": request["endpoint"],
+            "input_file_id": request["input_file_id"],
+            "completion_window": request["completion_window"],
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": int(time.time()),
+            "metadata": request.get("metadata") or {},
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "_outcome": outcome,
+        }
+        self.batches[batch["id"]] = batch
+        return batch
+
+    def look(self, batch_id: str) -> dict[str, Any]:
+        """The batch as a client sees it now: in progress for `polls` looks, then done."""
+        batch = self.batches[batch_id]
+        with self._lock:
+            self.looks[batch_id] += 1
+            if batch["status"] in ("validating", "in_progress"):
+                if self.looks[batch_id] <= self.polls:
+                    batch["status"] = "in_progress"
+                else:
+                    self._finish(batch)
+        return {k: v for k, v in batch.items() if not k.startswith("_")}
+
+    def _finish(self, batch: dict[str, Any]) -> None:
+        lines = [json.loads(line) for line in self.files[batch["input_file_id"]].splitlines()]
+        outcome = batch["_outcome"]
+        half = len(lines) // 2
+        output, errors = [], []
+        for number, line in enumerate(lines):
+            if outcome == "failed" or (outcome == "expired_half" and number >= half):
+                continue
+            if outcome == "errors_half" and number >= half:
+                errors.append(
+                    {
+                        "id": f"batch_req_{number}",
+                        "custom_id": line["custom_id"],
+                        "response": {
+                            "status_code": 500,
+                            "body": {"error": {"message": "internal error"}},
+                        },
+                        "error": None,
+                    }
+                )
+                continue
+            self.answered[line["custom_id"]] += 1
+            output.append(
+                {
+                    "id": f"batch_req_{number}",
+                    "custom_id": line["custom_id"],
+                    "response": {"status_code": 200, "body": self.completion(line["body"])},
+                    "error": None,
+                }
+            )
+        # the output file lists replies in no particular order: matched by custom_id
+        output.reverse()
+        for name, entries in (("output_file_id", output), ("error_file_id", errors)):
+            if entries:
+                file_id = self.new_id("file")
+                self.files[file_id] = b"".join(
+                    json.dumps(entry).encode() + b"\n" for entry in entries
+                )
+                batch[name] = file_id
+        batch["status"] = {"expired_half": "expired", "failed": "failed"}.get(outcome, "completed")
+        batch["request_counts"] = {
+            "total": len(lines),
+            "completed": len(output),
+            "failed": len(errors),
+        }
+
+
+def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, payload: Any) -> None:
+            body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _count(self) -> str:
+            path = self.path.split("?")[0]
+            with server._lock:
+                server.calls[f"{self.command} {_ID.sub('/{id}', path)}"] += 1
+            return path
+
+        def do_GET(self) -> None:
+            path = self._count()
+            if path == "/v1/batches":
+                listed = sorted(server.batches, reverse=True)
+                query = dict(
+                    part.split("=", 1) for part in self.path.partition("?")[2].split("&") if part
+                )
+                if "after" in query:
+                    listed = listed[listed.index(query["after"]) + 1 :]
+                page = listed[: int(query.get("limit", 20))]
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [server.look(i) for i in page],
+                        "has_more": len(listed) > len(page),
+                    },
+                )
+            elif path.startswith("/v1/batches/") and path[12:] in server.batches:
+                self._send(200, server.look(path[12:]))
+            elif path.endswith("/content") and path[10:-8] in server.files:
+                self._send(200, server.files[path[10:-8]])
+            else:
+                self._send(404, {"error": {"message": f"no such object {path}"}})
+
+        def do_POST(self) -> None:
+            path = self._count()
+            content = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if path == "/v1/chat/completions":
+                with server._lock:
+                    server.direct += 1
+                self._send(200, server.completion(json.loads(content)))
+            elif path == "/v1/files":
+                with server._lock:
+                    fault = server.upload_faults.pop(0) if server.upload_faults else None
+                if fault:
+                    self._send(fault, {"error": {"message": "upload failed"}})
+                    return
+                head = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
+                parts = {
+                    part.get_param("name", header="content-disposition"): part.get_payload(
+                        decode=True
+                    )
+                    for part in BytesParser().parsebytes(head + content).get_payload()
+                }
+                assert parts["purpose"] == b"batch", parts["purpose"]
+                file_id = server.new_id("file")
+                server.files[file_id] = parts["file"]
+                self._send(200, {"id": file_id, "object": "file", "purpose": "batch"})
+            elif path == "/v1/batches":
+                request = json.loads(content)
+                assert request["input_file_id"] in server.files
+                server.create_seen.set()
+                if server.hang_create == "before":
+                    time.sleep(3600)
+                batch = server.create(request)
+                if server.hang_create == "after":
+                    time.sleep(3600)
+                self._send(200, server.look(batch["id"]))
+            else:
+                self._send(404, {"error": {"message": f"no route {path}"}})
+
+    return Handler

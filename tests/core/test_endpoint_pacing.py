@@ -1,0 +1,73 @@
+"""Pacing by the provider's rate-limit headers (farmkit/core/endpoint.py's Pacer), against the local
+server in tests/openai_server.py enforcing a requests and a tokens limit over a sliding window: none
+over the limit once the headers are known, and throughput within 10% of the limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from openai_server import OpenAIServer, count_tokens
+
+from farmkit.core.endpoint import EndpointClient, duration
+
+WINDOW = 1.5  # seconds: the limits below scaled from a minute to keep the test short
+PER_WINDOW = 30  # requests the binding limit lets through per window
+REPLY = "Reply with a fixed length."
+
+
+def _body(i: int) -> dict:
+    # prompts of one length (and so of one token count): the client's guess of a request's tokens holds
+    return {"model": "m", "messages": [{"role": "user", "content": f"Prompt {i:04d} of the run."}]}
+
+
+@pytest.mark.parametrize("binding", ["requests", "tokens"])
+def test_requests_stay_under_the_limits_the_headers_tell_and_use_nine_tenths_of_them(binding):
+    cost = count_tokens(_body(0)["messages"][0]["content"]) + count_tokens(REPLY)
+    limits = {"requests": PER_WINDOW, "tokens": 10**9, "window": WINDOW}
+    if binding == "tokens":
+        limits = {"requests": 10**6, "tokens": PER_WINDOW * cost, "window": WINDOW}
+    total = 2 * PER_WINDOW + 1  # the last one cannot go before two windows have passed
+
+    async def run(url: str) -> list:
+        client = EndpointClient(url, None, timeout=5, max_retries=6, backoff=0.05, connections=16)
+        try:
+            return await asyncio.gather(*(client.complete(_body(i)) for i in range(total)))
+        finally:
+            await client.close()
+
+    with OpenAIServer(respond=lambda body: REPLY, limits=limits) as server:
+        replies = asyncio.run(run(server.url))
+    assert len(replies) == total
+    assert server.over == 0  # the first reply told the limits: nothing was sent over them
+    elapsed = server.admitted[-1] - server.admitted[0]
+    ideal = 2 * WINDOW
+    assert ideal <= elapsed <= ideal / 0.9, elapsed
+
+
+def test_without_the_headers_nothing_waits():
+    async def run(url: str) -> float:
+        client = EndpointClient(url, None, timeout=5, max_retries=0, backoff=0.01, connections=8)
+        try:
+            await asyncio.gather(*(client.complete(_body(i)) for i in range(40)))
+            return client.pacer.waits
+        finally:
+            await client.close()
+
+    with OpenAIServer(respond=lambda body: REPLY) as server:
+        assert asyncio.run(run(server.url)) == 0
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("20ms", 0.02),
+        ("1h2m3.5s", 3723.5),
+        ("0.5", 0.5),
+        ("soon", None),
+    ],
+)
+def test_reset_durations_read_as_openai_writes_them(text, seconds):
+    assert duration(text) == seconds

@@ -1,0 +1,203 @@
+"""Prediction-powered win rates (farm-winrate --humans): the PPI++ estimate of a mean against a hand
+computation and the authors' library, its coverage and width by simulation against a biased judge,
+and the command's matching of human labels to the simulated pairs."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from statistics import NormalDist
+
+import numpy as np
+import orjson
+import pytest
+from click.testing import CliRunner
+from farmkit.tools.farm_winrate import cli
+
+from farmkit.evaluate.ppi import ppi_mean
+
+Z95 = NormalDist().inv_cdf(0.975)
+
+
+def test_ppi_mean_by_hand():
+    human = np.array([1, 0, 1, 1.0])
+    judge_labelled = np.array([1, 0, 0, 1.0])
+    judge = np.concatenate([judge_labelled, [1, 1, 0, 1.0]])  # N = 8 pairs, the first 4 labelled
+    figures = ppi_mean(human, judge_labelled, judge)
+    # cov(Y, f) over the labelled = 1/6, var(f) over all 8 = 15/56: lambda = 28/45
+    lam = Fraction(1, 6) / Fraction(15, 56)
+    assert figures["lambda"] == pytest.approx(float(lam), rel=1e-12)
+    # theta = lambda * 5/8 + mean(Y - lambda f) = 3/4 + lambda (5/8 - 1/2)
+    assert figures["estimate"] == pytest.approx(float(Fraction(3, 4) + lam / 8), rel=1e-12)
+    # lambda' = lambda (1 - n/N): Y - lambda' f = [31/45, 0, 1, 31/45]; se^2 = its var / 4 +
+    # lambda'^2 var(f) / (N - n)
+    scaled = lam / 2
+    rectified = [1 - scaled, Fraction(0), Fraction(1), 1 - scaled]
+    mean = sum(rectified) / 4
+    variance = sum((value - mean) ** 2 for value in rectified) / 3
+    se = float(variance / 4 + scaled**2 * Fraction(15, 56) / 4) ** 0.5
+    assert figures["standard_error"] == pytest.approx(se, rel=1e-12)
+    assert figures["low"] == pytest.approx(figures["estimate"] - Z95 * se, rel=1e-12)
+    assert figures["high"] == pytest.approx(figures["estimate"] + Z95 * se, rel=1e-12)
+
+
+def test_a_judge_that_disagrees_is_not_used():
+    human = np.array([1, 0, 1, 0, 1.0])
+    judge_labelled = 1 - human
+    judge = np.concatenate([judge_labelled, np.ones(20)])
+    figures = ppi_mean(human, judge_labelled, judge)
+    assert figures["lambda"] == 0
+    assert figures["estimate"] == pytest.approx(0.6)
+    assert figures["standard_error"] == pytest.approx(np.std(human, ddof=1) / np.sqrt(5))
+
+
+def test_ppi_mean_agrees_with_the_authors_library():
+    ppi_py = pytest.importorskip("ppi_py")
+    rng = np.random.default_rng(3)
+    truth = (rng.random(4000) < 0.4).astype(float)
+    judge = np.where(rng.random(4000) < 0.6, truth, rng.random(4000) < 0.7).astype(float)
+    human = truth[:400]
+    figures = ppi_mean(human, judge[:400], judge)
+    estimate = ppi_py.ppi_mean_pointestimate(human, judge[:400], judge[400:])
+    low, high = ppi_py.ppi_mean_ci(human, judge[:400], judge[400:], alpha=0.05)
+    assert 0 < figures["lambda"] < 1
+    assert figures["estimate"] == pytest.approx(estimate[0], abs=2e-4)
+    # the library's moments are taken with ddof 0: the intervals agree to O(1/n)
+    assert (figures["low"], figures["high"]) == pytest.approx((low[0], high[0]), abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    "follows, agreement, narrower",
+    [(0.55, 0.75, 0.9), (0.1, 0.5, 1.0)],
+    ids=["judge agreeing 75%", "judge agreeing 50%"],
+)
+def test_ppi_covers_the_truth_where_a_biased_judge_misses_it(follows, agreement, narrower):
+    """A judge that follows the humans' verdict on a share of the pairs and otherwise prefers the
+    longer output (the model's, 80% of the time): its own win rate is far off. Corrected by n human
+    labels on a uniformly random subset of the N pairs, it stays valid and beats the humans alone;
+    power tuning keeps a weak judge from widening the interval (plain PPI would: 0.19 vs 0.157)."""
+    rng = np.random.default_rng(0)
+    draws, pairs, labelled, truth = 2000, 1000, 150, 0.4
+    human = (rng.random((draws, pairs)) < truth).astype(float)
+    longer = rng.random((draws, pairs)) < 0.8
+    judge = np.where(rng.random((draws, pairs)) < follows, human, longer).astype(float)
+    # the pairs are exchangeable, so the first `labelled` of each draw are a uniform random subset
+    ppi = ppi_mean(human[:, :labelled], judge[:, :labelled], judge)
+    human_only = ppi_mean(human[:, :labelled], np.zeros((draws, labelled)), np.zeros_like(judge))
+    judge_only = ppi_mean(judge, np.zeros_like(judge), np.zeros_like(judge))
+
+    def coverage(figures):
+        return np.mean((figures["low"] <= truth) & (truth <= figures["high"]))
+
+    def width(figures):
+        return np.mean(figures["high"] - figures["low"])
+
+    assert np.mean(human == judge) == pytest.approx(agreement, abs=0.01)
+    assert abs(np.mean(judge) - truth) > 0.15
+    assert coverage(ppi) >= 0.93
+    assert coverage(human_only) >= 0.93
+    assert width(ppi) < narrower * width(human_only)
+    assert coverage(judge_only) < 0.05
+
+
+def write_jsonl(path, records):
+    path.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
+    return path
+
+
+def pair(model, i, preference, reference="ref"):
+    return {
+        "id": f"q{i}",
+        "instruction": f"task {i}",
+        "output_1": f"{reference} answer {i}",
+        "output_2": f"{model} answer {i}",
+        "generator_1": reference,
+        "generator_2": model,
+        "preference": preference,
+    }
+
+
+def swapped(record):
+    record = dict(record)
+    record["output_1"], record["output_2"] = record["output_2"], record["output_1"]
+    record["generator_1"], record["generator_2"] = record["generator_2"], record["generator_1"]
+    return record
+
+
+@pytest.fixture
+def simulated(tmp_path):
+    records = [pair("A", i, value) for i, value in enumerate([2, 2, 1, 2, 1.5, 1])]
+    records[1] = swapped(records[1]) | {"preference": 1}  # A in position 1, still the winner
+    records.append(pair("A", 0, 1))  # two simulated verdicts on pair 0: f = 0.5
+    records += [pair("B", i, value) for i, value in enumerate([1, 1, 2, 1, 1, 2])]
+    records += [pair("C", i, 2) for i in range(3)]  # no human labelled C
+    return write_jsonl(tmp_path / "sim.jsonl", records)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_humans_add_prediction_powered_columns(tmp_path, simulated):
+    labels = [
+        {**pair("A", 0, 2), "annotator": "alice"},
+        {**pair("A", 0, 1), "annotator": "bob"},  # two humans on pair 0: Y = 0.5
+        swapped(pair("A", 1, 2)) | {"preference": 1},  # shown the other way round: A won
+        {"id": "q2", "generator_1": "ref", "generator_2": "A", "preference": 2},  # no texts
+        pair("A", 3, None),  # skipped and counted
+        pair("B", 0, 2),
+        pair("B", 2, 1),
+        pair("B", 5, 1.5),
+    ]
+    path = write_jsonl(tmp_path / "labels.jsonl", labels)
+    result = invoke(
+        str(simulated), "--humans", str(path), "--reference-generator", "ref", "--no-length-control"
+    )
+    assert result.exit_code == 0, result.output
+    assert "1 human label without a verdict (null preference) skipped" in result.stderr
+    rows = {row["generator"]: row for row in map(orjson.loads, result.stdout.splitlines())}
+    judge_a = np.array([0.5, 1, 0, 1, 0.5, 0])
+    expected_a = ppi_mean(np.array([0.5, 1, 1]), judge_a[:3], judge_a)
+    judge_b = np.array([0, 0, 1, 0, 0, 1.0])
+    expected_b = ppi_mean(np.array([1, 0, 0.5]), judge_b[[0, 2, 5]], judge_b)
+    for row, expected, human in ((rows["A"], expected_a, 250 / 3), (rows["B"], expected_b, 50)):
+        assert row["n_human"] == 3
+        assert row["human_win_rate"] == pytest.approx(human)
+        assert row["ppi_win_rate"] == pytest.approx(100 * expected["estimate"])
+        assert row["ppi_standard_error"] == pytest.approx(100 * expected["standard_error"])
+        assert row["ppi_ci_low"] == pytest.approx(100 * expected["low"])
+        assert row["ppi_ci_high"] == pytest.approx(100 * expected["high"])
+    assert rows["A"]["win_rate"] == pytest.approx(50)  # the simulated figure, as before
+    assert rows["B"]["ppi_lambda"] == 0  # B's judge disagrees with the humans: humans only
+    assert rows["B"]["ppi_win_rate"] == pytest.approx(50)
+    assert rows["C"]["n_human"] == 0
+    assert rows["C"]["ppi_win_rate"] is None
+    table = invoke(
+        str(simulated), "--humans", str(path), "--reference-generator", "ref", "--format", "table"
+    )
+    shown = "n_human human_win_rate ppi_win_rate ppi_standard_error ppi_ci_low ppi_ci_high"
+    assert table.stdout.splitlines()[0].split()[-6:] == shown.split()
+
+
+@pytest.mark.parametrize(
+    "label, reason",
+    [
+        (pair("A", 1, 2) | {"output_2": "an answer nobody simulated"}, "not among the simulated"),
+        ({"id": "q9", "generator_1": "ref", "generator_2": "A", "preference": 2}, "not among"),
+        ({"instruction": "task 1", "preference": 2}, "no output_1 and output_2"),
+    ],
+)
+def test_labels_on_other_pairs_are_refused(tmp_path, simulated, run_farm, label, reason):
+    path = write_jsonl(tmp_path / "labels.jsonl", [pair("A", 0, 2), label])
+    result = run_farm("farm-winrate", str(simulated), "--humans", str(path))
+    assert result.returncode == 1
+    (line,) = result.stderr.decode().splitlines()
+    assert line.startswith(f"farm-winrate: error: {path}:2: a human label on no simulated pair: ")
+    assert reason in line
+    assert result.stdout == b""
+
+
+def test_humans_with_compare_is_a_usage_error(tmp_path, simulated):
+    path = write_jsonl(tmp_path / "labels.jsonl", [pair("A", 0, 2)])
+    result = invoke(str(simulated), "--humans", str(path), "--compare", "A", "B")
+    assert result.exit_code == 2
+    assert "--humans" in result.stderr

@@ -1,0 +1,217 @@
+"""The GRPO loss family (farmkit.train.estimators) against TRL's own: GRPOTrainer._compute_loss
+(TRL 1.16) called on a stand-in trainer that holds only what the method reads, its policy forward
+replaced by the log-probabilities under test. Same log-probabilities, old log-probabilities,
+advantages and masks on both sides, in float64, over two micro-batches of one minibatch (TRL: two
+accumulation steps): the loss and its gradient with respect to the log-probabilities agree to
+1e-5. farmkit's --clip-range-high is TRL's epsilon_high, except for CISPO, whose TRL cap is the
+ratio's own bound: 1 + --clip-range-high."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from farmkit.train import estimators as E
+from farmkit.train import rollout_backends as RB
+
+grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
+GRPOTrainer = grpo_trainer.GRPOTrainer
+
+ROWS, WIDTH = 4, 6
+LOW, HIGH = 0.2, 0.28
+
+
+def batch(seed: int = 0, spread: float = 0.3) -> dict[str, torch.Tensor]:
+    """Log-probabilities, old ones `spread` apart (some ratios beyond the clip range, some within),
+    advantages of both signs and responses of different lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    logprobs = -torch.rand(ROWS, WIDTH, generator=generator, dtype=torch.float64) * 3
+    old = logprobs + spread * torch.randn(ROWS, WIDTH, generator=generator, dtype=torch.float64)
+    mask = torch.ones(ROWS, WIDTH, dtype=torch.float64)
+    mask[0, 4:] = 0
+    mask[2, 2:] = 0
+    advantages = torch.tensor([1.0, -0.5, 0.7, -1.2], dtype=torch.float64)
+    return dict(logprobs=logprobs, old=old, mask=mask, advantages=advantages)
+
+
+def trl_loss(
+    loss_type: str,
+    level: str,
+    data: dict[str, torch.Tensor],
+    low: float,
+    high: float,
+    extra: dict[str, torch.Tensor] | None = None,
+    off_policy: float | None = None,
+) -> tuple[float, torch.Tensor]:
+    """(loss, gradient) of TRL's _compute_loss summed over two accumulation steps of two rows."""
+    logprobs = data["logprobs"].clone().requires_grad_()
+    total = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        part = logprobs[rows]
+        mask = data["mask"][rows]
+        trainer = SimpleNamespace(
+            _get_per_token_logps_and_entropies=lambda *a, p=part, **k: (
+                p,
+                torch.zeros_like(p),
+                None,
+            ),
+            top_entropy_quantile=1.0,
+            off_policy_mask_threshold=off_policy,
+            get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+            importance_sampling_level=level,
+            beta=0.0,
+            loss_type=loss_type,
+            epsilon_low=low,
+            epsilon_high=high,
+            args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=2),
+            use_vllm=extra is not None and "importance_sampling_ratio" in extra,
+            vllm_importance_sampling_correction=True,
+            model=SimpleNamespace(training=True),
+            current_gradient_accumulation_steps=2,
+            accelerator=SimpleNamespace(
+                num_processes=1, gather=lambda x: x, reduce=lambda x, reduction: x
+            ),
+            _entropy_bonus_enabled=False,
+            aux_loss_enabled=False,
+            _metrics=defaultdict(lambda: defaultdict(list)),
+            max_completion_length=WIDTH,
+        )
+        inputs = {
+            "prompt_ids": torch.zeros(2, 0, dtype=torch.long),
+            "prompt_mask": torch.zeros(2, 0, dtype=torch.long),
+            "completion_ids": torch.zeros(2, WIDTH, dtype=torch.long),
+            "completion_mask": mask,
+            "advantages": data["advantages"][rows],
+            "old_per_token_logps": data["old"][rows],
+            "num_items_in_batch": data["mask"].sum(),  # the whole minibatch's tokens
+            **{name: value[rows] for name, value in (extra or {}).items()},
+        }
+        total = total + GRPOTrainer._compute_loss(trainer, None, inputs)
+    total.backward()
+    return float(total.detach()), logprobs.grad
+
+
+def farmkit_loss(
+    name: str,
+    data: dict[str, torch.Tensor],
+    clip: tuple[float, float],
+    weights: torch.Tensor | None = None,
+) -> tuple[float, torch.Tensor]:
+    """(loss, gradient) of the registered loss, summed over the same two micro-batches."""
+    logprobs = data["logprobs"].clone().requires_grad_()
+    loss = E.policy_loss(name)
+    total = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        part, _ = loss(
+            logprobs[rows],
+            data["old"][rows],
+            data["advantages"][rows],
+            data["mask"][rows],
+            clip,
+            responses=ROWS,
+            tokens=data["mask"].sum(),
+            norm=WIDTH,
+            weights=None if weights is None else weights[rows],
+        )
+        total = total + part
+    total.backward()
+    return float(total.detach()), logprobs.grad
+
+
+def assert_same(ours: tuple[float, torch.Tensor], theirs: tuple[float, torch.Tensor]) -> None:
+    assert ours[0] == pytest.approx(theirs[0], abs=1e-5)
+    assert torch.allclose(ours[1], theirs[1], atol=1e-5), (ours[1], theirs[1])
+    assert ours[1].abs().sum() > 0  # something to compare
+
+
+# farmkit's name, TRL's loss_type and importance-sampling level, and TRL's epsilon_high
+FAMILY = {
+    "dapo": ("dapo", "token", HIGH),
+    "bnpo": ("bnpo", "token", HIGH),
+    "gspo": ("grpo", "sequence", HIGH),
+    "cispo": ("cispo", "token", 1 + HIGH),
+    "seq-mean-token-mean": ("grpo", "token", HIGH),
+    "seq-mean-token-sum-norm": ("dr_grpo", "token", HIGH),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY))
+def test_each_loss_and_its_gradient_are_trls(name):
+    loss_type, level, trl_high = FAMILY[name]
+    data = batch()
+    assert_same(
+        farmkit_loss(name, data, (LOW, HIGH)), trl_loss(loss_type, level, data, LOW, trl_high)
+    )
+
+
+def test_gspo_clips_the_length_normalised_sequence_ratio_at_its_own_small_range():
+    """GSPO's default range (3e-4, 4e-4): responses whose mean token log-ratio lies within it keep a
+    gradient, the others (clipped on the pessimistic side) none; as TRL with those epsilons."""
+    data = batch(spread=0.0)
+    offsets = torch.tensor([1e-4, -2e-4, 0.05, -0.05], dtype=torch.float64)
+    data["old"] = data["logprobs"] - offsets[:, None]
+    low, high = E.policy_loss("gspo").clip
+    assert (low, high) == (3e-4, 4e-4)
+    ours = farmkit_loss("gspo", data, (low, high))
+    assert_same(ours, trl_loss("grpo", "sequence", data, low, high))
+    # rows 2 (A > 0, ratio above 1 + high) and 3 (A < 0, ratio below 1 - low) are clipped
+    assert torch.all(ours[1][2:] == 0) and torch.all(ours[1][:2].abs().sum(dim=1) > 0)
+
+
+def test_clip_higher_lets_positive_advantages_rise_further():
+    """DAPO's clip-higher: a ratio between 1 + low and 1 + high keeps its gradient when the range is
+    asymmetric and loses it when symmetric (the default)."""
+    data = batch(spread=0.0)
+    data["old"] = data["logprobs"] - 0.22  # ratio e^0.22 = 1.246 for every token
+    symmetric = farmkit_loss("dapo", data, (LOW, LOW))
+    higher = farmkit_loss("dapo", data, (LOW, HIGH))
+    positive = data["advantages"] > 0
+    assert torch.all(symmetric[1][positive] == 0)
+    assert torch.all(higher[1][positive][data["mask"][positive] > 0] != 0)
+
+
+@pytest.mark.parametrize("mode", RB.CORRECTION_MODES)
+def test_rollout_correction_weights_are_trls_importance_sampling_ratio(mode):
+    """The engine's log-probabilities apart from the trainer's old ones: the weights of each mode
+    scale the loss as TRL's importance_sampling_ratio does, masked tokens or responses with no
+    gradient at all."""
+    data = batch()
+    engine = data["old"] + 0.8 * torch.randn(
+        ROWS, WIDTH, generator=torch.Generator().manual_seed(1)
+    )
+    weights, figures = RB.rollout_correction(data["old"], engine, data["mask"], mode, cap=2.0)
+    ratio = weights if weights.dim() == 2 else weights[:, None]
+    assert_same(
+        farmkit_loss("dapo", data, (LOW, HIGH), weights),
+        trl_loss("dapo", "token", data, LOW, HIGH, {"importance_sampling_ratio": ratio}),
+    )
+    if mode.endswith("mask"):
+        assert 0 < figures["rollout_masked_fraction"] < 1
+        _, gradient = farmkit_loss("dapo", data, (LOW, HIGH), weights)
+        masked = (ratio == 0).expand_as(gradient) & (data["mask"] > 0)
+        assert masked.any() and torch.all(gradient[masked] == 0)
+
+
+def test_the_off_policy_mask_is_trls():
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): a response with a
+    negative advantage whose mean sampling-minus-current log-probability exceeds the threshold is
+    dropped from the loss."""
+    data = batch()
+    sampling = data["logprobs"].clone()
+    sampling[1] += 0.9  # row 1: A < 0 and far from the current policy: dropped
+    sampling[0] += 0.9  # row 0: A > 0: kept however far
+    keep = RB.off_policy_keep(data["advantages"], data["logprobs"], sampling, data["mask"], 0.5)
+    assert keep.tolist() == [1.0, 0.0, 1.0, 1.0]
+    theirs = GRPOTrainer.get_off_policy_mask(
+        data["advantages"][:, None], data["logprobs"], sampling, data["mask"], 0.5
+    )
+    assert torch.equal(keep, theirs[:, 0])
+    assert_same(
+        farmkit_loss("dapo", data, (LOW, HIGH), keep),
+        trl_loss(
+            "dapo", "token", data, LOW, HIGH, {"sampling_per_token_logps": sampling}, off_policy=0.5
+        ),
+    )

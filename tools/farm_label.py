@@ -1,0 +1,91 @@
+"""farm-label: pairs -> preference records from a team's own annotators, through a local page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import orjson
+
+from farmkit.annotate.label import LabelConfig
+from farmkit.cli import (
+    common_options,
+    entry_point,
+    field_options,
+    input_argument,
+    log,
+    reference_option,
+    seed_option,
+    tool_config,
+)
+from farmkit.core.io import PENDING_EXIT, FarmError, display_name, records_stdout
+
+
+@click.command(name="farm-label")
+@input_argument("pairs")
+@field_options(LabelConfig, "output")
+@reference_option
+@field_options(
+    LabelConfig, "annotators", "overlap", "checks", "guidelines", "host", "port", "status"
+)
+@seed_option
+@common_options
+def cli(pairs, reference, seed, **values):
+    """Serve PAIRS (pair records, or output records with --reference) to human annotators through
+    a local page and write their answers to LABELS as preference records (preference 1, 2 or 1.5,
+    strength much/slightly, annotator, shown, seconds, time).
+
+    It prints one link per annotator and one to the organiser's status page on stderr (whatever
+    -q says) and serves until Ctrl-C or SIGTERM, then prints each annotator's progress and check
+    score. Each answer is on disk before the page moves on; stopped (even by kill -9) and started
+    again with the same command, it resumes every annotator where they were, with the same links.
+    LABELS is complete when every annotator's progress is at its total (the status page says so).
+
+    \b
+    farm-label pairs.jsonl -o labels.jsonl --annotators alice,bob,carol --overlap 0.2
+    farm-label outputs.jsonl --reference ref.jsonl -o labels.jsonl --annotators 3 --checks known.jsonl
+    """
+    config = tool_config(LabelConfig, values)
+    if config.output == "-" or config.output.endswith(".gz"):
+        raise click.BadParameter(
+            "LABELS is a plain JSONL file that is rewritten as answers come (not - or .gz)",
+            param_hint="-o",
+        )
+    try:
+        from farmkit.annotate.label import server
+    except ImportError:
+        raise FarmError("farm-label needs its web server: pip install 'farmkit[label]'") from None
+    from farmkit.annotate.label.store import open_store, read_checks
+    from farmkit.annotate.pairs import read_items
+
+    # every input is read and checked, and the port taken, before anything is written
+    items = [item.record for item in read_items(pairs, reference)]
+    if not items:
+        raise FarmError(
+            f"{display_name(pairs)}: no pairs to label; expected pair records (instruction, output_1, "
+            "output_2), or output records with --reference"
+        )
+    checks = read_checks(config.checks) if config.checks else []
+    guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
+    if config.status:
+        with open_store(
+            config.output, items, checks, config.annotators, config.overlap, seed
+        ) as store:
+            report = server.status(store)
+        records_stdout().write(orjson.dumps(report) + b"\n")
+        raise click.exceptions.Exit(0 if report["complete"] else PENDING_EXIT)
+    listener = server.bind(config.host, config.port)
+    url = server.base_url(listener, config.host)
+    with open_store(config.output, items, checks, config.annotators, config.overlap, seed) as store:
+        for name, token in store.tokens.items():
+            click.echo(f"farm-label: {name} {url}/a/{token}", err=True)
+        click.echo(f"farm-label: status {url}/status/{store.admin}", err=True)
+        server.serve(server.create_app(store, guidelines), listener)
+        for line in server.summary(store):
+            log.info("farm-label: %s", line)
+
+
+main = entry_point(cli)
+
+if __name__ == "__main__":
+    main()
