@@ -112,16 +112,17 @@ mutants-fast: install
 bench: install
 	$(PY) bench/run.py
 
-# gpu-check (bench/gpu_check.py; README, Scaling out; bench/README.md): farm-sample's generation and one farm-ppo / farm-grpo
-# step timed on a GPU machine without network that has torch, transformers, accelerate, peft, pytest
-# and scikit-learn only. gpu-wheels downloads, here, the wheels of farmkit's other dependencies on
-# those paths that such a machine lacks (pinned; manylinux x86_64, CPython 3.12, no dependencies)
-# into GPU_WHEELS (ignored by git: carry it to the GPU machine). gpu-check installs nothing: the
+# gpu-check (bench/gpu_check.py; README, Scaling out; bench/README.md): farm-sample's generation (eager and
+# compiled), one farm-ppo / farm-grpo step and farm-grpo against TRL's GRPOTrainer timed on a GPU
+# machine without network that has torch, transformers, accelerate, peft, pytest and scikit-learn
+# only. gpu-wheels downloads, here, the wheels of farmkit's other dependencies on those paths that
+# such a machine lacks, and TRL's (pinned; manylinux x86_64, CPython 3.12, no dependencies: what TRL
+# imports beyond them, datasets, pyarrow and pandas, the script stands in for) into GPU_WHEELS (ignored by git: carry it to the GPU machine). gpu-check installs nothing: the
 # script puts the repository first on sys.path and the wheels' contents last, and writes its report
 # to GPU_REPORT (default $OUT/gpu-check.json, or gpu-check.json). DRY_RUN=1: the same code paths at
 # tiny sizes on the CPU (with .venv's Python here; tests/bench/test_gpu_check.py runs it).
 GPU_WHEELS ?= gpu-wheels
-GPU_WHEEL_PINS ?= click==8.5.1 orjson==3.13.0
+GPU_WHEEL_PINS ?= click==8.5.1 orjson==3.13.0 trl==1.16.0
 GPU_PY_VERSION ?= 3.12
 GPU_PIP ?= python3 -m pip
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)

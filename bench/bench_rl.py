@@ -456,9 +456,14 @@ def farmkit_worker(
 
 
 def trl_worker(
-    method: str, settings: Settings, paths: dict[str, str], patch: Any = setattr
+    method: str,
+    settings: Settings,
+    paths: dict[str, str],
+    patch: Any = setattr,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train with TRL's GRPOTrainer / RLOOTrainer in this process under the probes."""
+    """Train with TRL's GRPOTrainer / RLOOTrainer in this process under the probes; `overrides`:
+    config values beyond trl_config's (bench/gpu_check.py: the GPU, bf16)."""
     import torch
 
     threads = set_threads(settings)
@@ -510,7 +515,7 @@ def trl_worker(
             for r in records
         ]
     )
-    kwargs = trl_config(method, settings, paths["output"])
+    kwargs = {**trl_config(method, settings, paths["output"]), **(overrides or {})}
     config = config_class(**kwargs)
     trainer = trainer_class(
         model=paths["policy"],

@@ -1,4 +1,4 @@
-"""gpu-check: farmkit's generation and one PPO / GRPO step timed on one GPU, in one JSON report.
+"""gpu-check: farmkit's generation, PPO / GRPO steps and farm-grpo beside TRL timed on one GPU.
 
 Meant for a GPU machine without network that has PyTorch (CUDA), transformers, accelerate, peft,
 pytest and scikit-learn (so also numpy, scipy, pyyaml, tqdm, tokenizers, safetensors: their
@@ -8,19 +8,24 @@ registered from there; an installed farmkit's editable finder set aside, so a dr
 farmkit as the GPU machine does) and the wheels of `make gpu-wheels` (in --wheels, default
 gpu-wheels/) are unpacked into a temporary folder put LAST on sys.path, so they only fill gaps (a
 package the machine has wins). The wheels are
-the two farmkit dependencies on these code paths that the machine lacks (pinned in the Makefile,
-manylinux x86_64, CPython 3.12, --no-deps):
+the two farmkit dependencies on these code paths that the machine lacks, and TRL for the trl-grpo
+section (pinned in the Makefile, manylinux x86_64, CPython 3.12, --no-deps):
 
     click-8.5.1-py3-none-any.whl                                              126,163 bytes
     orjson-3.13.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl  130,612 bytes
+    trl-1.16.0-py3-none-any.whl                                               948,205 bytes
 
-257 kB together; a Python other than 3.12 needs `make gpu-wheels GPU_PY_VERSION=3.x` for its
+1.2 MB together; a Python other than 3.12 needs `make gpu-wheels GPU_PY_VERSION=3.x` for its
 orjson wheel. farmkit imports click in farmkit.cli (farm-sample's engine draws its progress bar
 through it) and orjson in farmkit.core.io and farmkit.core.seeds; tqdm, numpy, pyyaml and jinja2 (chat
 templates) come with transformers, accelerate and torch, scipy with scikit-learn, and farmkit
 imports neither scipy nor yaml on these paths (transformers and accelerate import them when
-present). trl, gguf, openai, matplotlib and datasets are not imported on these paths, which the
-report checks (`imported_but_absent_on_gpu`; `imported_packages` lists every package imported).
+present). TRL's GRPOTrainer imports datasets, pyarrow and pandas at import time; their wheels
+(pyarrow's alone 55 MB) are more than the machine takes, so the trl-grpo section puts stand-ins in
+sys.modules while it runs (STAND_INS: placeholder names for TRL's annotations, and a list of rows for
+the prompts), in the dry run too. gguf, openai, matplotlib, datasets and the rest of ABSENT_ON_GPU
+are not imported on these paths, which the report checks (`imported_but_absent_on_gpu`;
+`imported_packages` lists every package imported).
 
 Models are built from configs with random weights (speed does not depend on the weights), with a
 byte-level BPE tokenizer made in-script (no hub): the 256 byte symbols, then merges of byte pairs
@@ -38,11 +43,19 @@ Sections, each written to the report as soon as it ends (a run cut short still l
 - sampling: farmkit.lm.sampling.sample_to_output with the hf backend (what farm-sample runs: prompts
   bucketed by length, farmkit.lm.generation.generate), bf16 on the GPU, temperature 0.7: tokens/s of
   the completion tokens, batched (64 prompts, 64 per pass) and one prompt at a time, 128 new tokens;
+- compile: farmkit.lm.generation.generate on one loaded model, the same 64 prompts in one batch,
+  eager and with --compile-generation (a static KV cache, the decoding step compiled by
+  torch.compile in mode reduce-overhead), each timed after a first call of the same shape (the
+  compiled one's holds the compilation); beside the bandwidth bound: a decoding step reads every
+  parameter once (the KV cache's reads left out, so the bound is generous), so at most
+  bandwidth / parameter bytes steps per second, a token per row each; the fraction of it each
+  reaches. The bandwidth comes from farmkit.core.devices' table (null, with the reason, for a device
+  it lacks);
 - training: farmkit.methods.ppo.train_ppo and farmkit.methods.group.train_group (GRPO), 2 steps of
   64 rollouts (GRPO: 16 prompts x 4), minibatch 32, micro-batch 8, 2 epochs, 128 new tokens, each
-  step's wall time (metrics.jsonl's elapsed_s), the run's peak torch.cuda.max_memory_allocated, and
-  step 1's KL (before any update it should be 0), in three precisions, because how bf16 is asked
-  for decides the KL:
+  step's wall time (metrics.jsonl's elapsed_s), tokens/s and MFU (metrics.jsonl's), the run's peak
+  torch.cuda.max_memory_allocated, and step 1's KL (before any update it should be 0), in three
+  precisions, because how bf16 is asked for decides the KL:
   * fp32: farmkit's default: rollouts.TRAINING_DTYPE = float32 for the policy, the reference and
     the value model (the reward model loads in bf16 on a GPU: models.choose_dtype);
   * bf16-autocast: ACCELERATE_MIXED_PRECISION=bf16 (what `accelerate launch --mixed_precision bf16`
@@ -51,13 +64,28 @@ Sections, each written to the report as soon as it ends (a run cut short still l
   * bf16-weights: rollouts.TRAINING_DTYPE set to bfloat16 by this script (no flag offers it):
     policy, reference and value model held and trained in bf16.
   The report gives the KL as measured; nothing forces it.
-Sections run in order of importance (the small shape in bf16-autocast and fp32, then the 1B shape
-in bf16-autocast, then bf16-weights, then the 1B shape in fp32); one whose kind took, at its shape
-(the 1B shape's first: 3x the small one's), more than what is left of --budget-s (420 s) is skipped.
+- compiled-rollouts: the small shape's farm-grpo run in bf16-autocast again, its rollouts compiled
+  (--compile-generation), its step 2 beside the eager run's;
+- losses: one farm-grpo step in bf16-weights with GRPO's default loss and with each of NEW_LOSSES
+  (dapo, gspo, cispo) that farmkit.train.estimators registers: step 1's KL must be exactly 0;
+- trl-grpo: farm-grpo against TRL's GRPOTrainer at the 1B shape, with bench/bench_rl.py's set-up
+  (the same model, reward model, prompts, group size 4 x 16 prompts, 128 new tokens, minibatch 32 in
+  micro-batches of 8, one epoch, learning rate, KL 0.04 in the loss) and probes, both in this
+  process, farmkit first, fp32 weights under bf16 autocast on both sides (TRL: bf16=True), HF
+  generation on both; 1 + 3 steps: seconds per step, the median of the steps after the first, and
+  the ratio farmkit / TRL (target <= 1.0).
+Sections run in order of importance (the small shape's sampling and compiled generation; the 1B
+shape's farm-grpo beside TRL and compiled generation; the small shape in bf16-autocast, the
+losses and the compiled rollouts; the 1B shape's sampling and bf16-autocast; the small shape in fp32; bf16-weights; the 1B
+shape in fp32); one whose
+kind took, at its shape (the 1B shape's first: 3x the small one's), more than what is left of
+--budget-s (420 s) is skipped.
 
 `--dry-run` runs every section on the CPU at tiny sizes (two tiny Llama shapes standing for the two
-above; 8 new tokens), one torch thread, sampling in fp32 (farmkit's choice on a CPU) and training in
-the same three precisions (bf16 autocast on the CPU). tests/bench/test_gpu_check.py runs it through
+above; 8 new tokens), one torch thread, sampling in fp32 (farmkit's choice on a CPU), compiling
+with torch.compile's eager backend (the graph capture, without inductor's minute of code generation
+on a CPU, and at the small shape only), and training in the same three precisions (bf16 autocast
+on the CPU). tests/bench/test_gpu_check.py runs it through
 `make gpu-check DRY_RUN=1`.
 
 Progress goes to stderr with timestamps; the report to --output (default $OUT/gpu-check.json when
@@ -81,6 +109,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -91,7 +120,6 @@ SCHEMA = "farmkit-gpu-check/1"
 # What a GPU machine of this project lacks (not installed there, no wheel brought): none of these may
 # be imported on the paths checked here.
 ABSENT_ON_GPU = (
-    "trl",
     "gguf",
     "openai",
     "httpx_sse",
@@ -107,6 +135,16 @@ ABSENT_ON_GPU = (
 # What these paths import beyond the standard library (checked before anything runs).
 NEEDED = ("torch", "transformers", "accelerate", "tokenizers", "numpy", "yaml", "tqdm")
 NEEDED_FROM_WHEELS = ("click", "orjson")
+# the trl-grpo section's: TRL's wheel (pure Python), and stand-ins for what TRL's GRPOTrainer imports
+# that the GPU machine lacks and that pyarrow's 55 MB wheel makes too big to carry (datasets needs
+# it); on the trainer's path datasets gives only the prompts' container and pandas and pyarrow only
+# names for annotations (completions logging, packing: both off). Used in the dry run too, so that
+# what it tests is what runs on the GPU.
+FROM_WHEELS_FOR_TRL = ("trl",)
+STAND_INS = ("datasets", "pyarrow", "pyarrow.compute", "pyarrow.types", "pandas")
+# the losses of the GRPO family whose first-step KL is checked (those registered: a loss added to
+# farmkit.train.estimators by another branch joins when merged), beside GRPO's default loss
+NEW_LOSSES = ("dapo", "gspo", "cispo")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 as in SmolLM2
 # SmolLM2-135M-Instruct's chat template
@@ -230,6 +268,33 @@ class Sizes:
         )
         self.samples_per_prompt = 4
         self.train_prompts = 16 if dry_run else 128
+        # compiled generation against eager: the batched sampling's sizes (one batch)
+        self.compiled = self.batched
+        # farm-grpo against TRL's GRPOTrainer (bench/bench_rl.py's Settings): 16 prompts x 4, 128 new
+        # tokens, 1 + 3 steps of 2 optimizer steps (minibatch 32 in micro-batches of 8)
+        self.trl = (
+            dict(
+                prompts_per_step=2,
+                samples=2,
+                max_new_tokens=4,
+                warmup=1,
+                steps=1,
+                micro_batch=1,
+                minibatch=2,
+                threads=1,
+            )
+            if dry_run
+            else dict(
+                prompts_per_step=16,
+                samples=4,
+                max_new_tokens=128,
+                warmup=1,
+                steps=3,
+                micro_batch=8,
+                minibatch=32,
+                threads=0,
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,19 +725,36 @@ def precision(mode: str) -> Any:
 
 
 def train_section(
-    method: str, mode: str, shape: dict[str, Any], sizes: Sizes, work: Path
+    method: str,
+    mode: str,
+    shape: dict[str, Any],
+    sizes: Sizes,
+    work: Path,
+    policy_loss: str | None = None,
+    steps: int | None = None,
+    compile_generation: bool = False,
 ) -> dict[str, Any]:
-    """Two steps of farm-ppo's or farm-grpo's training through their Python API; per-step figures
-    from the run's metrics.jsonl."""
+    """Two steps (or `steps`) of farm-ppo's or farm-grpo's training through their Python API, GRPO
+    with its default loss or `policy_loss`, the rollouts compiled with `compile_generation`;
+    per-step figures from the run's metrics.jsonl."""
     import torch
 
     folders = shape["folders"]
-    output = work / f"{method}-{mode}-out"
+    output = work / f"{method}-{mode}-{policy_loss or 'default'}-{compile_generation}-out"
     checkpoints = Path(f"{output}-checkpoints")
     for leftover in (output, checkpoints):
         shutil.rmtree(leftover, ignore_errors=True)
     prompts = prompt_records(sizes.train_prompts, sizes.prompt_words)
-    common = dict(sizes.train, checkpoint_every=0, temperature=1.0, template="chat", seed=0)
+    common = dict(
+        sizes.train,
+        checkpoint_every=0,
+        temperature=1.0,
+        template="chat",
+        seed=0,
+        compile_generation=compile_generation,
+    )
+    if steps is not None:
+        common["steps"] = steps
     free_memory()
     before = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
     with precision(mode):
@@ -688,7 +770,9 @@ def train_section(
         else:
             from farmkit.methods.group import GRPOConfig, train_group
 
-            config = GRPOConfig(**common, samples_per_prompt=sizes.samples_per_prompt)
+            config = GRPOConfig(
+                **common, samples_per_prompt=sizes.samples_per_prompt, policy_loss=policy_loss
+            )
             train_group(
                 folders["policy"], folders["reward_model"], prompts, str(output), config, seed=0
             )
@@ -715,6 +799,8 @@ def train_section(
                 "response_length": row.get("response_length"),
                 "entropy": row.get("entropy"),
                 "loss": row.get("loss"),
+                "tokens_per_s": row.get("tokens_per_s"),
+                "mfu": row.get("mfu"),  # absent where the device's peak is unknown
             }
         )
         previous = row["elapsed_s"]
@@ -729,10 +815,13 @@ def train_section(
             **({"samples_per_prompt": sizes.samples_per_prompt} if method == "grpo" else {}),
             "kl_estimator": config.kl_estimator,
             "kl_coef": config.kl_coef,
+            "compile_generation": config.compile_generation,
+            **({"policy_loss": config.policy_loss} if method == "grpo" else {}),
         },
         "steps": steps,
         "step1_s": first.get("wall_s"),
         "step2_s": steps[1]["wall_s"] if len(steps) > 1 else None,
+        "mfu_step2": steps[1]["mfu"] if len(steps) > 1 else None,
         "kl_step1": kl,
         "kl_step1_is_exactly_zero": kl == 0.0 if kl is not None else None,
         "run_wall_s": round(wall, 2),
@@ -740,6 +829,288 @@ def train_section(
         **memory,
         "launch": meta.get("launch"),
         "saved_policy_dtype": saved_dtype,
+    }
+
+
+def losses_section(shape: dict[str, Any], sizes: Sizes, work: Path) -> dict[str, Any]:
+    """One farm-grpo step with each new loss of the GRPO family that is registered, and with GRPO's
+    default loss, policy and reference held in bf16 (bf16-weights): step 1's KL, before any update,
+    must be exactly 0."""
+    from farmkit.train.estimators import POLICY_LOSSES
+
+    registered = [name for name in NEW_LOSSES if name in POLICY_LOSSES]
+    runs = []
+    for name in [None, *registered]:
+        run = train_section("grpo", "bf16-weights", shape, sizes, work, policy_loss=name, steps=1)
+        runs.append(
+            {
+                "policy_loss": run["config"]["policy_loss"],
+                "kl_step1": run["kl_step1"],
+                "is_exactly_zero": run["kl_step1_is_exactly_zero"],
+                "step1_s": run["step1_s"],
+            }
+        )
+        say(f"  {runs[-1]['policy_loss']}: step-1 KL {run['kl_step1']!r}")
+    return {
+        "precision": "bf16-weights",
+        "how_requested": PRECISIONS["bf16-weights"],
+        "not_registered": [name for name in NEW_LOSSES if name not in POLICY_LOSSES],
+        "runs": runs,
+        "all_exactly_zero": all(run["is_exactly_zero"] for run in runs),
+    }
+
+
+def compile_section(shape: dict[str, Any], sizes: Sizes, device: str) -> dict[str, Any]:
+    """farm-sample's hf generation (farmkit.lm.generation.generate) batched, eager and with
+    --compile-generation (a static KV cache, the decoding step compiled), on one loaded model, each
+    timed after a first call of the same shape (the compiled one's is the compilation); beside the
+    bound the memory bandwidth sets: a decoding step reads every parameter once, so no more than
+    bandwidth / parameter bytes steps per second, each giving one token per row."""
+    import torch
+
+    from farmkit.core.devices import torch_device_peak
+    from farmkit.lm import generation
+    from farmkit.lm.models import PromptFormat, load_causal_lm
+
+    folder = shape["folders"]["policy"]
+    sizes_here = sizes.compiled
+    model, tokenizer = load_causal_lm(folder, device=device, dtype=sizes.sample_dtype)
+    template = PromptFormat.for_model(folder)
+    prompts = [
+        template.record_prompt(tokenizer, record)
+        for record in prompt_records(sizes_here["prompts"], sizes.prompt_words)
+    ]
+    decoding = generation.DecodingConfig(
+        n=1,
+        temperature=0.7,
+        top_p=1.0,
+        max_new_tokens=sizes_here["max_new_tokens"],
+        batch_size=sizes_here["batch_size"],
+    )
+
+    def timed(compiled: bool) -> tuple[int, float]:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        samples = generation.generate(
+            model, tokenizer, prompts, decoding, seed=0, compiled=compiled
+        )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return sum(
+            s.completion_tokens for row in samples for s in row
+        ), time.perf_counter() - started
+
+    figures: dict[str, Any] = {}
+    for label, compiled in (("eager", False), ("compiled", True)):
+        _, first = timed(compiled)
+        tokens, seconds = timed(compiled)
+        figures[label] = {
+            "first_call_s": round(first, 3),
+            "completion_tokens": tokens,
+            "generation_s": round(seconds, 6),
+            "tokens_per_s": round(tokens / seconds, 2),
+        }
+        say(f"  {label}: {tokens / seconds:.1f} tokens/s (first call {first:.1f} s)")
+    rows = min(sizes_here["batch_size"], sizes_here["prompts"])
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak, reason = torch_device_peak(device)
+    bound: dict[str, Any] = {"parameter_bytes": parameter_bytes, "rows": rows}
+    if peak is None:
+        bound.update(device=None, reason=reason, tokens_per_s=None)
+    else:
+        steps_per_s = peak.memory_bandwidth / parameter_bytes
+        bound.update(
+            device=peak.name,
+            memory_bandwidth_bytes_per_s=peak.memory_bandwidth,
+            source=peak.source,
+            decode_steps_per_s=round(steps_per_s, 2),
+            tokens_per_s=round(rows * steps_per_s, 2),
+        )
+    for label in ("eager", "compiled"):
+        figures[label]["fraction_of_bound"] = (
+            round(figures[label]["tokens_per_s"] / bound["tokens_per_s"], 4)
+            if bound["tokens_per_s"]
+            else None
+        )
+    return {
+        "code_path": "farmkit.lm.generation.generate (farm-sample --backend hf), compiled: "
+        "farmkit.lm.generation.compiled_generation",
+        "compile_backend": generation.COMPILE_BACKEND,
+        "dtype": sizes.sample_dtype,
+        "prompts": sizes_here["prompts"],
+        "batch_size": sizes_here["batch_size"],
+        "max_new_tokens": sizes_here["max_new_tokens"],
+        **figures,
+        "compiled_speedup": round(
+            figures["compiled"]["tokens_per_s"] / figures["eager"]["tokens_per_s"], 4
+        ),
+        "bandwidth_bound": bound,
+    }
+
+
+def _absent(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("gpu-check: a stand-in for a package this machine lacks was used")
+
+
+class StandIn(types.ModuleType):
+    """A package the GPU machine lacks, for TRL's imports: every name it is asked for is a
+    placeholder class (for annotations and isinstance checks) that cannot be made."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        placeholder = type(name, (), {"__init__": _absent})
+        setattr(self, name, placeholder)
+        return placeholder
+
+
+class PromptRows:
+    """The datasets.Dataset that GRPOTrainer reads: rows by index, its length, and no cache files
+    (a Dataset made in memory, which is what TRL's telemetry asks before it honours
+    HF_HUB_OFFLINE and sends nothing)."""
+
+    cache_files: list[dict[str, str]] = []
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    @classmethod
+    def from_list(cls, rows: list[dict[str, Any]]) -> PromptRows:
+        return cls(list(rows))
+
+    @classmethod
+    def from_dict(cls, columns: dict[str, list[Any]]) -> PromptRows:
+        return cls(
+            [
+                dict(zip(columns, values, strict=True))
+                for values in zip(*columns.values(), strict=True)
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.rows[index]
+
+
+class Patches:
+    """Attributes and mapping items replaced for a while, put back (or removed) on exit: the
+    probes and stand-ins of the trl-grpo section, which the sections after it must not see."""
+
+    MISSING = object()
+
+    def __init__(self) -> None:
+        self.undo: list[Any] = []
+
+    def setattr(self, owner: Any, name: str, value: Any) -> None:
+        old = vars(owner).get(name, self.MISSING)  # an inherited one: deleted, not copied down
+        self.undo.append(
+            lambda: delattr(owner, name) if old is self.MISSING else setattr(owner, name, old)
+        )
+        setattr(owner, name, value)
+
+    def setitem(self, mapping: dict[str, Any], key: str, value: Any) -> None:
+        old = mapping.get(key, self.MISSING)
+        self.undo.append(
+            lambda: mapping.pop(key, None) if old is self.MISSING else mapping.update({key: old})
+        )
+        mapping[key] = value
+
+    def __enter__(self) -> Patches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+
+def stand_ins(patches: Patches) -> None:
+    """Put the STAND_INS in sys.modules for as long as `patches` holds."""
+    import importlib.machinery
+
+    for name in STAND_INS:
+        module = StandIn(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        if name == "datasets":
+            module.Dataset = PromptRows
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
+        patches.setitem(sys.modules, name, module)
+
+
+def trl_section(shape: dict[str, Any], sizes: Sizes, work: Path, device: str) -> dict[str, Any]:
+    """farm-grpo's steps against TRL's GRPOTrainer's with the same settings (bench/bench_rl.py's
+    set-up and probes, both in this process, farmkit first): fp32 weights under bf16 autocast on
+    both sides; seconds per step (the median of the steps after the first) and their ratio."""
+    import dataclasses
+    import statistics
+
+    import bench_rl
+
+    settings = bench_rl.Settings(**sizes.trl)
+    settings.check()
+    folders = shape["folders"]
+    records = prompt_records(settings.prompts_per_step * settings.total_steps, sizes.prompt_words)
+    prompts = work / "trl-grpo-prompts.jsonl"
+    prompts.write_text("".join(json.dumps(record) + "\n" for record in records))
+    bench_rl.check_prompts(folders["policy"], records)
+    # TRL's model_init_kwargs: the policy folder is saved in bf16; farm-grpo trains it in fp32
+    overrides = {
+        "use_cpu": device == "cpu",
+        "bf16": True,
+        "model_init_kwargs": {"dtype": "float32"},
+    }
+    sides: dict[str, Any] = {}
+    with Patches() as patches:
+        stand_ins(patches)
+        try:
+            import trl
+        except ImportError as exc:
+            raise RuntimeError(
+                f"cannot import trl ({exc}): its wheel comes from `make gpu-wheels`"
+            ) from None
+        for tool in ("farmkit", "trl"):
+            paths = {
+                "policy": folders["policy"],
+                "reward_model": folders["reward_model"],
+                "prompts": str(prompts),
+                "output": str(work / f"trl-grpo-{tool}"),
+            }
+            free_memory()
+            with precision("bf16-autocast"), Patches() as probes:
+                if tool == "farmkit":
+                    result = bench_rl.farmkit_worker("grpo", settings, paths, probes.setattr)
+                else:
+                    result = bench_rl.trl_worker("grpo", settings, paths, probes.setattr, overrides)
+            summary = bench_rl.summarize(result, settings)
+            sides[tool] = {
+                "step_seconds": [round(value, 3) for value in summary["step_seconds"]],
+                "seconds_per_step": round(statistics.median(summary["step_seconds"]), 3),
+                "tokens_per_step": summary["tokens_per_step"],
+                "timing_source": result["timing_source"],
+                **({"command": result["command"]} if tool == "farmkit" else {}),
+                **({"config": result["config"]} if tool == "trl" else {}),
+            }
+            say(f"  {tool}: {sides[tool]['seconds_per_step']} s per step")
+        version = trl.__version__
+    ratio = sides["farmkit"]["seconds_per_step"] / sides["trl"]["seconds_per_step"]
+    return {
+        "method": "grpo",
+        "precision": "fp32 weights, bf16 autocast (farmkit: bf16-autocast; TRL: bf16=True)",
+        "settings": dataclasses.asdict(settings),
+        "trl_version": version,
+        "stand_ins": list(STAND_INS),
+        # TRL loads policy, reference and reward model with one model_init_kwargs
+        "differences": "the reward model: farmkit loads it in bf16 on a GPU (models.choose_dtype), "
+        "TRL in fp32 (model_init_kwargs, which the policy needs in fp32)",
+        "farmkit": sides["farmkit"],
+        "trl": sides["trl"],
+        "ratio_farmkit_over_trl": round(ratio, 4),
+        "target": "<= 1.0",
+        "met": ratio <= 1.0,
     }
 
 
@@ -786,6 +1157,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     work = (
         Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="farmkit-gpu-check-"))
     )
@@ -802,6 +1174,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     report = Report(Path(args.output), args.dry_run)
     device = "cpu" if args.dry_run else "cuda"
+    if args.dry_run:  # the graph capture, without inductor's minute of code generation on a CPU
+        from farmkit.lm import generation
+
+        generation.COMPILE_BACKEND = "eager"
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu-check: no CUDA device (use --dry-run on a CPU)")
     sizes = Sizes(args.dry_run)
@@ -814,9 +1190,15 @@ def main(argv: list[str] | None = None) -> int:
         "shapes": sizes.stands_for,
         "sampling": {"batched": sizes.batched, "one_at_a_time": sizes.single},
         "training": {**sizes.train, "samples_per_prompt (grpo)": sizes.samples_per_prompt},
+        "compiled_generation": sizes.compiled,
+        "trl_grpo": sizes.trl,
     }
     report.data["shapes"] = {}
     report.data["sampling"] = {}
+    report.data["compiled_generation"] = {}
+    report.data["compiled_rollouts"] = {}
+    report.data["trl_grpo"] = None
+    report.data["losses_first_step_kl"] = {}
     report.data["training"] = []
     report.write()
     say(f"report: {report.path}; work folder: {work}; device: {device}")
@@ -827,14 +1209,20 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, str, str, str | None]] = [  # kind, shape, method, precision
         ("build", small, "", None),
         ("sample", small, "", None),
+        ("compile", small, "", None),
+        ("build", large, "", None),
+        ("trl-grpo", large, "grpo", "bf16-autocast"),
+        # the dry run compiles at one shape only: the same code path, a graph capture of seconds
+        *([] if args.dry_run else [("compile", large, "", None)]),
         ("train", small, "ppo", "bf16-autocast"),
         ("train", small, "grpo", "bf16-autocast"),
-        ("train", small, "ppo", "fp32"),
-        ("train", small, "grpo", "fp32"),
-        ("build", large, "", None),
+        ("losses", small, "grpo", "bf16-weights"),
+        ("compiled-rollouts", small, "grpo", "bf16-autocast"),
         ("sample", large, "", None),
         ("train", large, "ppo", "bf16-autocast"),
         ("train", large, "grpo", "bf16-autocast"),
+        ("train", small, "ppo", "fp32"),
+        ("train", small, "grpo", "fp32"),
         ("train", small, "ppo", "bf16-weights"),
         ("train", small, "grpo", "bf16-weights"),
         ("train", large, "ppo", "bf16-weights"),
@@ -876,6 +1264,37 @@ def main(argv: list[str] | None = None) -> int:
                 report.data["sampling"][shape_name] = sample_section(
                     report.data["shapes"][shape_name], sizes, work, device
                 )
+            elif kind == "compile":
+                report.data["compiled_generation"][shape_name] = compile_section(
+                    report.data["shapes"][shape_name], sizes, device
+                )
+            elif kind == "compiled-rollouts":
+                result = train_section(
+                    method,
+                    mode,
+                    report.data["shapes"][shape_name],
+                    sizes,
+                    work,
+                    compile_generation=True,
+                )
+                eager = [
+                    run["step2_s"]
+                    for run in report.data["training"]
+                    if (run["shape"], run["method"], run["precision"]) == (shape_name, method, mode)
+                ]
+                report.data["compiled_rollouts"][shape_name] = {
+                    **result,
+                    "eager_step2_s": eager[0] if eager else None,
+                }
+                say(f"  steps {result['step1_s']} s, {result['step2_s']} s (eager: {eager})")
+            elif kind == "losses":
+                report.data["losses_first_step_kl"][shape_name] = losses_section(
+                    report.data["shapes"][shape_name], sizes, work
+                )
+            elif kind == "trl-grpo":
+                result = trl_section(report.data["shapes"][shape_name], sizes, work, device)
+                report.data["trl_grpo"] = {"shape": shape_name, **result}
+                say(f"  farmkit / TRL seconds per step: {result['ratio_farmkit_over_trl']}")
             else:
                 result = train_section(method, mode, report.data["shapes"][shape_name], sizes, work)
                 result["shape"] = shape_name

@@ -45,7 +45,7 @@ TOOL = "farm-sample"
 )
 @field_options(SampleSettings, "backend", "generator", defaults={"backend": "auto"})
 @model_options
-@field_options(SampleSettings, "dtype", "concurrency")
+@field_options(SampleSettings, "dtype", "concurrency", "compile_generation")
 @shared_option("resume", more_help="With -o: from FILE.resume.jsonl.")
 @long_prompts_option
 @output_option
@@ -65,6 +65,7 @@ def cli(
     device,
     dtype,
     concurrency,
+    compile_generation,
     resume,
     long_prompts,
     output,
@@ -105,6 +106,10 @@ def cli(
 
     if backend == "auto":
         backend = default_backend(device)
+    if compile_generation and backend != "hf":
+        raise click.UsageError(
+            f"--compile-generation is for the hf backend (transformers' generate), not {backend}"
+        )
     if backend != "openai":  # an endpoint's context is unknown here: it answers for itself
         from farmkit.lm.sampling import screen_long_prompts
 
@@ -130,6 +135,7 @@ def cli(
         dtype=dtype,
         concurrency=concurrency,
         generator=generator,
+        compile_generation=compile_generation,
     )
     control = None
     if backend != "openai":
@@ -151,6 +157,8 @@ def cli(
         template=template,
         control=control,
         batch_size=batch_size if backend == "hf" else None,
+        # compiled decoding may differ from eager in the last bits: a record says how it was drawn
+        compile_generation=compile_generation or None,
     )
     fields = {**decoding.as_record_fields(), "seed": seed}
 

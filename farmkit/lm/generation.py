@@ -26,6 +26,14 @@ CHARS_PER_TOKEN_WINDOW = 8
 MAX_CHARS_PER_TOKEN = 64
 # what to do with a prompt the model's context cannot hold beside max_new_tokens
 LONG_PROMPTS = ("fail", "skip", "truncate")
+# torch.compile's backend for compiled generation. The gpu-check dry run sets "eager" (the graph
+# capture without code generation): inductor takes over a minute for a 2-layer model on a CPU.
+COMPILE_BACKEND = "inductor"
+COMPILE_GENERATION_HELP = (
+    "Decode with a static KV cache and the model's forward compiled by torch.compile (mode "
+    "reduce-overhead: CUDA graphs on a GPU), with transformers' generate (the hf backend). Each new "
+    "batch shape is compiled first (seconds to a minute); on a CPU it compiles too, and rarely pays."
+)
 
 
 @dataclass
@@ -102,6 +110,21 @@ def plain_generation_config(model: Any, tokenizer: Any) -> Iterator[None]:
         inner.generation_config = own
 
 
+def compiled_generation() -> dict[str, Any]:
+    """`generate`'s keyword arguments for a static KV cache and a compiled decoding step:
+    transformers compiles the forward of the decoding steps (the prefill stays eager) once the cache
+    is static, and keeps the cache's length between calls so that a shorter batch does not
+    recompile."""
+    from transformers import CompileConfig
+
+    mode = {"mode": "reduce-overhead"} if COMPILE_BACKEND == "inductor" else {}
+    config = CompileConfig(backend=COMPILE_BACKEND, **mode)
+    # transformers compiles only on CUDA and a few accelerators unless told otherwise: on the CPU
+    # the option would otherwise decode uncompiled without a word
+    config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": config}
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -111,6 +134,7 @@ def generate(
     on_batch: Callable[[list[int], list[list[Sample]]], None] | None = None,
     skip: Collection[int] = (),
     shard: tuple[int, int] = (0, 1),
+    compiled: bool = False,
 ) -> list[list[Sample]]:
     """Return config.n samples for each prompt, in prompt order.
 
@@ -121,6 +145,7 @@ def generate(
     generated (its samples stay empty), and the other batches keep their numbers, hence their seeds.
     `shard` = (rank, processes): this process generates the batches whose number is rank modulo
     processes, so several processes together draw exactly the samples one process draws.
+    `compiled`: a static KV cache and a compiled decoding step (compiled_generation).
     """
     import torch
 
@@ -150,6 +175,8 @@ def generate(
             kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
+        if compiled:
+            kwargs.update(compiled_generation())
         with torch.no_grad():
             output = model.generate(**batch, **kwargs)
         prompt_width = batch["input_ids"].shape[1]

@@ -26,7 +26,7 @@ from farmkit.core.fields import help_field
 from farmkit.core.io import FarmError, RecordWriter
 from farmkit.core.seeds import derive_seed
 from farmkit.core.values import AT_LEAST_ONE
-from farmkit.lm.generation import DecodingConfig, Sample
+from farmkit.lm.generation import COMPILE_GENERATION_HELP, DecodingConfig, Sample
 
 log = logging.getLogger("farmkit")
 BACKENDS = ("auto", "hf", "vllm", "openai")
@@ -114,6 +114,7 @@ class SampleSettings:
         ("auto", "float32", "bfloat16", "float16"),
     )
     concurrency: int = help_field(8, "openai: requests in flight at once.", bounds=AT_LEAST_ONE)
+    compile_generation: bool = help_field(False, COMPILE_GENERATION_HELP)
     generator: str | None = help_field(
         None,
         "Name written in each record's `generator` field "
@@ -150,6 +151,7 @@ def sample_hf(
             seed=settings.seed,
             on_batch=on_done,
             skip=skip,
+            compiled=settings.compile_generation,
         )
         return
     # several processes: each generates its share of the batches (with the seeds one process would
@@ -164,6 +166,7 @@ def sample_hf(
         skip=skip,
         on_batch=lambda indices, samples: finished.append((indices, samples)),
         shard=(distributed.rank(), distributed.world_size()),
+        compiled=settings.compile_generation,
     )
     for share in distributed.gather(finished) or []:
         for indices, samples in share:

@@ -29,7 +29,7 @@ from farmkit.core.values import (
     Bounds,
     Number,
 )
-from farmkit.lm.generation import DECODING_NUMBERS
+from farmkit.lm.generation import COMPILE_GENERATION_HELP, DECODING_NUMBERS
 from farmkit.lm.models import TEMPLATES
 from farmkit.train.estimators import (
     ADVANTAGE_ESTIMATORS,
@@ -221,6 +221,7 @@ class RolloutConfig(ModelArgs):
     )
     # vllm: the policy's weights are pushed into the engine before each rollout
     rollout_backend: str = shared_field("rollout_backend", "auto", ROLLOUT_BACKENDS)
+    compile_generation: bool = help_field(False, COMPILE_GENERATION_HELP)
     vllm_gpu_memory_utilization: float = help_field(
         0.3,
         "With --rollout-backend vllm on a GPU: the share of the GPU's memory the colocated engine "

@@ -13,7 +13,10 @@ Each line is one JSON object with
   started), `reward`, `kl`, `accuracy`, `round`, `response_length`; the budget as running totals
   (`labels_used`, `tokens_sampled`, `training_tokens`: farmkit.train.budget); and, on the rows of
   checkpoints judged by a --gold judge, `gold_win_rate`, `gold_reward`, `gold_kl` and
-  `gold_answer_length` (farmkit.train.gold).
+  `gold_answer_length` (farmkit.train.gold); on the on-policy trainers' rows, `step_s` (the step's
+  wall time), `tokens_per_s` (tokens sampled per second of it) and, on a device whose peak is known
+  (farmkit.core.devices), `mfu` (StepWork: 2 x parameters FLOPs per token of a forward pass, 6 x
+  per token trained, over the step's time x the peak bf16 FLOPs x the processes).
 
 `farm-plot curves` draws any of them. A value that is not finite (NaN, inf) is written as null, so
 every line stays JSON that any reader parses."""
@@ -25,9 +28,11 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from farmkit.core.devices import DevicePeak
 from farmkit.core.io import atomic_path
 from farmkit.core.validate import problems
 
@@ -57,6 +62,38 @@ def metrics_row(method: str, step: int, loss: float | None, **figures: Any) -> d
     if problem:
         raise ValueError(f"metrics row for {method}: {problem}")
     return row
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """A step's work in tokens, over all processes, for its FLOPs: the usual estimate of a dense
+    transformer's matrix products (Kaplan et al., 2020), attention's own products left out."""
+
+    parameters: int  # the policy's (the reward and value models are left out)
+    generated: float  # tokens sampled (one decoding step each)
+    forward: float  # tokens through forward passes without gradient (prefill, log-probabilities)
+    trained: float  # tokens through a forward and backward pass
+
+    def flops(self) -> float:
+        return (
+            2 * self.parameters * (self.generated + self.forward)
+            + 6 * self.parameters * self.trained
+        )
+
+
+def parameter_count(model: Any) -> int:
+    """A model's parameters (DeepSpeed ZeRO-3's partitioned ones at their full size)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def step_throughput(
+    work: StepWork, seconds: float, peak: DevicePeak | None, processes: int
+) -> dict[str, float]:
+    """A step's `step_s`, `tokens_per_s` (sampled) and, where the device's peak is known, `mfu`."""
+    figures = {"step_s": round(seconds, 3), "tokens_per_s": work.generated / seconds}
+    if peak is not None:
+        figures["mfu"] = work.flops() / (seconds * peak.bf16_flops * processes)
+    return figures
 
 
 def dumps(row: Mapping[str, Any]) -> str:

@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmkit.core.devices import torch_device_peak
 from farmkit.core.io import FarmError
 from farmkit.core.seeds import derive_seed
 from farmkit.train.config import config_dict
-from farmkit.train.metrics import metrics_row
+from farmkit.train.metrics import StepWork, metrics_row, parameter_count, step_throughput
 
 log = logging.getLogger("farmkit")
 
@@ -289,6 +290,7 @@ def start_backend(kind: str, sft: str, seed: int, device: str, config: Any, dtyp
         device=device,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         dtype=str(dtype).removeprefix("torch."),
+        compiled=config.compile_generation,
     )
     log.info("rollouts: %s backend", backend.name)
     return backend
@@ -466,6 +468,8 @@ class OnPolicyTrainer:
         engine = C.engine_state(state, stage)
         torch.manual_seed(seed)
         policy, value_model = self._load_models(sft, reward_model, state, engine, resume_from)
+        self.peak = torch_device_peak(self.device)[0]  # for the steps' MFU (None: unknown)
+        self.policy_parameters = parameter_count(policy)
         self.fmt = PromptFormat.for_model(sft, config.template)
         self.prompt_ids = rollout_prompts(
             policy, self.tokenizer, self.fmt, prompts, config.max_new_tokens
@@ -517,7 +521,7 @@ class OnPolicyTrainer:
             and not config.importance_sampling_cap
             and not method.advantages_use_old_logprobs()
         )
-        self.started = time.time()
+        self.started = self.step_began = time.time()
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -849,6 +853,20 @@ class OnPolicyTrainer:
                 )
                 step.engine_figures, _ = self.engine_mismatch(step)
 
+    def throughput(self, summed: dict[str, float]) -> dict[str, float]:
+        """The step's time, sampled tokens per second and MFU (metrics.StepWork counts the passes:
+        generation, the reference's log-probabilities and, unless fused, the old policy's)."""
+        prompt, response = summed["prompt_tokens"], summed["response_length"]
+        work = StepWork(
+            self.policy_parameters,
+            generated=response,
+            forward=prompt + (prompt + response) * (1 if self.fused else 2),
+            trained=(prompt + response) * self.config.ppo_epochs,
+        )
+        now = time.time()
+        seconds, self.step_began = now - self.step_began, now
+        return step_throughput(work, seconds, self.peak, self.world)
+
     def log(self, step: Step) -> dict[str, Any]:
         """The step's metrics row (reduced over processes; the gold judge's figures at a
         checkpoint), written with its log line; returned."""
@@ -878,6 +896,7 @@ class OnPolicyTrainer:
         )
         done = step.number + 1
         row = {
+            **self.throughput(summed),
             "reward": summed["reward"] / count,
             "score": summed["score"] / count,
             "kl": summed["kl"] / count,

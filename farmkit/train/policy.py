@@ -127,6 +127,7 @@ def sample_rollout(
     temperature: float,
     max_new_tokens: int,
     suppress: Sequence[int] = (),
+    compiled: bool = False,
 ) -> Rollout:
     """Sample one response per prompt from softmax(logits / temperature) and nothing else (seed torch
     beforehand); tokens after the first eos are padding.
@@ -136,8 +137,9 @@ def sample_rollout(
     rollout came from exactly the tempered policy. It is set aside while sampling. Token ids in
     `suppress` (Quark's control tokens, which the reference model does not have) are never sampled:
     the method then scores responses over the rest of the vocabulary. `prompts` are token ids (from
-    fit_rollout_prompts), or texts, fitted to the context here."""
-    from farmkit.lm.generation import plain_generation_config
+    fit_rollout_prompts), or texts, fitted to the context here. `compiled`: a static KV cache and a
+    compiled decoding step (farmkit.lm.generation.compiled_generation)."""
+    from farmkit.lm.generation import compiled_generation, plain_generation_config
 
     if prompts and isinstance(prompts[0], str):
         prompts = fit_rollout_prompts(model, tokenizer, prompts, max_new_tokens)
@@ -155,6 +157,7 @@ def sample_rollout(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             suppress_tokens=list(suppress) or None,
+            **(compiled_generation() if compiled else {}),
         )
     width = batch["input_ids"].shape[1]
     response_ids = output[:, width:]

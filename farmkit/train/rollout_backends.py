@@ -91,9 +91,13 @@ class RolloutBackend:
 
 class HFBackend(RolloutBackend):
     """The policy samples itself (policy.sample_rollout), seeded the way rollouts.sample_and_score
-    seeds it: torch's global generator set to `seed` first."""
+    seeds it: torch's global generator set to `seed` first; `compiled`: through a static KV cache
+    and a compiled decoding step (--compile-generation)."""
 
     name = "hf"
+
+    def __init__(self, compiled: bool = False) -> None:
+        self.compiled = compiled
 
     def sample(
         self,
@@ -108,7 +112,13 @@ class HFBackend(RolloutBackend):
     ) -> tuple[P.Rollout, None]:
         torch.manual_seed(seed % 2**63)
         rollout = P.sample_rollout(
-            policy, tokenizer, prompts, temperature, max_new_tokens, suppress
+            policy,
+            tokenizer,
+            prompts,
+            temperature,
+            max_new_tokens,
+            suppress,
+            compiled=self.compiled,
         )
         return rollout, None
 
@@ -142,13 +152,20 @@ def make_backend(
     gpu_memory_utilization: float = 0.3,
     max_model_len: int | None = None,
     dtype: str = "float32",
+    compiled: bool = False,
 ) -> RolloutBackend:
     """The rollout backend `kind` names: "hf", "vllm" (an engine built once from `model_path`, the
     folder the policy was loaded from), or "auto": vLLM where it is installed and a CUDA GPU is
     present (and `device` does not ask for the CPU), the policy itself otherwise (vLLM's CPU build is
-    no faster than batched generate on a CPU; it is used only when asked for)."""
+    no faster than batched generate on a CPU; it is used only when asked for). `compiled`: the hf
+    backend's static KV cache and compiled decoding step."""
     if resolve_backend(kind, device) == "hf":
-        return HFBackend()
+        return HFBackend(compiled)
+    if compiled:
+        raise FarmError(
+            "--compile-generation is for the hf rollout backend (transformers' generate); vLLM "
+            "captures CUDA graphs of its own: use --rollout-backend hf, or leave the option out"
+        )
     return VLLMBackend(
         str(model_path),
         seed=seed,

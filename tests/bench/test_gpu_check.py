@@ -1,9 +1,11 @@
 """`make gpu-check DRY_RUN=1`: bench/gpu_check.py's every section (models built from configs with an
-in-script tokenizer, farm-sample's engine batched and one prompt at a time, two farm-ppo and
-farm-grpo steps in three precisions, at two tiny shapes) on the CPU, run the way make runs it on
-the GPU machine: the repository first on sys.path, the wheels folder unpacked last (here a probe
-wheel, since .venv already holds click and orjson). The report's fields are checked, and the
-first-step KL is 0 where policy and reference compute alike."""
+in-script tokenizer, farm-sample's engine batched and one prompt at a time, generation eager and
+compiled beside the bandwidth bound, two farm-ppo and farm-grpo steps in three precisions and with
+compiled rollouts, the GRPO family's losses' first step in bf16, farm-grpo against TRL's
+GRPOTrainer, at two tiny shapes) on
+the CPU, run the way make runs it on the GPU machine: the repository first on sys.path, the wheels
+folder unpacked last (here a probe wheel, since .venv already holds click, orjson and trl). The
+report's fields are checked, and the first-step KL is 0 where policy and reference compute alike."""
 
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ def test_every_section_runs_and_the_report_says_so(dry_run):
     assert report["dry_run"] is True
     assert report["status"] == "complete"
     statuses = {section["name"]: section["status"] for section in report["sections"]}
-    assert len(statuses) == 16
+    assert len(statuses) == 20
     assert set(statuses.values()) == {"ok"}, statuses
     assert report["environment"]["device"] == "cpu"
     assert report["torch_threads"] == 1
@@ -112,6 +114,88 @@ def test_sampling_reports_tokens_per_second_batched_and_one_at_a_time(dry_run):
         )
 
 
+def test_generation_eager_and_compiled_beside_the_bandwidth_bound(dry_run):
+    report, _ = dry_run
+    assert report["sizes"]["compiled_generation"] == report["sizes"]["sampling"]["batched"]
+    # the dry run compiles at one shape (the GPU at both): the same code path, seconds a capture
+    assert list(report["compiled_generation"]) == ["tiny-a"]
+    for shape, compiled in report["compiled_generation"].items():
+        assert compiled["compile_backend"] == "eager"  # the dry run's: no inductor on the CPU
+        for label in ("eager", "compiled"):
+            figures = compiled[label]
+            assert 0 < figures["completion_tokens"] <= compiled["prompts"] * 8
+            assert figures["tokens_per_s"] == pytest.approx(
+                figures["completion_tokens"] / figures["generation_s"], rel=0.01
+            )
+            assert figures["fraction_of_bound"] is None
+        assert compiled["compiled_speedup"] == pytest.approx(
+            compiled["compiled"]["tokens_per_s"] / compiled["eager"]["tokens_per_s"], rel=0.01
+        )
+        bound = compiled["bandwidth_bound"]
+        # float32 weights on the CPU: 4 bytes a parameter
+        assert bound["parameter_bytes"] == 4 * report["shapes"][shape]["parameters"]
+        assert bound["tokens_per_s"] is None and bound["device"] is None
+        assert (
+            bound["reason"] == "no peak figures for the CPU (cores, clocks and vector units vary)"
+        )
+
+
+def test_a_training_run_with_compiled_rollouts_beside_its_eager_twin(dry_run):
+    report, _ = dry_run
+    (shape,) = report["compiled_rollouts"]
+    run = report["compiled_rollouts"][shape]
+    assert (run["method"], run["precision"]) == ("grpo", "bf16-autocast")
+    assert run["config"]["compile_generation"] is True
+    assert [step["step"] for step in run["steps"]] == [1, 2]
+    (eager,) = [
+        other
+        for other in report["training"]
+        if (other["shape"], other["method"], other["precision"]) == (shape, "grpo", "bf16-autocast")
+    ]
+    assert eager["config"]["compile_generation"] is False
+    assert run["eager_step2_s"] == eager["step2_s"]
+
+
+def test_farm_grpo_against_trls_grpo_trainer_per_step(dry_run):
+    report, _ = dry_run
+    trl = report["trl_grpo"]
+    assert trl["shape"] == "tiny-b"  # stands for the 1.24B shape
+    assert trl["settings"]["prompts_per_step"] * trl["settings"]["samples"] == 4
+    for side in ("farmkit", "trl"):
+        figures = trl[side]
+        assert len(figures["step_seconds"]) == trl["settings"]["steps"]
+        assert figures["seconds_per_step"] == pytest.approx(
+            sorted(figures["step_seconds"])[len(figures["step_seconds"]) // 2]
+            if len(figures["step_seconds"]) % 2
+            else sum(figures["step_seconds"]) / 2,
+            abs=0.002,
+        )
+        assert figures["tokens_per_step"] > 0
+    assert trl["ratio_farmkit_over_trl"] == pytest.approx(
+        trl["farmkit"]["seconds_per_step"] / trl["trl"]["seconds_per_step"], rel=0.01
+    )
+    assert trl["met"] is (trl["ratio_farmkit_over_trl"] <= 1.0)
+    # the same settings on both sides, bf16 autocast over fp32 weights
+    config = trl["trl"]["config"]
+    assert (config["bf16"], config["use_cpu"], config["num_generations"]) == (True, True, 2)
+    command = trl["farmkit"]["command"]
+    assert command[command.index("--num-samples") + 1] == "2"
+    assert trl["trl_version"] and trl["stand_ins"][0] == "datasets"
+
+
+def test_the_new_losses_first_step_kl_is_exactly_zero_in_bf16(dry_run):
+    from farmkit.train.estimators import POLICY_LOSSES
+
+    report, _ = dry_run
+    (losses,) = report["losses_first_step_kl"].values()
+    registered = [name for name in ("dapo", "gspo", "cispo") if name in POLICY_LOSSES]
+    assert [run["policy_loss"] for run in losses["runs"]] == ["seq-mean-token-mean", *registered]
+    assert losses["not_registered"] == [n for n in ("dapo", "gspo", "cispo") if n not in registered]
+    assert losses["precision"] == "bf16-weights"
+    assert all(run["kl_step1"] == 0.0 and run["is_exactly_zero"] for run in losses["runs"])
+    assert losses["all_exactly_zero"] is True
+
+
 def test_each_training_run_reports_its_steps_memory_and_first_step_kl(dry_run):
     report, _ = dry_run
     runs = {(run["shape"], run["method"], run["precision"]): run for run in report["training"]}
@@ -120,6 +204,8 @@ def test_each_training_run_reports_its_steps_memory_and_first_step_kl(dry_run):
         assert shape in SHAPES and method in METHODS and precision in PRECISIONS
         assert [step["step"] for step in run["steps"]] == [1, 2]
         assert all(step["wall_s"] > 0 for step in run["steps"])
+        # metrics.jsonl's throughput: tokens per second always, no MFU without a known peak
+        assert all(step["tokens_per_s"] > 0 and step["mfu"] is None for step in run["steps"])
         assert run["step1_s"] == run["steps"][0]["wall_s"]
         assert run["step2_s"] == run["steps"][1]["wall_s"]
         assert run["run_wall_s"] >= run["step1_s"] + run["step2_s"]
@@ -169,6 +255,7 @@ def test_progress_goes_to_stderr_with_timestamps(dry_run):
     lines = [line for line in stderr.splitlines() if line.startswith("[gpu-check ")]
     assert any("start sample tiny-a" in line for line in lines)
     assert any("start train tiny-b grpo bf16-autocast" in line for line in lines)
+    assert any("farmkit / TRL seconds per step" in line for line in lines)
     assert "done: complete" in lines[-1]
     stamps = [float(line.split("+", 1)[1].split("s]", 1)[0]) for line in lines]
     assert stamps == sorted(stamps) and stamps[-1] > 0

@@ -123,7 +123,7 @@ def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(
     generated: list[int] = []
     original_generate = generation.generate
 
-    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=()):
+    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False):
         def counted(indices, samples):
             generated.extend(indices)
             on_batch(indices, samples)
@@ -131,7 +131,14 @@ def test_resume_finishes_without_regenerating_and_matches_an_uninterrupted_run(
                 raise KeyboardInterrupt
 
         return original_generate(
-            model, tokenizer, prompts, config, seed=seed, on_batch=counted, skip=skip
+            model,
+            tokenizer,
+            prompts,
+            config,
+            seed=seed,
+            on_batch=counted,
+            skip=skip,
+            compiled=compiled,
         )
 
     monkeypatch.setattr(generation, "generate", spy)
@@ -188,7 +195,7 @@ def test_control_token_of_a_reward_conditioned_folder_is_applied(
     seen: list[str] = []
     original_generate = generation.generate
 
-    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=()):
+    def spy(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False):
         seen.extend(prompts)
         for prompt in prompts:
             ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -337,3 +344,26 @@ def test_vllm_backend_without_a_gpu_is_a_clear_error(tiny_model_path, prompts):
     assert sampling.default_backend() == "hf"
     result = sample(str(tiny_model_path), str(prompts), "--backend", "vllm", exit_code=1)
     assert "needs vLLM installed" in str(result.exception)
+
+
+def test_compile_generation_reaches_the_hf_engine_and_is_refused_for_the_others(
+    tiny_model_path, prompts, monkeypatch
+):
+    asked: list[bool] = []
+    original = generation.generate
+
+    def spy(*args, compiled=False, **kwargs):
+        asked.append(compiled)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", spy)
+    args = [str(tiny_model_path), str(prompts), "-n", "1", "--max-new-tokens", "2"]
+    eager = records_of(sample(*args, "--backend", "hf").stdout)
+    compiled = records_of(sample(*args, "--backend", "hf", "--compile-generation").stdout)
+    assert asked == [False, True]
+    assert "compile_generation" not in eager[0]["provenance"]["farm-sample"]
+    assert compiled[0]["provenance"]["farm-sample"]["compile_generation"] is True
+    result = sample(
+        "gpt-x", str(prompts), "--backend", "openai", "--compile-generation", exit_code=2
+    )
+    assert "--compile-generation is for the hf backend (transformers' generate)" in result.output

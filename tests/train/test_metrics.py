@@ -128,3 +128,24 @@ def test_sft_and_reward_model_runs_write_the_schema_and_farm_plot_draws_both(
     panels = {ax.get_title(): ax for ax in figure.axes if ax.get_visible()}
     assert {line.get_label() for line in panels["loss"].lines} == {"sft", "rm"}
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_step_throughput_counts_2n_per_forward_token_and_6n_per_trained_token():
+    from farmkit.core.devices import DevicePeak
+    from farmkit.train.metrics import StepWork, step_throughput
+
+    work = StepWork(parameters=1000, generated=50, forward=100, trained=40)
+    assert work.flops() == 2 * 1000 * (50 + 100) + 6 * 1000 * 40
+    peak = DevicePeak("fake", bf16_flops=1e6, memory_bandwidth=1e9, source="test")
+    figures = step_throughput(work, seconds=2.0, peak=peak, processes=2)
+    assert figures == {
+        "step_s": 2.0,
+        "tokens_per_s": 25.0,
+        "mfu": pytest.approx(work.flops() / (2.0 * 1e6 * 2)),
+    }
+    # no known peak (the CPU): no mfu
+    assert step_throughput(work, seconds=2.0, peak=None, processes=1) == {
+        "step_s": 2.0,
+        "tokens_per_s": 25.0,
+    }
+    assert problems(metrics_row("grpo", 1, 0.0, **figures), "metrics") is None

@@ -301,6 +301,45 @@ def test_the_kl_is_exactly_zero_before_any_update_under_bf16_mixed_precision(
     assert row["kl"] == 0.0
 
 
+def test_each_step_logs_its_time_tokens_per_second_and_mfu_where_the_peak_is_known(
+    models, tmp_path, monkeypatch
+):
+    """On the CPU no peak is known: no mfu. With a device peak (a fake table entry) the row's mfu is
+    metrics.StepWork's FLOPs (2N per token of each forward pass: generation, the prompts' prefill,
+    the reference's and the old policy's log-probabilities; 6N per token trained) over the step's
+    time x the peak."""
+    from farmkit.core.devices import DevicePeak
+    from farmkit.lm.models import load_causal_lm
+    from farmkit.train import onpolicy
+
+    sft, rm = models
+    small = {**SMALL, "rollout_batch_size": 8, "minibatch_size": 8, "micro_batch_size": 8}
+    config = GRPOConfig(steps=2, **small)
+    train_group(str(sft), str(rm), prompt_records(8), str(tmp_path / "cpu"), config)
+    rows = [
+        json.loads(line) for line in (tmp_path / "cpu" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert all("mfu" not in row for row in rows)
+    sampled = [rows[0]["tokens_sampled"], rows[1]["tokens_sampled"] - rows[0]["tokens_sampled"]]
+    for row, tokens in zip(rows, sampled, strict=True):
+        assert 0 < row["step_s"] <= row["elapsed_s"] + 0.01  # elapsed_s is rounded to 0.01 s
+        assert row["tokens_per_s"] == pytest.approx(tokens / row["step_s"], rel=0.01)
+
+    peak = DevicePeak("fake", bf16_flops=1e9, memory_bandwidth=1e9, source="test")
+    monkeypatch.setattr(onpolicy, "torch_device_peak", lambda device: (peak, None))
+    config = GRPOConfig(steps=1, **small)
+    train_group(str(sft), str(rm), prompt_records(8), str(tmp_path / "peak"), config)
+    row = json.loads((tmp_path / "peak" / "metrics.jsonl").read_text().splitlines()[0])
+    parameters = sum(p.numel() for p in load_causal_lm(str(sft), device="cpu")[0].parameters())
+    response = row["tokens_sampled"]
+    prompt = row["training_tokens"] / config.ppo_epochs - response
+    flops = (
+        2 * parameters * (response + prompt + 2 * (prompt + response))
+        + 6 * parameters * (prompt + response) * config.ppo_epochs
+    )
+    assert row["mfu"] == pytest.approx(flops / (row["step_s"] * 1e9), rel=0.02)
+
+
 def test_one_update_per_step_takes_the_old_logprobs_from_the_updates_forward(
     models, tmp_path, monkeypatch
 ):

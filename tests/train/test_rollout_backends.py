@@ -83,6 +83,20 @@ def test_auto_on_a_gpu_with_vllm_installed_picks_vllm(monkeypatch):
     assert R.make_backend("auto", "/sft", seed=3, device="cpu").name == "hf"
 
 
+def test_compiled_rollouts_are_the_hf_backends_and_refused_for_vllm(monkeypatch):
+    """--compile-generation reaches sample_rollout through the hf backend; vLLM captures CUDA
+    graphs of its own, so asking it to is a clear error."""
+    asked = []
+    monkeypatch.setattr(P, "sample_rollout", lambda *args, compiled=False: asked.append(compiled))
+    for compiled in (False, True):
+        backend = R.make_backend("hf", "/nonexistent", seed=0, device="cpu", compiled=compiled)
+        backend.sample(None, None, [[1]], temperature=1.0, max_new_tokens=1, seed=0)
+    assert asked == [False, True]
+    monkeypatch.setattr(R, "resolve_backend", lambda kind, device="auto": "vllm")
+    with pytest.raises(FarmError, match="--compile-generation is for the hf rollout backend"):
+        R.make_backend("vllm", "/sft", seed=0, device="cuda", compiled=True)
+
+
 def test_an_unknown_backend_is_refused():
     with pytest.raises(FarmError, match="auto, hf, vllm"):
         R.make_backend("sglang", "/nonexistent", seed=0, device="cpu")
