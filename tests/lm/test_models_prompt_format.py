@@ -62,10 +62,19 @@ def test_training_sampling_and_reward_prompts_are_identical(
     sampled: list[str] = []
     original_generate = generation.generate
 
-    def spy_generate(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=()):
+    def spy_generate(
+        model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False
+    ):
         sampled.extend(prompts)
         return original_generate(
-            model, tokenizer, prompts, config, seed=seed, on_batch=on_batch, skip=skip
+            model,
+            tokenizer,
+            prompts,
+            config,
+            seed=seed,
+            on_batch=on_batch,
+            skip=skip,
+            compiled=compiled,
         )
 
     monkeypatch.setattr(generation, "generate", spy_generate)
@@ -194,10 +203,19 @@ def test_dpo_trains_on_the_ids_sampling_feeds(bos_model_path, tmp_path, monkeypa
     sampled: list[str] = []
     original_generate = generation.generate
 
-    def spy_generate(model, tokenizer, prompts, config, seed=0, on_batch=None, skip=()):
+    def spy_generate(
+        model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False
+    ):
         sampled.extend(prompts)
         return original_generate(
-            model, tokenizer, prompts, config, seed=seed, on_batch=on_batch, skip=skip
+            model,
+            tokenizer,
+            prompts,
+            config,
+            seed=seed,
+            on_batch=on_batch,
+            skip=skip,
+            compiled=compiled,
         )
 
     monkeypatch.setattr(generation, "generate", spy_generate)
