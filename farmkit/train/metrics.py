@@ -36,6 +36,8 @@ from farmkit.core.devices import DevicePeak
 from farmkit.core.io import atomic_path
 from farmkit.core.validate import problems
 
+# the figures of a row that read the clock: a seeded rerun or a resumed run repeats every other one
+CLOCK_FIELDS = frozenset({"elapsed_s", "step_s", "tokens_per_s", "mfu"})
 METHODS = ("sft", "reward", "dpo", "online-dpo", "ppo", "rloo", "grpo", "quark", "expiter", "bon")
 
 
