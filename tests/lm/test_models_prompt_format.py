@@ -31,6 +31,19 @@ EXAMPLES = [
 ]
 
 
+def spy_prompts(monkeypatch) -> list[str]:
+    """The prompts sampling hands to generation.generate, as they are handed (it still generates)."""
+    sampled: list[str] = []
+    original_generate = generation.generate
+
+    def spy_generate(model, tokenizer, prompts, config, **options):
+        sampled.extend(prompts)
+        return original_generate(model, tokenizer, prompts, config, **options)
+
+    monkeypatch.setattr(generation, "generate", spy_generate)
+    return sampled
+
+
 @pytest.mark.parametrize("template", ["chat", "alpaca"])
 def test_training_sampling_and_reward_prompts_are_identical(
     template, tiny_model_path, tmp_path, monkeypatch
@@ -59,25 +72,7 @@ def test_training_sampling_and_reward_prompts_are_identical(
     )
     training_prompts = [prompt for prompt, _ in trained["texts"]]
 
-    sampled: list[str] = []
-    original_generate = generation.generate
-
-    def spy_generate(
-        model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False
-    ):
-        sampled.extend(prompts)
-        return original_generate(
-            model,
-            tokenizer,
-            prompts,
-            config,
-            seed=seed,
-            on_batch=on_batch,
-            skip=skip,
-            compiled=compiled,
-        )
-
-    monkeypatch.setattr(generation, "generate", spy_generate)
+    sampled = spy_prompts(monkeypatch)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(
         b"".join(
@@ -200,25 +195,7 @@ def test_dpo_trains_on_the_ids_sampling_feeds(bos_model_path, tmp_path, monkeypa
         DPOConfig(max_steps=1, batch_size=2, learning_rate=1e-4),
     )
 
-    sampled: list[str] = []
-    original_generate = generation.generate
-
-    def spy_generate(
-        model, tokenizer, prompts, config, seed=0, on_batch=None, skip=(), compiled=False
-    ):
-        sampled.extend(prompts)
-        return original_generate(
-            model,
-            tokenizer,
-            prompts,
-            config,
-            seed=seed,
-            on_batch=on_batch,
-            skip=skip,
-            compiled=compiled,
-        )
-
-    monkeypatch.setattr(generation, "generate", spy_generate)
+    sampled = spy_prompts(monkeypatch)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(
         b"".join(
