@@ -190,6 +190,15 @@ def write(names: list[str], date: str | None) -> None:
 
 def pins(path: Path) -> dict[str, str]:
     """The lock's pins whose markers hold for the running Python: {name: version}."""
+    return _pins(path, evaluate=True)
+
+
+def pins_all(path: Path) -> dict[str, str]:
+    """Every pin of the lock, whatever its marker (the last one where a package has several)."""
+    return _pins(path, evaluate=False)
+
+
+def _pins(path: Path, evaluate: bool) -> dict[str, str]:
     from packaging.markers import Marker
 
     found: dict[str, str] = {}
@@ -201,7 +210,7 @@ def pins(path: Path) -> dict[str, str]:
         m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==([^\s]+)", req.strip())
         if not m:
             sys.exit(f"{path}:{n}: expected NAME==VERSION [; MARKER], got {line!r}")
-        if marker.strip() and not Marker(marker.strip()).evaluate():
+        if evaluate and marker.strip() and not Marker(marker.strip()).evaluate():
             continue
         found[m.group(1).lower().replace("_", "-")] = m.group(3)
     return found
