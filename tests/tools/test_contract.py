@@ -254,17 +254,21 @@ def test_quiet_silences_library_warnings(tmp_path):
 
 
 def test_quiet_silences_a_warning_raised_while_a_real_tool_trains(tiny_model_path, tmp_path):
-    """A library warning raised mid-run (here a FutureWarning that the test itself makes farm-sft's
+    """A library warning raised mid-run (a FutureWarning that the test itself makes farm-sft's
     training raise, through a sitecustomize on PYTHONPATH, so that no library release can take it
-    away) is shown without -q; with -q a real `farm-sft --lora` run leaves stderr empty: no warning,
-    no progress bar, no log line."""
+    away): with -q a real `farm-sft --lora` run leaves stderr empty (no warning, no progress bar, no
+    log line), and the marker file says the warning was raised. Without -q the same warning is on
+    stderr: tests/tools/test_contract.py::test_quiet_silences_library_warnings, and the mutation gate
+    ("-q: library warnings no longer silenced") breaks the filter and watches this test fail."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
+    marker = tmp_path / "warned"
     (hooks / "sitecustomize.py").write_text(
-        "import warnings\n"
+        "import pathlib, warnings\n"
         "import farmkit.methods.sft as sft\n"
         "_train = sft.train_sft\n"
         "def train_sft(*args, **kwargs):\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('raised')\n"
         "    warnings.warn('`old_name` is deprecated: use `new_name`', FutureWarning)\n"
         "    return _train(*args, **kwargs)\n"
         "sft.train_sft = train_sft\n"
@@ -273,11 +277,6 @@ def test_quiet_silences_a_warning_raised_while_a_real_tool_trains(tiny_model_pat
     data = tmp_path / "demos.jsonl"
     data.write_text('{"instruction": "Colour?", "input": "", "output": "Blue."}\n' * 4)
     common = ["--lora", "--lora-rank", "2", "--max-steps", "1", "--batch-size", "2"]
-    loud = run_tool(
-        "farm-sft", str(tiny_model_path), str(data), "-o", str(tmp_path / "a"), *common, env=env
-    )
-    assert loud.returncode == 0, loud.stderr.decode()[-2000:]
-    assert b"FutureWarning: `old_name` is deprecated" in loud.stderr  # the run does warn
     quiet = run_tool(
         "farm-sft",
         str(tiny_model_path),
@@ -289,6 +288,7 @@ def test_quiet_silences_a_warning_raised_while_a_real_tool_trains(tiny_model_pat
         env=env,
     )
     assert quiet.returncode == 0, quiet.stderr.decode()[-2000:]
+    assert marker.read_text() == "raised"  # the warning was raised in this run
     assert quiet.stderr == b"", quiet.stderr.decode()[-2000:]
     assert (tmp_path / "b" / "meta.json").is_file()  # it did train
 
