@@ -305,3 +305,36 @@ def test_the_status_page_needs_the_admin_token_and_shows_progress_and_checks(ses
     answer_all(store, client, "bob", "B_much")
     assert client.get(f"/status/{store.admin}.json").json()["complete"] is True
     assert "complete" in client.get(f"/status/{store.admin}").text
+
+
+@pytest.mark.parametrize("route", ["answer", "undo"])
+def test_an_answer_the_disk_cannot_take_is_507_with_the_headers_and_can_be_sent_again(
+    session, monkeypatch, route, caplog
+):
+    from test_label_store import fill_the_disk
+
+    store, client = session
+    for _ in range(2):
+        item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+        post(
+            client, api(store, "alice", "answer"), {"item_id": item, "choice": "tie", "seconds": 1}
+        )
+    item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    body = {"item_id": item, "choice": "B_much", "seconds": 4} if route == "answer" else {}
+    labels, journal = store.output.read_bytes(), store.journal_path.read_bytes()
+    fill_the_disk(monkeypatch)
+    with caplog.at_level("WARNING", logger="farmkit"):
+        reply = post(client, api(store, "alice", route), body)
+    assert reply.status_code == 507
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+    assert reply.headers["cache-control"] == "no-store"
+    said = reply.json()["error"]
+    assert said == "not saved (No space left on device); nothing of it was kept", said
+    assert "could not save alice's" in caplog.text and "No space left on device" in caplog.text
+    assert (store.output.read_bytes(), store.journal_path.read_bytes()) == (labels, journal)
+    assert client.get(api(store, "alice", "state")).json()["item"]["item_id"] == item  # unmoved
+    monkeypatch.undo()  # space comes back: the page sends the same request again
+    assert post(client, api(store, "alice", route), body).status_code == 200
+    done = 3 if route == "answer" else 1
+    assert client.get(api(store, "alice", "state")).json()["progress"]["done"] == done

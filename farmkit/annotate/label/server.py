@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 import html
 import json
+import logging
 import math
 import signal
 import socket
@@ -29,9 +30,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from farmkit.annotate.label.assign import CHOICES
-from farmkit.annotate.label.store import Store
+from farmkit.annotate.label.store import NotSaved, Store
 from farmkit.core.io import FarmError
 
+log = logging.getLogger("farmkit")
 STATIC = Path(__file__).parent / "static"
 GUIDELINES = Path(__file__).parent / "guidelines.md"  # --guidelines replaces them
 MAX_BODY = 16 * 1024
@@ -57,6 +59,12 @@ def _forbidden() -> Response:
 
 def _error(status: int, message: str, **more: Any) -> Response:
     return JSONResponse({"error": message, **more}, status_code=status)
+
+
+def _not_saved(error: NotSaved) -> Response:
+    """507 Insufficient Storage: the page keeps the answer and offers to send it again."""
+    log.error("farm-label: %s", error)
+    return _error(507, f"not saved ({error.reason}); nothing of it was kept")
 
 
 class _Headers:
@@ -165,7 +173,10 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
             return _error(400, "expected seconds, a number >= 0")
         if store.current(annotator) != item_id:
             return _error(409, "not your current item", state=state(annotator))
-        store.answer(annotator, item_id, choice, seconds)
+        try:
+            store.answer(annotator, item_id, choice, seconds)
+        except NotSaved as error:
+            return _not_saved(error)
         return JSONResponse(state(annotator))
 
     async def undo(request: Request) -> Response:
@@ -173,7 +184,10 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         await posted(request)
         if not store.answers[annotator]:
             return _error(409, "nothing to undo", state=state(annotator))
-        store.undo(annotator)
+        try:
+            store.undo(annotator)
+        except NotSaved as error:
+            return _not_saved(error)
         return JSONResponse(state(annotator))
 
     async def status_json(request: Request) -> Response:
