@@ -294,6 +294,8 @@ def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
         ("empty", [], 1, "{pairs}: no pairs to label; expected pair records"),
         ("bad_checks", ["--checks", "{checks}"], 1, "{checks}:1: preference is None; expected"),
         ("good", ["--annotators", "0"], 2, "expected at least one annotator"),
+        ("good", ["--annotators", "alice,status"], 2, "'status' names the organiser's link"),
+        ("good", ["--annotators", "Status"], 2, "'Status' names the organiser's link"),
         ("good", ["--overlap", "1.5"], 2, "--overlap"),
         ("good", ["-o", "{tmp}/labels.jsonl.gz"], 2, "plain JSONL file"),
     ],

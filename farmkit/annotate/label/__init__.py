@@ -27,6 +27,11 @@ def parse_annotators(text: str) -> tuple[str, ...]:
                 f"{name!r} is not an annotator name; expected names of letters, digits, '_', '.' or "
                 "'-' separated by commas (alice,bob), or a count (3)"
             )
+        if name.lower() == "status":
+            raise ValueError(
+                f"{name!r} names the organiser's link (farm-label: status URL); choose another "
+                "annotator name"
+            )
     if len(set(names)) != len(names):
         raise ValueError("an annotator is named twice")
     return names
