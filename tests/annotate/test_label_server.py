@@ -244,6 +244,15 @@ def test_every_reply_carries_the_security_headers_and_the_api_is_not_cached(sess
         assert reply.headers["cache-control"] == "no-store", url
 
 
+def test_the_favicon_request_is_an_empty_204_not_a_refusal(session):
+    """Every browser asks for /favicon.ico: a 403 for it would be a red line in every console."""
+    _, client = session
+    reply = client.get("/favicon.ico")
+    assert (reply.status_code, reply.content) == (204, b"")
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+
+
 def test_a_cross_origin_post_is_refused(session):
     store, client = session
     item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]

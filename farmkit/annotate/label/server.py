@@ -198,6 +198,9 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         admin(request)
         return HTMLResponse(status_html(status(store)))
 
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204)  # no icon: browsers ask for one on every page
+
     async def refused(request: Request, exc: Exception) -> Response:
         return exc.response if isinstance(exc, _Refused) else _forbidden()
 
@@ -208,6 +211,7 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         Route("/a/{token}/api/undo", undo, methods=["POST"]),
         Route("/status/{token}.json", status_json),
         Route("/status/{token}", status_page),
+        Route("/favicon.ico", favicon),
         Mount("/static", StaticFiles(directory=static, check_dir=False)),
     ]
     app = Starlette(
