@@ -189,6 +189,45 @@ def test_a_malformed_answer_is_400_and_nothing_is_written(session, body):
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        '{"item_id": "p3", "choice": "tie", "seconds": 1' + "0" * 400 + "}",
+        '{"item_id": "p3", "choice": "tie", "seconds": 1e999}',
+        '{"item_id": "p3", "choice": "tie", "seconds": 1, "x": ' + "[" * 1000 + "]" * 1000 + "}",
+        "[" * 8000 + "]" * 8000,
+    ],
+)
+def test_a_malformed_body_is_400_with_the_headers_and_nothing_is_written(session, raw):
+    store, client = session
+    assert store.current("alice") == "p3"
+    reply = client.post(
+        api(store, "alice", "answer"), content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert reply.status_code == 400, reply.text
+    assert "expected" in reply.json()["error"] or "not JSON" in reply.json()["error"]
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+    assert store.journal_path.read_bytes() == b""
+
+
+def test_even_an_unexpected_error_is_500_with_the_headers(session, monkeypatch):
+    store, _ = session
+
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store, "answer", broken)
+    app = create_app(store, GUIDELINES, store.output.parent / "static")
+    client = TestClient(app, raise_server_exceptions=False)
+    body = {"item_id": "p3", "choice": "tie", "seconds": 1}
+    reply = post(client, api(store, "alice", "answer"), body)
+    assert reply.status_code == 500 and "a bug" not in reply.text
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+    assert reply.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize(
     "path",
     [
         "/a/{wrong}",

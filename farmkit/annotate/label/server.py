@@ -67,6 +67,17 @@ def _not_saved(error: NotSaved) -> Response:
     return _error(507, f"not saved ({error.reason}); nothing of it was kept")
 
 
+def _seconds(value: Any) -> bool:
+    """Whether `value` is a time a page can send: a finite number >= 0 (not a bool, not an integer
+    too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:
+        return False
+
+
 class _Headers:
     """ASGI middleware: the security headers on every reply, and no caching of anything but the
     page's assets (the API's state changes with every answer; the page's URL holds a token)."""
@@ -98,10 +109,11 @@ def same_token(known: str, given: str) -> bool:
     return hmac.compare_digest(known.encode(), given.encode("utf-8", "surrogatepass"))
 
 
-def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlette:
+def create_app(store: Store, guidelines: str, static: Path = STATIC) -> _Headers:
     """The application over an open store. `static`: the folder of the page (label.html) and its
     assets. Handlers are coroutines that touch the store without awaiting, so the event loop runs
-    one answer at a time to its end: writes never interleave, whoever sends them."""
+    one answer at a time to its end: writes never interleave, whoever sends them. The security
+    headers wrap it all, Starlette's own 500 included."""
 
     def annotator_of(request: Request) -> str:
         given = request.path_params["token"]
@@ -143,7 +155,7 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
                 raise _Refused(_error(413, f"request body over {MAX_BODY} bytes"))
         try:
             value = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
             raise _Refused(_error(400, "the body is not JSON")) from None
         if not isinstance(value, dict):
             raise _Refused(_error(400, "expected a JSON object"))
@@ -164,12 +176,7 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
             return _error(400, "expected item_id, a string")
         if choice not in CHOICES:
             return _error(400, f"expected choice, one of {', '.join(CHOICES)}")
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds)
-            or seconds < 0
-        ):
+        if not _seconds(seconds):
             return _error(400, "expected seconds, a number >= 0")
         if store.current(annotator) != item_id:
             return _error(409, "not your current item", state=state(annotator))
@@ -218,8 +225,7 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         routes=routes,
         exception_handlers={_Refused: refused, 404: refused, 405: refused},
     )
-    app.add_middleware(_Headers)
-    return app
+    return _Headers(app)
 
 
 def status(store: Store) -> dict[str, Any]:
@@ -317,7 +323,7 @@ def _stop(number: int, frame: Any) -> None:
     raise _Stopped
 
 
-def serve(app: Starlette, listener: socket.socket) -> None:
+def serve(app: Callable, listener: socket.socket) -> None:
     """Serve until SIGINT or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
     # uvicorn re-raises the signal that stopped it once it is done: with these handlers that is an
     # exception caught here, so a SIGTERM ends the command as a Ctrl-C does, with the summary
