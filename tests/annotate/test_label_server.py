@@ -304,6 +304,88 @@ def test_a_cross_origin_post_is_refused(session):
     assert same.status_code == 200
 
 
+PUBLIC = "https://labels.example.org"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # nginx with proxy_set_header Host $host and X-Forwarded-Proto $scheme
+        {"Host": "labels.example.org", "X-Forwarded-Proto": "https"},
+        # a proxy that keeps its own Host and says the public one (Apache's default)
+        {
+            "Host": "upstream-name",
+            "X-Forwarded-Host": "labels.example.org",
+            "X-Forwarded-Proto": "https",
+        },
+        {
+            "Host": "upstream-name",
+            "Forwarded": 'for=10.0.0.1;proto=https;host="labels.example.org"',
+        },
+    ],
+)
+def test_behind_a_reverse_proxy_the_forwarded_origin_is_accepted(session, headers):
+    store, client = session
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    reply = post(client, api(store, "alice", "answer"), body, Origin=PUBLIC, **headers)
+    assert reply.status_code == 200, reply.text
+    # what the proxy says never lets another site in
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    reply = post(
+        client, api(store, "alice", "answer"), body, Origin="https://evil.example", **headers
+    )
+    assert reply.status_code == 403
+
+
+def test_with_public_url_a_proxy_s_own_host_is_accepted_and_a_refusal_is_logged(session, caplog):
+    store, client = session
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    nginx = {"Origin": PUBLIC, "Host": "upstream-name"}  # nginx's default Host; no X-Forwarded-*
+    with caplog.at_level("WARNING", logger="farmkit"):
+        reply = post(client, api(store, "alice", "answer"), body, **nginx)
+    assert reply.status_code == 403 and store.journal_path.read_bytes() == b""
+    said = caplog.text
+    assert (
+        "farm-label: refused POST /a/.../api/answer (alice): 403 cross-origin request: the page is "
+        f"at {PUBLIC}, this server is http://upstream-name as the request names it; if that is "
+        "this server behind a reverse proxy, pass the public Host and X-Forwarded-Proto (nginx: proxy_set_header Host "
+        "$host; proxy_set_header X-Forwarded-Proto $scheme), or give --public-url "
+        f"{PUBLIC}"
+    ) in said
+    assert store.tokens["alice"] not in said
+    static = store.output.parent / "static"
+    proxied = TestClient(create_app(store, GUIDELINES, static, public_url=PUBLIC))
+    assert post(proxied, api(store, "alice", "answer"), body, **nginx).status_code == 200
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    reply = post(proxied, api(store, "alice", "answer"), body, Origin="https://evil.example")
+    assert reply.status_code == 403
+
+
+def test_every_refusal_is_logged_with_its_reason_and_never_a_token(session, caplog):
+    store, client = session
+    bob = store.tokens["bob"]
+    near_miss = bob[:-1] + ("y" if bob.endswith("x") else "x")  # a link copied with a typo
+    with caplog.at_level("WARNING", logger="farmkit"):
+        client.get(f"/a/{near_miss}/api/state")
+        client.get(f"/status/{store.tokens['alice']}")
+        client.post(
+            api(store, "alice", "answer"), content="{}", headers={"Content-Type": "text/plain"}
+        )
+        post(client, api(store, "alice", "answer"), {"item_id": "p3", "choice": "no", "seconds": 1})
+        client.get("/nowhere%1B[2Kfarm-label: forged")
+    lines = caplog.text.splitlines()
+    for expected in (
+        "farm-label: refused GET /a/.../api/state: 403 a wrong token or no such page",
+        "farm-label: refused GET /status/... (alice): 403 a wrong token or no such page",
+        "farm-label: refused POST /a/.../api/answer (alice): 415 expected Content-Type: "
+        "application/json",
+        "farm-label: refused POST /a/.../api/answer (alice): 400 expected choice, one of",
+        "farm-label: refused GET /nowhere?[2Kfarm-label: forged: 403 a wrong token or no such page",
+    ):
+        assert any(expected in line for line in lines), (expected, lines)
+    assert near_miss[:20] not in caplog.text and store.tokens["alice"] not in caplog.text
+
+
 @pytest.mark.parametrize(
     "kind",
     ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],

@@ -272,6 +272,52 @@ def test_outputs_with_a_reference_and_a_second_server_on_the_same_labels_is_refu
     assert f"farm-label: error: {labels}: another farm-label server is using it" in stderr
 
 
+def test_behind_a_reverse_proxy_public_url_gives_the_links_and_answers_are_accepted(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 2)
+    public = "https://labels.example.org"
+    command = [str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--public-url", public + "/"]
+    server = Server(tmp_path, *command)
+    try:
+        link = server.links["annotator-1"]
+        assert link.startswith(f"{public}/a/") and server.links["status"].startswith(public)
+        local = next(  # the links name the proxy; the server says where it listens
+            line.split()[2]
+            for line in server.log.read_text().splitlines()
+            if line.startswith("farm-label: serving ")
+        )
+        assert local.startswith("http://127.0.0.1:")
+        token = link.rsplit("/", 1)[1]
+        state = json.load(urllib.request.urlopen(f"{local}/a/{token}/api/state", timeout=30))
+
+        def answer(origin: str) -> int:
+            body = {"item_id": state["item"]["item_id"], "choice": "tie", "seconds": 1}
+            request = urllib.request.Request(
+                f"{local}/a/{token}/api/answer",
+                json.dumps(body).encode(),
+                # what nginx sends by default: its upstream's name as Host, no X-Forwarded-*
+                {"Content-Type": "application/json", "Origin": origin, "Host": "upstream-name"},
+            )
+            try:
+                return urllib.request.urlopen(request, timeout=30).status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        assert answer("https://evil.example") == 403
+        assert answer(public) == 200
+    finally:
+        said = server.stop()
+    assert (
+        "farm-label: refused POST /a/.../api/answer (annotator-1): 403 cross-origin request: the "
+        "page is at https://evil.example" in said
+    )
+    assert [line for line in said.splitlines() if token in line] == [
+        f"farm-label: annotator-1 {link}"
+    ]
+
+
 def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
     with socket.socket() as taken:
@@ -298,6 +344,8 @@ def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
         ("good", ["--annotators", "Status"], 2, "'Status' names the organiser's link"),
         ("good", ["--overlap", "1.5"], 2, "--overlap"),
         ("good", ["-o", "{tmp}/labels.jsonl.gz"], 2, "plain JSONL file"),
+        ("good", ["--public-url", "labels.example.org"], 2, "expected the page's public address"),
+        ("good", ["--public-url", "https://example.org/labels/"], 2, "at the root of its address"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, setup, args, code, message):
