@@ -327,3 +327,55 @@ def test_a_double_click_or_a_double_key_sends_one_answer(tmp_path):
             assert (twice["progress"], twice["error"]) == ("2 / 4", None)
     labels = read_labels(output)
     assert [label["strength"] for label in labels] == ["slightly", "much"]
+
+
+# each answer's journal line is 4,000 bytes of outputs and at most 1,000 of the rest: two fit, a
+# third does not
+LINE, LIMIT = 4000, 11000
+
+
+def full_disk() -> None:
+    """The server's files may not grow past LIMIT bytes (RLIMIT_FSIZE, as a full disk)."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def test_an_answer_a_full_disk_refuses_stays_chosen_and_retry_saves_it(tmp_path):
+    import resource
+
+    pad = "x" * (LINE // 2)
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(
+            json.dumps({"instruction": f"Task {n}.", "output_1": pad, "output_2": pad}) + "\n"
+            for n in range(4)
+        )
+    )
+    output = tmp_path / "labels.jsonl"
+    args = [tmp_path / "pairs.jsonl", "-o", output, "--annotators", "dana", "--port", "0"]
+    with LabelServer(*args, preexec_fn=full_disk) as server, open_browser() as driver:
+        open_page(driver, server.links["dana"])
+        for choice in ("A_much", "tie"):
+            act(driver, press(KEYS[choice]))
+        refused = act(driver, choose("B_slightly"))
+        assert refused["progress"] == "2 / 4" and refused["task"]
+        assert "NOT saved" in refused["error"] and "File too large" in refused["error"]
+        assert "Your choice is kept on this page: press Retry (R)" in refused["error"]
+        marked = driver.execute_script(
+            """return [!document.getElementById("retry").hidden,
+                       Array.from(document.querySelectorAll("#choices button.unsaved"))
+                         .map((button) => button.dataset.choice)];"""
+        )
+        assert marked == [True, ["B_slightly"]]
+        assert len(read_labels(output)) == 2
+
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.prlimit(server.process.pid, resource.RLIMIT_FSIZE, (hard, hard))  # space again
+        saved = act(driver, press("r"))
+        assert (saved["progress"], saved["error"]) == ("3 / 4", None)
+        assert driver.execute_script('return document.getElementById("retry").hidden') is True
+    labels = read_labels(output)
+    assert [label["strength"] for label in labels] == ["much", None, "slightly"]
+    assert labels[2]["preference"] == expected_preference(labels[2], "B_slightly")[0]
