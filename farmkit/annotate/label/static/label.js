@@ -13,6 +13,9 @@
   const keyChoices = new Map(choiceButtons.map((button, index) => [String(index + 1), button]));
   const undoButton = byId("undo");
   const retryButton = byId("retry");
+  // replies after which nothing was saved and the same request may be sent again: the server could
+  // not write it (507), or a reverse proxy in front could not reach the server (502, 503, 504)
+  const RETRYABLE = new Set([502, 503, 504, 507]);
 
   let state = null;
   let shownItem = null;
@@ -99,14 +102,15 @@
     const kept = path === "answer" ? "Your choice is kept on this page: press Retry (R)" : "Press Retry (R)";
     try {
       const { response, payload } = await request(method, path, body);
-      if (response.status === 507 || response.status === 503) {
+      if (RETRYABLE.has(response.status)) {
         // not saved, nothing of it kept: the same request may be sent again as it is
         unsaved = { method, path, body, conflictMessage };
         const reason =
           payload && typeof payload.error === "string" ? payload.error : `HTTP ${response.status}`;
+        const why = response.status === 507 ? "the server's disk may be full" : "the server may be down";
         showError(
           `${what} was NOT saved (the server says: ${reason}). ${kept} to send it again. If it fails ` +
-            "again, tell the organiser: the server's disk may be full.",
+            `again, tell the organiser: ${why}.`,
         );
         return;
       }
