@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -77,7 +77,9 @@ def open_browser(width: int = 1280, height: int = 800) -> Iterator:
 class LabelServer:
     """A real `farm-label` process: started with ARGS, its links read from its stderr."""
 
-    def __init__(self, *args: str | Path, env: dict | None = None) -> None:
+    def __init__(
+        self, *args: str | Path, env: dict | None = None, preexec_fn: Callable | None = None
+    ) -> None:
         self.args = [str(FARM_LABEL), *map(str, args)]
         self.stderr: list[str] = []
         self.links: dict[str, str] = {}
@@ -89,6 +91,7 @@ class LabelServer:
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=preexec_fn,  # a test's limits for the server (a full disk)
         )
         # stderr is drained all along, so a chatty server never blocks on a full pipe
         threading.Thread(target=self._read_stderr, daemon=True).start()

@@ -26,7 +26,15 @@ from farmkit.core.io import PENDING_EXIT, FarmError, display_name, records_stdou
 @field_options(LabelConfig, "output")
 @reference_option
 @field_options(
-    LabelConfig, "annotators", "overlap", "checks", "guidelines", "host", "port", "status"
+    LabelConfig,
+    "annotators",
+    "overlap",
+    "checks",
+    "guidelines",
+    "host",
+    "port",
+    "public_url",
+    "status",
 )
 @seed_option
 @common_options
@@ -76,11 +84,15 @@ def cli(pairs, reference, seed, **values):
         raise click.exceptions.Exit(0 if report["complete"] else PENDING_EXIT)
     listener = server.bind(config.host, config.port)
     url = server.base_url(listener, config.host)
+    if config.public_url:  # the proxy's address is the annotators'
+        click.echo(f"farm-label: serving {url} as {config.public_url}", err=True)
+        url = config.public_url
     with open_store(config.output, items, checks, config.annotators, config.overlap, seed) as store:
         for name, token in store.tokens.items():
             click.echo(f"farm-label: {name} {url}/a/{token}", err=True)
         click.echo(f"farm-label: status {url}/status/{store.admin}", err=True)
-        server.serve(server.create_app(store, guidelines), listener)
+        app = server.create_app(store, guidelines, public_url=config.public_url)
+        server.serve(app, listener)
         for line in server.summary(store):
             log.info("farm-label: %s", line)
 

@@ -85,6 +85,7 @@ def test_annotators_are_names_or_a_count():
         ("0", "at least one"),
         ("alice,alice", "twice"),
         ("a b", "not an annotator"),
+        ("alice,status", "'status' names the organiser's link"),
     ]:
         with pytest.raises(ValueError, match=message):
             parse_annotators(bad)

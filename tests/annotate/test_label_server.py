@@ -189,6 +189,45 @@ def test_a_malformed_answer_is_400_and_nothing_is_written(session, body):
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        '{"item_id": "p3", "choice": "tie", "seconds": 1' + "0" * 400 + "}",
+        '{"item_id": "p3", "choice": "tie", "seconds": 1e999}',
+        '{"item_id": "p3", "choice": "tie", "seconds": 1, "x": ' + "[" * 1000 + "]" * 1000 + "}",
+        "[" * 8000 + "]" * 8000,
+    ],
+)
+def test_a_malformed_body_is_400_with_the_headers_and_nothing_is_written(session, raw):
+    store, client = session
+    assert store.current("alice") == "p3"
+    reply = client.post(
+        api(store, "alice", "answer"), content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert reply.status_code == 400, reply.text
+    assert "expected" in reply.json()["error"] or "not JSON" in reply.json()["error"]
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+    assert store.journal_path.read_bytes() == b""
+
+
+def test_even_an_unexpected_error_is_500_with_the_headers(session, monkeypatch):
+    store, _ = session
+
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store, "answer", broken)
+    app = create_app(store, GUIDELINES, store.output.parent / "static")
+    client = TestClient(app, raise_server_exceptions=False)
+    body = {"item_id": "p3", "choice": "tie", "seconds": 1}
+    reply = post(client, api(store, "alice", "answer"), body)
+    assert reply.status_code == 500 and "a bug" not in reply.text
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+    assert reply.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.parametrize(
     "path",
     [
         "/a/{wrong}",
@@ -244,6 +283,15 @@ def test_every_reply_carries_the_security_headers_and_the_api_is_not_cached(sess
         assert reply.headers["cache-control"] == "no-store", url
 
 
+def test_the_favicon_request_is_an_empty_204_not_a_refusal(session):
+    """Every browser asks for /favicon.ico: a 403 for it would be a red line in every console."""
+    _, client = session
+    reply = client.get("/favicon.ico")
+    assert (reply.status_code, reply.content) == (204, b"")
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+
+
 def test_a_cross_origin_post_is_refused(session):
     store, client = session
     item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
@@ -254,6 +302,88 @@ def test_a_cross_origin_post_is_refused(session):
     assert store.journal_path.read_bytes() == b""
     same = post(client, api(store, "alice", "answer"), body, Origin="http://testserver")
     assert same.status_code == 200
+
+
+PUBLIC = "https://labels.example.org"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # nginx with proxy_set_header Host $host and X-Forwarded-Proto $scheme
+        {"Host": "labels.example.org", "X-Forwarded-Proto": "https"},
+        # a proxy that keeps its own Host and says the public one (Apache's default)
+        {
+            "Host": "upstream-name",
+            "X-Forwarded-Host": "labels.example.org",
+            "X-Forwarded-Proto": "https",
+        },
+        {
+            "Host": "upstream-name",
+            "Forwarded": 'for=10.0.0.1;proto=https;host="labels.example.org"',
+        },
+    ],
+)
+def test_behind_a_reverse_proxy_the_forwarded_origin_is_accepted(session, headers):
+    store, client = session
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    reply = post(client, api(store, "alice", "answer"), body, Origin=PUBLIC, **headers)
+    assert reply.status_code == 200, reply.text
+    # what the proxy says never lets another site in
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    reply = post(
+        client, api(store, "alice", "answer"), body, Origin="https://evil.example", **headers
+    )
+    assert reply.status_code == 403
+
+
+def test_with_public_url_a_proxy_s_own_host_is_accepted_and_a_refusal_is_logged(session, caplog):
+    store, client = session
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    nginx = {"Origin": PUBLIC, "Host": "upstream-name"}  # nginx's default Host; no X-Forwarded-*
+    with caplog.at_level("WARNING", logger="farmkit"):
+        reply = post(client, api(store, "alice", "answer"), body, **nginx)
+    assert reply.status_code == 403 and store.journal_path.read_bytes() == b""
+    said = caplog.text
+    assert (
+        "farm-label: refused POST /a/.../api/answer (alice): 403 cross-origin request: the page is "
+        f"at {PUBLIC}, this server is http://upstream-name as the request names it; if that is "
+        "this server behind a reverse proxy, pass the public Host and X-Forwarded-Proto (nginx: proxy_set_header Host "
+        "$host; proxy_set_header X-Forwarded-Proto $scheme), or give --public-url "
+        f"{PUBLIC}"
+    ) in said
+    assert store.tokens["alice"] not in said
+    static = store.output.parent / "static"
+    proxied = TestClient(create_app(store, GUIDELINES, static, public_url=PUBLIC))
+    assert post(proxied, api(store, "alice", "answer"), body, **nginx).status_code == 200
+    body = {"item_id": store.current("alice"), "choice": "A_much", "seconds": 1}
+    reply = post(proxied, api(store, "alice", "answer"), body, Origin="https://evil.example")
+    assert reply.status_code == 403
+
+
+def test_every_refusal_is_logged_with_its_reason_and_never_a_token(session, caplog):
+    store, client = session
+    bob = store.tokens["bob"]
+    near_miss = bob[:-1] + ("y" if bob.endswith("x") else "x")  # a link copied with a typo
+    with caplog.at_level("WARNING", logger="farmkit"):
+        client.get(f"/a/{near_miss}/api/state")
+        client.get(f"/status/{store.tokens['alice']}")
+        client.post(
+            api(store, "alice", "answer"), content="{}", headers={"Content-Type": "text/plain"}
+        )
+        post(client, api(store, "alice", "answer"), {"item_id": "p3", "choice": "no", "seconds": 1})
+        client.get("/nowhere%1B[2Kfarm-label: forged")
+    lines = caplog.text.splitlines()
+    for expected in (
+        "farm-label: refused GET /a/.../api/state: 403 a wrong token or no such page",
+        "farm-label: refused GET /status/... (alice): 403 a wrong token or no such page",
+        "farm-label: refused POST /a/.../api/answer (alice): 415 expected Content-Type: "
+        "application/json",
+        "farm-label: refused POST /a/.../api/answer (alice): 400 expected choice, one of",
+        "farm-label: refused GET /nowhere?[2Kfarm-label: forged: 403 a wrong token or no such page",
+    ):
+        assert any(expected in line for line in lines), (expected, lines)
+    assert near_miss[:20] not in caplog.text and store.tokens["alice"] not in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -305,3 +435,36 @@ def test_the_status_page_needs_the_admin_token_and_shows_progress_and_checks(ses
     answer_all(store, client, "bob", "B_much")
     assert client.get(f"/status/{store.admin}.json").json()["complete"] is True
     assert "complete" in client.get(f"/status/{store.admin}").text
+
+
+@pytest.mark.parametrize("route", ["answer", "undo"])
+def test_an_answer_the_disk_cannot_take_is_507_with_the_headers_and_can_be_sent_again(
+    session, monkeypatch, route, caplog
+):
+    from test_label_store import fill_the_disk
+
+    store, client = session
+    for _ in range(2):
+        item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+        post(
+            client, api(store, "alice", "answer"), {"item_id": item, "choice": "tie", "seconds": 1}
+        )
+    item = client.get(api(store, "alice", "state")).json()["item"]["item_id"]
+    body = {"item_id": item, "choice": "B_much", "seconds": 4} if route == "answer" else {}
+    labels, journal = store.output.read_bytes(), store.journal_path.read_bytes()
+    fill_the_disk(monkeypatch)
+    with caplog.at_level("WARNING", logger="farmkit"):
+        reply = post(client, api(store, "alice", route), body)
+    assert reply.status_code == 507
+    for name, value in HEADERS.items():
+        assert reply.headers[name] == value
+    assert reply.headers["cache-control"] == "no-store"
+    said = reply.json()["error"]
+    assert said == "not saved (No space left on device); nothing of it was kept", said
+    assert "could not save alice's" in caplog.text and "No space left on device" in caplog.text
+    assert (store.output.read_bytes(), store.journal_path.read_bytes()) == (labels, journal)
+    assert client.get(api(store, "alice", "state")).json()["item"]["item_id"] == item  # unmoved
+    monkeypatch.undo()  # space comes back: the page sends the same request again
+    assert post(client, api(store, "alice", route), body).status_code == 200
+    done = 3 if route == "answer" else 1
+    assert client.get(api(store, "alice", "state")).json()["progress"]["done"] == done

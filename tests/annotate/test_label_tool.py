@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -64,10 +65,10 @@ def write_pairs(path: Path, count: int) -> Path:
 class Server:
     """`farm-label ARGS` started in the background, its links read from its stderr."""
 
-    def __init__(self, tmp_path: Path, *args: str):
+    def __init__(self, tmp_path: Path, *args: str, preexec_fn=None):
         self.log = tmp_path / f"server-{time.monotonic_ns()}.err"
         with open(self.log, "wb") as stderr:
-            self.process = subprocess.Popen([TOOL, *args], stderr=stderr)
+            self.process = subprocess.Popen([TOOL, *args], stderr=stderr, preexec_fn=preexec_fn)
         self.links = self._links()
 
     def _links(self) -> dict[str, str]:
@@ -152,6 +153,74 @@ def test_kill_9_mid_answering_then_the_same_command_resumes_with_nothing_lost_or
     assert labels.with_name("labels.jsonl.journal.jsonl").exists()
 
 
+def send(url: str, route: str, body: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + route, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+# each journal line is 4,000 bytes of outputs and at most 1,000 of the rest: two fit, a third does not
+LINE, LIMIT = 4000, 11000
+
+
+def disk_full_at_the_third_answer() -> None:
+    """The server's files may not grow past LIMIT bytes (RLIMIT_FSIZE, as a full disk)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="needs Linux's prlimit")
+def test_a_full_disk_refuses_the_answer_and_once_there_is_space_the_retry_is_kept(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pad = "x" * (LINE // 2)
+    pairs.write_text(
+        "".join(
+            json.dumps({"instruction": f"task {i}", "output_1": pad, "output_2": pad}) + "\n"
+            for i in range(4)
+        )
+    )
+    labels = tmp_path / "labels.jsonl"
+    command = [str(pairs), "-o", str(labels), "--port", "0"]
+    server = Server(tmp_path, *command, preexec_fn=disk_full_at_the_third_answer)
+    url = server.links["annotator-1"]
+    for choice in ("A_much", "B_much"):
+        item = server.get("annotator-1")["item"]["item_id"]
+        assert send(url, "/api/answer", {"item_id": item, "choice": choice, "seconds": 1})[0] == 200
+    third = {"item_id": server.get("annotator-1")["item"]["item_id"], "choice": "tie", "seconds": 1}
+    for _ in range(2):  # refused, and refused again while the disk is full
+        status, reply = send(url, "/api/answer", third)
+        assert status == 507, reply
+        assert "File too large" in reply["error"] and "nothing of it was kept" in reply["error"]
+    journal = labels.with_name("labels.jsonl.journal.jsonl")
+    assert len(journal.read_bytes().splitlines(keepends=True)) == 2
+    assert journal.read_bytes().endswith(b"\n")  # no part of the third line
+    assert len(records(labels)) == 2
+    assert server.get("annotator-1")["item"]["item_id"] == third["item_id"]  # the page stays on it
+
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.prlimit(server.process.pid, resource.RLIMIT_FSIZE, (hard, hard))  # space comes back
+    assert send(url, "/api/answer", third)[0] == 200  # the page's retry, once there is space
+    said = server.stop()
+    assert server.process.returncode == 0, said
+    assert said.count(f"farm-label: {journal}: could not save annotator-1's answer") == 2
+
+    again = Server(tmp_path, *command)  # a restart accepts the journal
+    state = again.get("annotator-1")
+    again.stop()
+    assert state["progress"]["done"] == 3
+    assert [record["preference"] for record in records(labels)][2] == 1.5
+    assert [line[-1:] for line in journal.read_bytes().splitlines(keepends=True)] == [b"\n"] * 3
+
+
 @pytest.mark.heavy
 def test_annotators_answering_at_once_from_several_processes_never_collide(tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl", 30)
@@ -203,6 +272,52 @@ def test_outputs_with_a_reference_and_a_second_server_on_the_same_labels_is_refu
     assert f"farm-label: error: {labels}: another farm-label server is using it" in stderr
 
 
+def test_behind_a_reverse_proxy_public_url_gives_the_links_and_answers_are_accepted(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 2)
+    public = "https://labels.example.org"
+    command = [str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--public-url", public + "/"]
+    server = Server(tmp_path, *command)
+    try:
+        link = server.links["annotator-1"]
+        assert link.startswith(f"{public}/a/") and server.links["status"].startswith(public)
+        local = next(  # the links name the proxy; the server says where it listens
+            line.split()[2]
+            for line in server.log.read_text().splitlines()
+            if line.startswith("farm-label: serving ")
+        )
+        assert local.startswith("http://127.0.0.1:")
+        token = link.rsplit("/", 1)[1]
+        state = json.load(urllib.request.urlopen(f"{local}/a/{token}/api/state", timeout=30))
+
+        def answer(origin: str) -> int:
+            body = {"item_id": state["item"]["item_id"], "choice": "tie", "seconds": 1}
+            request = urllib.request.Request(
+                f"{local}/a/{token}/api/answer",
+                json.dumps(body).encode(),
+                # what nginx sends by default: its upstream's name as Host, no X-Forwarded-*
+                {"Content-Type": "application/json", "Origin": origin, "Host": "upstream-name"},
+            )
+            try:
+                return urllib.request.urlopen(request, timeout=30).status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        assert answer("https://evil.example") == 403
+        assert answer(public) == 200
+    finally:
+        said = server.stop()
+    assert (
+        "farm-label: refused POST /a/.../api/answer (annotator-1): 403 cross-origin request: the "
+        "page is at https://evil.example" in said
+    )
+    assert [line for line in said.splitlines() if token in line] == [
+        f"farm-label: annotator-1 {link}"
+    ]
+
+
 def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
     with socket.socket() as taken:
@@ -225,8 +340,12 @@ def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
         ("empty", [], 1, "{pairs}: no pairs to label; expected pair records"),
         ("bad_checks", ["--checks", "{checks}"], 1, "{checks}:1: preference is None; expected"),
         ("good", ["--annotators", "0"], 2, "expected at least one annotator"),
+        ("good", ["--annotators", "alice,status"], 2, "'status' names the organiser's link"),
+        ("good", ["--annotators", "Status"], 2, "'Status' names the organiser's link"),
         ("good", ["--overlap", "1.5"], 2, "--overlap"),
         ("good", ["-o", "{tmp}/labels.jsonl.gz"], 2, "plain JSONL file"),
+        ("good", ["--public-url", "labels.example.org"], 2, "expected the page's public address"),
+        ("good", ["--public-url", "https://example.org/labels/"], 2, "at the root of its address"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, setup, args, code, message):

@@ -327,3 +327,140 @@ def test_a_double_click_or_a_double_key_sends_one_answer(tmp_path):
             assert (twice["progress"], twice["error"]) == ("2 / 4", None)
     labels = read_labels(output)
     assert [label["strength"] for label in labels] == ["slightly", "much"]
+
+
+# each answer's journal line is 4,000 bytes of outputs and at most 1,000 of the rest: two fit, a
+# third does not
+LINE, LIMIT = 4000, 11000
+
+
+def full_disk() -> None:
+    """The server's files may not grow past LIMIT bytes (RLIMIT_FSIZE, as a full disk)."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def test_an_answer_a_full_disk_refuses_stays_chosen_and_retry_saves_it(tmp_path):
+    import resource
+
+    pad = "x" * (LINE // 2)
+    (tmp_path / "pairs.jsonl").write_text(
+        "".join(
+            json.dumps({"instruction": f"Task {n}.", "output_1": pad, "output_2": pad}) + "\n"
+            for n in range(4)
+        )
+    )
+    output = tmp_path / "labels.jsonl"
+    args = [tmp_path / "pairs.jsonl", "-o", output, "--annotators", "dana", "--port", "0"]
+    with LabelServer(*args, preexec_fn=full_disk) as server, open_browser() as driver:
+        open_page(driver, server.links["dana"])
+        for choice in ("A_much", "tie"):
+            act(driver, press(KEYS[choice]))
+        refused = act(driver, choose("B_slightly"))
+        assert refused["progress"] == "2 / 4" and refused["task"]
+        assert "NOT saved" in refused["error"] and "File too large" in refused["error"]
+        assert "Your choice is kept on this page: press Retry (R)" in refused["error"]
+        marked = driver.execute_script(
+            """return [!document.getElementById("retry").hidden,
+                       Array.from(document.querySelectorAll("#choices button.unsaved"))
+                         .map((button) => button.dataset.choice)];"""
+        )
+        assert marked == [True, ["B_slightly"]]
+        assert len(read_labels(output)) == 2
+
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.prlimit(server.process.pid, resource.RLIMIT_FSIZE, (hard, hard))  # space again
+        saved = act(driver, press("r"))
+        assert (saved["progress"], saved["error"]) == ("3 / 4", None)
+        assert driver.execute_script('return document.getElementById("retry").hidden') is True
+    labels = read_labels(output)
+    assert [label["strength"] for label in labels] == ["much", None, "slightly"]
+    assert labels[2]["preference"] == expected_preference(labels[2], "B_slightly")[0]
+
+
+class NginxDefault:
+    """A reverse proxy on a free local port that forwards to UPSTREAM as nginx does by default: its
+    upstream's name as Host, no X-Forwarded-* (so the server cannot tell the page's address)."""
+
+    def __init__(self) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        proxy = self
+
+        class Forward(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.forward()
+
+            def do_POST(self) -> None:
+                self.forward()
+
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {
+                    name: value
+                    for name, value in self.headers.items()
+                    if name.lower() not in ("host", "connection", "keep-alive")
+                }
+                headers["Host"] = "upstream-name"
+                upstream = http.client.HTTPConnection(*proxy.upstream, timeout=30)
+                upstream.request(self.command, self.path, body or None, headers)
+                reply = upstream.getresponse()
+                data = reply.read()
+                self.send_response(reply.status)
+                for name, value in reply.getheaders():
+                    if name.lower() not in ("connection", "transfer-encoding", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                upstream.close()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.upstream: tuple[str, int] = ("127.0.0.1", 0)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_labelling_through_a_reverse_proxy_with_public_url(tmp_path):
+    """Without --public-url the proxy's answers would be refused as cross-origin (the server sees
+    Host: upstream-name); with it, a batch is labelled through the proxy, links and all."""
+    write_pairs(tmp_path / "pairs.jsonl", 3)
+    output = tmp_path / "labels.jsonl"
+    proxy = NginxDefault()
+    try:
+        args = [tmp_path / "pairs.jsonl", "-o", output, "--annotators", "erin", "--port", "0"]
+        with LabelServer(*args) as server, open_browser() as driver:
+            local, path = server.links["erin"].split("/a/")
+            proxy.upstream = ("127.0.0.1", int(local.rsplit(":", 1)[1]))
+            open_page(driver, f"{proxy.url}/a/{path}")
+            refused = act(driver, choose("tie"))
+            assert "HTTP 403" in refused["error"] and refused["progress"] == "0 / 3"
+            wait_until(driver, lambda _: any("cross-origin" in line for line in server.stderr), "")
+        refusal = next(line for line in server.stderr if "cross-origin" in line)
+        assert f"the page is at {proxy.url}, this server is http://upstream-name" in refusal
+        assert not output.read_text()
+
+        with LabelServer(*args, "--public-url", proxy.url) as server:
+            assert server.links["erin"].startswith(f"{proxy.url}/a/")
+            serving = next(line for line in server.stderr if line.startswith("farm-label: serving"))
+            proxy.upstream = ("127.0.0.1", int(serving.split()[2].rsplit(":", 1)[1]))
+            with open_browser() as driver:
+                open_page(driver, server.links["erin"])
+                seen = [label(driver, choice, by_key=True)[0] for choice in ("A_much", "tie")]
+                last = label(driver, "B_slightly", by_key=False)[0]
+                assert page_state(driver)["done"] and page_state(driver)["error"] is None
+        check_labels(read_labels(output), [*seen, last], "erin")
+    finally:
+        proxy.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.values import FRACTION, Bounds
@@ -27,9 +28,50 @@ def parse_annotators(text: str) -> tuple[str, ...]:
                 f"{name!r} is not an annotator name; expected names of letters, digits, '_', '.' or "
                 "'-' separated by commas (alice,bob), or a count (3)"
             )
+        if name.lower() == "status":
+            raise ValueError(
+                f"{name!r} names the organiser's link (farm-label: status URL); choose another "
+                "annotator name"
+            )
     if len(set(names)) != len(names):
         raise ValueError("an annotator is named twice")
     return names
+
+
+def origin_of(url: str) -> str | None:
+    """The origin of an http(s) URL as a browser sends it (scheme://host[:port], the default port
+    left out, lower case), or None when it has none."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), parts.hostname
+    if scheme not in ("http", "https") or not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    default = 443 if scheme == "https" else 80
+    return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
+
+
+def parse_public_url(text: str | None) -> str | None:
+    """--public-url: an http(s) address at the root of its host (the page's assets are at /static),
+    returned as its origin (the links are built on it)."""
+    if text is None:
+        return None
+    origin = origin_of(text)
+    parts = urlsplit(text.strip())
+    if origin is None:
+        raise ValueError(
+            f"{text!r}: expected the page's public address, http(s)://HOST[:PORT] "
+            "(https://labels.example.org)"
+        )
+    if parts.path.strip("/") or parts.query or parts.fragment or parts.username:
+        raise ValueError(
+            f"{text!r}: the proxy must serve farm-label at the root of its address (the page loads "
+            f"/static/...); give {origin}, on a host name of its own"
+        )
+    return origin
 
 
 @dataclass
@@ -74,6 +116,15 @@ class LabelConfig:
     )
     host: str = help_field(
         "127.0.0.1", "The address to listen on (another than 127.0.0.1 opens the page to others)."
+    )
+    public_url: str | None = help_field(
+        None,
+        "The address annotators open when a reverse proxy serves the page (https://labels.example.org, "
+        "at the root of its host name): the printed links use it, and answers from pages served there "
+        "are accepted whatever Host header the proxy sends.",
+        parse=parse_public_url,
+        metavar="URL",
+        show_default=False,
     )
     port: int = help_field(
         0,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hmac
 import html
 import json
+import logging
 import math
+import re
 import signal
 import socket
 from collections.abc import Callable
@@ -28,10 +30,12 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from farmkit.annotate.label import origin_of
 from farmkit.annotate.label.assign import CHOICES
-from farmkit.annotate.label.store import Store
+from farmkit.annotate.label.store import NotSaved, Store
 from farmkit.core.io import FarmError
 
+log = logging.getLogger("farmkit")
 STATIC = Path(__file__).parent / "static"
 GUIDELINES = Path(__file__).parent / "guidelines.md"  # --guidelines replaces them
 MAX_BODY = 16 * 1024
@@ -44,19 +48,73 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",  # the token is in the URL
 }
 FORBIDDEN = "forbidden\n"  # the one reply to every unknown token or path: it tells nothing
+# what a reverse proxy must pass for the page's origin to be known (docs/humans.md)
+PROXY_HINT = (
+    "pass the public Host and X-Forwarded-Proto (nginx: proxy_set_header Host $host; "
+    "proxy_set_header X-Forwarded-Proto $scheme), or give --public-url"
+)
 
 
 class _Refused(Exception):
-    def __init__(self, response: Response):
-        self.response = response
+    """A request refused: `response` is the reply, `reason` what the server's log says of it."""
+
+    def __init__(self, response: Response, reason: str):
+        self.response, self.reason = response, reason
 
 
-def _forbidden() -> Response:
-    return PlainTextResponse(FORBIDDEN, status_code=403)
+def _forbidden() -> _Refused:
+    return _Refused(PlainTextResponse(FORBIDDEN, status_code=403), "a wrong token or no such page")
+
+
+def _refusal(status: int, message: str, reason: str | None = None) -> _Refused:
+    return _Refused(_error(status, message), reason or message)
 
 
 def _error(status: int, message: str, **more: Any) -> Response:
     return JSONResponse({"error": message, **more}, status_code=status)
+
+
+def _not_saved(error: NotSaved) -> Response:
+    """507 Insufficient Storage: the page keeps the answer and offers to send it again."""
+    log.error("farm-label: %s", error)
+    return _error(507, f"not saved ({error.reason}); nothing of it was kept")
+
+
+def _forwarded(request: Request) -> tuple[set[str], set[str]]:
+    """The schemes and hosts a reverse proxy says the request was made to (X-Forwarded-Proto,
+    X-Forwarded-Host, Forwarded), beside the request's own. A browser cannot add these headers to a
+    request from another site's page (they would need a CORS preflight, which is never granted), so
+    they widen nothing for a page elsewhere."""
+    schemes, hosts = {request.url.scheme}, {request.headers.get("host", "")}
+    for name, into in (("x-forwarded-proto", schemes), ("x-forwarded-host", hosts)):
+        value = request.headers.get(name, "").split(",")[0].strip()
+        if value:
+            into.add(value)
+    first = request.headers.get("forwarded", "").split(",")[0]
+    for pair in first.split(";"):
+        key, _, value = pair.partition("=")
+        value = value.strip().strip('"')
+        if key.strip().lower() == "proto" and value:
+            schemes.add(value)
+        elif key.strip().lower() == "host" and value:
+            hosts.add(value)
+    return schemes, hosts
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """For the log: one line, of bounded length, whatever a request held."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
+def _seconds(value: Any) -> bool:
+    """Whether `value` is a time a page can send: a finite number >= 0 (not a bool, not an integer
+    too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:
+        return False
 
 
 class _Headers:
@@ -90,21 +148,54 @@ def same_token(known: str, given: str) -> bool:
     return hmac.compare_digest(known.encode(), given.encode("utf-8", "surrogatepass"))
 
 
-def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlette:
+def create_app(
+    store: Store, guidelines: str, static: Path = STATIC, public_url: str | None = None
+) -> _Headers:
     """The application over an open store. `static`: the folder of the page (label.html) and its
-    assets. Handlers are coroutines that touch the store without awaiting, so the event loop runs
-    one answer at a time to its end: writes never interleave, whoever sends them."""
+    assets. `public_url`: where annotators open the page when a reverse proxy stands in front (its
+    origin is accepted for answers, whatever Host the proxy sends). Handlers are coroutines that
+    touch the store without awaiting, so the event loop runs one answer at a time to its end: writes
+    never interleave, whoever sends them. The security headers wrap it all, Starlette's own 500
+    included; every refusal is logged with its reason (tokens left out)."""
+    public = origin_of(public_url) if public_url else None
 
     def annotator_of(request: Request) -> str:
         given = request.path_params["token"]
         found = [name for name, known in store.tokens.items() if same_token(known, given)]
         if not found:
-            raise _Refused(_forbidden())
+            raise _forbidden()
         return found[0]
 
     def admin(request: Request) -> None:
         if not same_token(store.admin, request.path_params["token"]):
-            raise _Refused(_forbidden())
+            raise _forbidden()
+
+    def same_origin(request: Request) -> None:
+        """A POST comes from the page itself: its Origin (when the browser sends one) is this
+        server's, as the request or a reverse proxy names it, or --public-url's."""
+        origin = request.headers.get("origin")
+        if origin is None:
+            return
+        schemes, hosts = _forwarded(request)
+        accepted = {origin_of(f"{scheme}://{host}") for scheme in schemes for host in hosts}
+        accepted = {found for found in accepted | {public} if found}
+        if origin_of(origin) in accepted:  # "null" (a sandboxed or file: page) has no origin
+            return
+        shown = _printable(origin)
+        raise _refusal(
+            403,
+            "cross-origin request refused",
+            f"cross-origin request: the page is at {shown}, this server is "
+            f"{' or '.join(sorted(_printable(found) for found in accepted))} as the request names "
+            f"it; if that is this server behind a reverse proxy, {PROXY_HINT} {shown}",
+        )
+
+    def shown_path(request: Request) -> str:
+        """The request's path for the log, with every token, right or wrong, left out."""
+        path = re.sub(r"^/(a|status)/[^/]*", r"/\1/...", request.url.path)
+        for token in (*store.tokens.values(), store.admin):
+            path = path.replace(token, "...")
+        return _printable(path)
 
     def state(annotator: str) -> dict[str, Any]:
         item_id = store.current(annotator)
@@ -119,26 +210,24 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
 
     async def posted(request: Request) -> dict[str, Any]:
         """The JSON body of a POST from the page itself: same origin, JSON, at most MAX_BODY."""
-        origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host')}":
-            raise _Refused(_error(403, "cross-origin request refused"))
+        same_origin(request)
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind != "application/json":
-            raise _Refused(_error(415, "expected Content-Type: application/json"))
+            raise _refusal(415, "expected Content-Type: application/json")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-            raise _Refused(_error(413, f"request body over {MAX_BODY} bytes"))
+            raise _refusal(413, f"request body over {MAX_BODY} bytes")
         body = b""
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_BODY:
-                raise _Refused(_error(413, f"request body over {MAX_BODY} bytes"))
+                raise _refusal(413, f"request body over {MAX_BODY} bytes")
         try:
             value = json.loads(body or b"{}")
-        except ValueError:
-            raise _Refused(_error(400, "the body is not JSON")) from None
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
+            raise _refusal(400, "the body is not JSON") from None
         if not isinstance(value, dict):
-            raise _Refused(_error(400, "expected a JSON object"))
+            raise _refusal(400, "expected a JSON object")
         return value
 
     async def page(request: Request) -> Response:
@@ -153,19 +242,17 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         body = await posted(request)
         item_id, choice, seconds = body.get("item_id"), body.get("choice"), body.get("seconds")
         if not isinstance(item_id, str):
-            return _error(400, "expected item_id, a string")
+            raise _refusal(400, "expected item_id, a string")
         if choice not in CHOICES:
-            return _error(400, f"expected choice, one of {', '.join(CHOICES)}")
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds)
-            or seconds < 0
-        ):
-            return _error(400, "expected seconds, a number >= 0")
+            raise _refusal(400, f"expected choice, one of {', '.join(CHOICES)}")
+        if not _seconds(seconds):
+            raise _refusal(400, "expected seconds, a number >= 0")
         if store.current(annotator) != item_id:
             return _error(409, "not your current item", state=state(annotator))
-        store.answer(annotator, item_id, choice, seconds)
+        try:
+            store.answer(annotator, item_id, choice, seconds)
+        except NotSaved as error:
+            return _not_saved(error)
         return JSONResponse(state(annotator))
 
     async def undo(request: Request) -> Response:
@@ -173,7 +260,10 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         await posted(request)
         if not store.answers[annotator]:
             return _error(409, "nothing to undo", state=state(annotator))
-        store.undo(annotator)
+        try:
+            store.undo(annotator)
+        except NotSaved as error:
+            return _not_saved(error)
         return JSONResponse(state(annotator))
 
     async def status_json(request: Request) -> Response:
@@ -184,8 +274,22 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         admin(request)
         return HTMLResponse(status_html(status(store)))
 
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204)  # no icon: browsers ask for one on every page
+
     async def refused(request: Request, exc: Exception) -> Response:
-        return exc.response if isinstance(exc, _Refused) else _forbidden()
+        refusal = exc if isinstance(exc, _Refused) else _forbidden()
+        given = request.path_params.get("token", "")
+        who = [name for name, known in store.tokens.items() if given and same_token(known, given)]
+        log.warning(
+            "farm-label: refused %s %s%s: %d %s",
+            request.method,
+            shown_path(request),
+            f" ({who[0]})" if who else "",
+            refusal.response.status_code,
+            refusal.reason,
+        )
+        return refusal.response
 
     routes = [
         Route("/a/{token}", page),
@@ -194,14 +298,14 @@ def create_app(store: Store, guidelines: str, static: Path = STATIC) -> Starlett
         Route("/a/{token}/api/undo", undo, methods=["POST"]),
         Route("/status/{token}.json", status_json),
         Route("/status/{token}", status_page),
+        Route("/favicon.ico", favicon),
         Mount("/static", StaticFiles(directory=static, check_dir=False)),
     ]
     app = Starlette(
         routes=routes,
         exception_handlers={_Refused: refused, 404: refused, 405: refused},
     )
-    app.add_middleware(_Headers)
-    return app
+    return _Headers(app)
 
 
 def status(store: Store) -> dict[str, Any]:
@@ -299,7 +403,7 @@ def _stop(number: int, frame: Any) -> None:
     raise _Stopped
 
 
-def serve(app: Starlette, listener: socket.socket) -> None:
+def serve(app: Callable, listener: socket.socket) -> None:
     """Serve until SIGINT or SIGTERM (uvicorn finishes the requests in flight, then returns)."""
     # uvicorn re-raises the signal that stopped it once it is done: with these handlers that is an
     # exception caught here, so a SIGTERM ends the command as a Ctrl-C does, with the summary

@@ -4,10 +4,14 @@ tokens kept, and one server at a time.
 
 Why a journal: appending one line is the only write that is both cheap and made durable by one fsync,
 and a crash can tear only its last line, which was never acknowledged (the reply waits for the fsync)
-and is dropped at the next start. LABELS itself cannot be appended to, since an undo removes a record
-from it; it is a view of the journal, rewritten to a temporary file and renamed, so a reader never sees
-half of it, and rebuilt from the journal at every start, so a crash between the two writes loses
-nothing.
+and is dropped, with a message, at the next start. LABELS itself cannot be appended to, since an undo
+removes a record from it; it is a view of the journal, rewritten to a temporary file and renamed, so a
+reader never sees half of it, and rebuilt from the journal at every start, so a crash between the two
+writes loses nothing.
+
+An answer is kept whole or not at all: a write cut short (a full disk) is continued, and one that
+fails, or a LABELS that cannot be rewritten, takes the journal back to its last whole line and raises
+NotSaved, which the page is told (it keeps the answer to send again).
 
 Files beside LABELS: LABELS.journal.jsonl (the journal, locked while a server runs), LABELS.session.json
 (the tokens and what the assignment was made from, mode 0600) and LABELS.checks.jsonl (the answers to
@@ -18,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
+import logging
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +39,8 @@ from farmkit.core.io import FarmError, RecordError, atomic_path, display_name, d
 from farmkit.core.provenance import provenance, stamp
 from farmkit.core.seeds import stable_hash
 
+log = logging.getLogger("farmkit")
+
 TOOL = "farm-label"
 KNOWN = (1, 2, 1.5)  # the answers a check may know
 # what a verdict of someone else (farm-annotate's, or the known answer of a check) leaves on a pair
@@ -42,6 +51,20 @@ _VERDICT_FIELDS = ("preference", "preference_reason", "strength", "annotator", "
 def companion(output: Path, suffix: str) -> Path:
     """A file kept beside LABELS: LABELS.journal.jsonl, LABELS.session.json, LABELS.checks.jsonl."""
     return output.with_name(output.name + suffix)
+
+
+class NotSaved(FarmError):
+    """An answer or undo that could not be written (a full disk): nothing of it was kept."""
+
+    def __init__(self, path: Path | str, what: str, error: OSError):
+        self.reason = error.strerror or str(error)
+        super().__init__(f"{path}: could not save {what}: {self.reason}; nothing of it was kept")
+
+
+# the start of a journal line as dumps writes it: enough of a torn one to say whose it was
+_EVENT_START = re.compile(
+    rb'^\{"event":"(answer|undo)","annotator":"([^"\\]*)","item_id":"([^"\\]*)"'
+)
 
 
 @dataclass
@@ -66,6 +89,7 @@ class Store:
     answers: dict[str, list[Answer]] = field(default_factory=dict)
     _journal: int | None = None
     _sequence: int = 0
+    _end: int = 0  # the journal's size up to its last whole line
 
     @property
     def journal_path(self) -> Path:
@@ -149,8 +173,26 @@ class Store:
         data = self.journal_path.read_bytes()
         complete = data[: data.rfind(b"\n") + 1]
         if len(complete) < len(data):
-            # a line cut short by a crash: never acknowledged (the reply waits for the fsync)
+            # a line cut short by a crash or a full disk: never acknowledged (the reply waits for
+            # the whole line and its fsync)
+            torn = data[len(complete) :]
+            start = _EVENT_START.match(torn)
+            what = (
+                f"the start of {start[2].decode()}'s {start[1].decode()} "
+                f"{'to' if start[1] == b'answer' else 'of'} {start[3].decode()}"
+                if start
+                else "not an event"
+            )
             os.truncate(self.journal_path, len(complete))
+            log.warning(
+                "farm-label: %s:%d: dropped a torn last line (%d bytes, %s), written when the server "
+                "stopped or the disk was full and never acknowledged: the page did not move on from "
+                "that pair",
+                self.journal_path,
+                complete.count(b"\n") + 1,
+                len(torn),
+                what,
+            )
         for number, line in enumerate(complete.splitlines(), 1):
             try:
                 event = orjson.loads(line)
@@ -163,6 +205,7 @@ class Store:
                     "farm-label wrote",
                 ) from None
         self._sequence = complete.count(b"\n")
+        self._end = len(complete)
 
     def _apply(self, event: dict[str, Any], sequence: int) -> None:
         annotator, item_id = event["annotator"], event["item_id"]
@@ -231,13 +274,50 @@ class Store:
         return stamp(record, TOOL, provenance(TOOL, self.seed, item_id=item_id))
 
     def _append(self, event: dict[str, Any]) -> None:
+        """Write the event's line whole and fsync it, then rewrite LABELS; when either fails, take
+        the journal back to its last whole line and raise NotSaved (the page may send it again)."""
         assert self._journal is not None, "the store is not open"
-        line = dumps(event)
-        os.write(self._journal, line)  # O_APPEND: one write, at the end
-        os.fsync(self._journal)
+        annotator, item_id = event["annotator"], event["item_id"]
+        what = (
+            f"{annotator}'s answer to {item_id}"
+            if event["event"] == "answer"
+            else f"{annotator}'s undo of {item_id}"
+        )
+        stack, end = list(self.answers[annotator]), self._end
+        try:
+            self._write_line(dumps(event))
+        except OSError as exc:
+            self._take_back()
+            raise NotSaved(self.journal_path, what, exc) from None
         self._sequence += 1
         self._apply(event, self._sequence)
-        self._rewrite(checks=event["item_id"] in self.checks)
+        try:
+            self._rewrite(checks=item_id in self.checks)
+        except OSError as exc:  # LABELS stays as it was: so must the journal and the answers
+            self.answers[annotator], self._end = stack, end
+            self._sequence -= 1
+            self._take_back()
+            raise NotSaved(exc.filename or self.output, what, exc) from None
+
+    def _write_line(self, line: bytes) -> None:
+        assert self._journal is not None
+        if os.fstat(self._journal).st_size != self._end:  # a take-back that failed earlier
+            os.ftruncate(self._journal, self._end)
+        rest = memoryview(line)
+        while rest:  # O_APPEND: at the end; a write cut short (a disk filling up) goes on
+            written = os.write(self._journal, rest)
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            rest = rest[written:]
+        os.fsync(self._journal)
+        self._end += len(line)
+
+    def _take_back(self) -> None:
+        """Cut the journal back to its last whole line (the next write checks it was)."""
+        assert self._journal is not None
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._journal, self._end)
+            os.fsync(self._journal)
 
     def _rewrite(self, checks: bool) -> None:
         answers = sorted(
@@ -253,7 +333,10 @@ class Store:
                 for answer in answers
                 if (answer.item_id in self.checks) == of_checks
             )
-            _write_durably(path, data)
+            try:
+                _write_durably(path, data)
+            except OSError as exc:  # whole or not at all: the old file is left as it was
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
     def progress(self, annotator: str) -> tuple[int, int]:
         return len(self.answers[annotator]), len(self.assignment.queues[annotator])

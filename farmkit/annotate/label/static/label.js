@@ -1,6 +1,7 @@
 // farm-label's page: shows this annotator's current pair, sends one answer at a time and moves on
-// only when the server says the answer is written. Model outputs are untrusted: every text from the
-// server is set with textContent, never parsed as HTML.
+// only when the server says the answer is written. An answer the server could not save (its disk is
+// full, or it cannot be reached) stays chosen on the page, and Retry sends it again. Model outputs are
+// untrusted: every text from the server is set with textContent, never parsed as HTML.
 "use strict";
 
 (() => {
@@ -11,11 +12,17 @@
   // keys 1-5 are the buttons in their order on the page
   const keyChoices = new Map(choiceButtons.map((button, index) => [String(index + 1), button]));
   const undoButton = byId("undo");
+  const retryButton = byId("retry");
+  // replies after which nothing was saved and the same request may be sent again: the server could
+  // not write it (507), or a reverse proxy in front could not reach the server (502, 503, 504)
+  const RETRYABLE = new Set([502, 503, 504, 507]);
 
   let state = null;
   let shownItem = null;
   let shownAt = 0;
   let inFlight = false;
+  // the request the server did not save ({method, path, body, conflictMessage}), sent again by Retry
+  let unsaved = null;
 
   function setText(element, text) {
     element.textContent = text;
@@ -29,8 +36,14 @@
   function refreshButtons() {
     for (const button of choiceButtons) {
       button.disabled = inFlight || !state || !state.item;
+      // the choice that is not saved yet stays marked until it is, or another is made
+      const chosen =
+        unsaved !== null && unsaved.path === "answer" && unsaved.body.choice === button.dataset.choice;
+      button.classList.toggle("unsaved", chosen);
     }
     undoButton.disabled = inFlight || !state || !state.can_undo;
+    retryButton.hidden = unsaved === null;
+    retryButton.disabled = inFlight;
   }
 
   function render(next) {
@@ -85,8 +98,23 @@
     }
     inFlight = true;
     refreshButtons();
+    const what = path === "answer" ? "Your answer" : "Your undo";
+    const kept = path === "answer" ? "Your choice is kept on this page: press Retry (R)" : "Press Retry (R)";
     try {
       const { response, payload } = await request(method, path, body);
+      if (RETRYABLE.has(response.status)) {
+        // not saved, nothing of it kept: the same request may be sent again as it is
+        unsaved = { method, path, body, conflictMessage };
+        const reason =
+          payload && typeof payload.error === "string" ? payload.error : `HTTP ${response.status}`;
+        const why = response.status === 507 ? "the server's disk may be full" : "the server may be down";
+        showError(
+          `${what} was NOT saved (the server says: ${reason}). ${kept} to send it again. If it fails ` +
+            `again, tell the organiser: ${why}.`,
+        );
+        return;
+      }
+      unsaved = null;
       if (response.ok && payload) {
         showError("");
         render(payload);
@@ -102,13 +130,21 @@
         );
       }
     } catch (_) {
+      unsaved = { method, path, body, conflictMessage };
       showError(
-        "The server cannot be reached, so nothing was saved. When it is running again, reload the page: " +
-          "you will continue where you were.",
+        `The server cannot be reached: ${what.toLowerCase()} was NOT saved. When it is running again, ` +
+          `${kept.charAt(0).toLowerCase()}${kept.slice(1)} to send it again, or reload the page to ` +
+          "continue where you were.",
       );
     } finally {
       inFlight = false;
       refreshButtons();
+    }
+  }
+
+  function retry() {
+    if (unsaved !== null) {
+      send(unsaved.method, unsaved.path, unsaved.body, unsaved.conflictMessage);
     }
   }
 
@@ -140,6 +176,7 @@
     button.addEventListener("click", () => answer(button.dataset.choice));
   }
   undoButton.addEventListener("click", undo);
+  retryButton.addEventListener("click", retry);
 
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) {
@@ -151,6 +188,9 @@
     } else if (event.key === "u" || event.key === "U") {
       event.preventDefault();
       undo();
+    } else if ((event.key === "r" || event.key === "R") && unsaved !== null) {
+      event.preventDefault();
+      retry();
     }
   });
 
