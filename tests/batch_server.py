@@ -19,6 +19,9 @@ Knobs:
 - `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
   batch is made, its reply never sent); `create_seen` is set when a create arrives.
 - `unreadable`: a request whose prompt holds this text is answered with prose no parser reads.
+- `echo_request`: every error reply's message quotes the request as it arrived (target, headers,
+  Authorization included, and body), as a gateway that echoes what it was sent.
+- `targets` lists every request's target (path and query), `authorizations` its Authorization header.
 """
 
 from __future__ import annotations
@@ -46,7 +49,11 @@ class BatchServer:
         upload_faults: list[int] | None = None,
         hang_create: str | None = None,
         unreadable: str | None = None,
+        echo_request: bool = False,
     ):
+        self.echo_request = echo_request
+        self.targets: list[str] = []
+        self.authorizations: list[str | None] = []
         self.polls, self.outcomes = polls, list(outcomes or [])
         self.upload_faults, self.hang_create = list(upload_faults or []), hang_create
         self.unreadable = unreadable
@@ -196,6 +203,11 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _send(self, status: int, payload: Any) -> None:
+            if status >= 400 and server.echo_request and isinstance(payload, dict):
+                headers = sorted(self.headers.items(), key=lambda item: item[0] != "Authorization")
+                quoted = "; ".join(f"{name}: {value}" for name, value in headers)
+                echo = f" ({quoted}; {self.command} {self.path}; body {self._body[:200]!r})"
+                payload = {"error": {"message": payload["error"]["message"] + echo}}
             body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -203,9 +215,13 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        _body = b""  # the request's body, for echo_request
+
         def _count(self) -> str:
             path = self.path.split("?")[0]
             with server._lock:
+                server.targets.append(self.path)
+                server.authorizations.append(self.headers.get("Authorization"))
                 server.calls[f"{self.command} {_ID.sub('/{id}', path)}"] += 1
             return path
 
@@ -236,7 +252,7 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             path = self._count()
-            content = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            content = self._body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if path == "/v1/chat/completions":
                 with server._lock:
                     server.direct += 1
