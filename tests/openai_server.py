@@ -106,7 +106,11 @@ def secret_forms(*secrets: str, user: str | None = None) -> list[str]:
     for secret in secrets:
         encoded = [secret.encode()] + ([f"{user}:{secret}".encode()] if user else [])
         forms += [secret, quote(secret, safe="")]
-        forms += [code(raw).decode() for raw in encoded for code in (base64.b64encode, base64.urlsafe_b64encode)]
+        forms += [
+            code(raw).decode()
+            for raw in encoded
+            for code in (base64.b64encode, base64.urlsafe_b64encode)
+        ]
     return sorted(set(forms))
 
 

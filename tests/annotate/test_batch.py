@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -269,6 +270,40 @@ def test_a_batch_error_echoing_the_request_prints_no_secret(setup):
     written = {"stderr": done.stderr}
     written.update({p.name: p.read_bytes() for p in setup.tmp.glob("cache.sqlite*")})
     assert not _leaks(written), done.stderr.decode()
+
+
+@pytest.mark.heavy
+def test_one_sigterm_ends_a_batch_wait_at_once_and_the_batch_is_collected_later(setup):
+    # --batch wait polls a batch that stays in progress; one SIGTERM ends the run within seconds,
+    # with the exit status of a SIGTERM; the batch it paid for is noted, and a rerun sends nothing new
+    command = [str(Path(sys.executable).parent / "farm-annotate"), "--pool", setup.pool]
+    command += ["--cache", setup.cache, "--batch"]
+    with BatchServer(polls=10**6) as server:
+        env = {**os.environ, **_env(server)}
+        process = subprocess.Popen(
+            command, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            process.stdin.write(_pairs(3))
+            process.stdin.close()
+            deadline = time.monotonic() + 60
+            while not server.looks and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.looks, "the batch was never polled"
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            stderr = process.stderr.read().decode()
+            process.wait(timeout=30)
+            stopped_in = time.monotonic() - started
+        finally:
+            process.kill()
+            process.wait()
+        assert process.returncode == 143 and stopped_in < 5, (process.returncode, stderr)
+        assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr
+        assert _pending(setup.cache) == 3
+        again = _annotate(setup, server, "--batch", "submit", input=_pairs(3))
+        assert again.code == PENDING_EXIT and "3 question(s) pending" in again.stderr
+        assert server.calls["POST /v1/files"] == 1 and server.calls["POST /v1/batches"] == 1
 
 
 @pytest.mark.parametrize("point", ["before", "after"])
