@@ -280,9 +280,7 @@ def test_one_sigterm_ends_a_batch_wait_at_once_and_the_batch_is_collected_later(
     command += ["--cache", setup.cache, "--batch"]
     with BatchServer(polls=10**6) as server:
         env = {**os.environ, **_env(server)}
-        process = subprocess.Popen(
-            command, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             process.stdin.write(_pairs(3))
             process.stdin.close()
