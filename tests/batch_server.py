@@ -19,8 +19,9 @@ Knobs:
 - `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
   batch is made, its reply never sent); `create_seen` is set when a create arrives.
 - `unreadable`: a request whose prompt holds this text is answered with prose no parser reads.
-- `echo_request`: every error reply's message quotes the request as it arrived (target, headers,
-  Authorization included, and body), as a gateway that echoes what it was sent.
+- `echo_request`: every error reply's message quotes the request as it arrived
+  (openai_server.request_echo: credentials, query, headers, target, body), as a gateway that
+  echoes what it was sent.
 - `targets` lists every request's target (path and query), `authorizations` its Authorization header.
 """
 
@@ -36,7 +37,7 @@ from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from openai_server import count_tokens, judge_longer
+from openai_server import count_tokens, judge_longer, request_echo
 
 _ID = re.compile(r"/(file|batch)-[0-9a-z]+")
 
@@ -204,9 +205,8 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, payload: Any) -> None:
             if status >= 400 and server.echo_request and isinstance(payload, dict):
-                headers = sorted(self.headers.items(), key=lambda item: item[0] != "Authorization")
-                quoted = "; ".join(f"{name}: {value}" for name, value in headers)
-                echo = f" ({quoted}; {self.command} {self.path}; body {self._body[:200]!r})"
+                body = self._body[:200].decode("utf-8", "replace")
+                echo = f" ({request_echo(self.command, self.path, self.headers.items(), body)})"
                 payload = {"error": {"message": payload["error"]["message"] + echo}}
             body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)

@@ -35,8 +35,9 @@ API:
   Authorization header, and every reply carries it in an `X-Echo-Key` header (endpoints and proxies
   that echo what they were sent): what a client writes must still never hold it.
 - `echo_request`: every error message, and every "garbage" reply's text, quotes the whole request as
-  it arrived: its target (the URL's path and query), every header (Authorization included, Bearer or
-  Basic) and the body (a gateway that echoes what it was sent, secrets and all).
+  it arrived (`request_echo`): the credentials of its Authorization header (Bearer or Basic), its
+  query's parameters as JSON, every header, its target (the URL's path and query) and the body (a
+  gateway that echoes what it was sent, secrets and all).
 - `headers`: headers sent with every reply, errors included (e.g. a rate limit's
   `x-ratelimit-remaining-requests: 0` with `x-ratelimit-reset-requests: inf`). A "429" fault's
   Retry-After is `retry_after` seconds (one that is not a finite, non-negative number is sent as
@@ -112,6 +113,18 @@ def secret_forms(*secrets: str, user: str | None = None) -> list[str]:
             for code in (base64.b64encode, base64.urlsafe_b64encode)
         ]
     return sorted(set(forms))
+
+
+def request_echo(method: str, target: str, headers: Any, body: str) -> str:
+    """A request quoted back as a gateway may quote it: the credentials of its Authorization header
+    (less the scheme), the query's parameters as JSON, every header, the target, the body."""
+    from urllib.parse import parse_qsl
+
+    headers = dict(headers)
+    credentials = (headers.get("Authorization") or "").partition(" ")[2]
+    query = json.dumps(dict(parse_qsl(target.partition("?")[2])))
+    quoted = "; ".join(f"{name}: {value}" for name, value in headers.items())
+    return f"credentials {credentials}; query {query}; {quoted}; {method} {target}; body {body}"
 
 
 def echo(body: dict[str, Any]) -> str:
@@ -425,10 +438,9 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, {"error": {"message": message, "type": kind, "code": code}}, headers)
 
         def _request_echo(self) -> str:
-            """The request as it arrived: headers (Authorization first), target and body."""
-            headers = sorted(self.headers.items(), key=lambda item: item[0] != "Authorization")
-            quoted = "; ".join(f"{name}: {value}" for name, value in headers)
-            return f"{quoted}; {self.command} {self.path}; body {self._body_text}"
+            """The request as it arrived, as gateways quote it: its credentials (the Authorization
+            header less its scheme), the query's parameters, the headers, the target and the body."""
+            return request_echo(self.command, self.path, self.headers.items(), self._body_text)
 
         def _key(self) -> str:
             return (self.headers.get("Authorization") or "").removeprefix("Bearer ")

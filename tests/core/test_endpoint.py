@@ -293,7 +293,7 @@ def test_secrets_a_gateway_echoes_reach_no_record_cache_nor_stderr(tmp_path, aut
     assert done.returncode == 0, done.stderr.decode()
     records = [orjson.loads(line) for line in done.stdout.splitlines()]
     reasons = [r.get("preference_reason") or "" for r in records]
-    assert sum("HTTP 400" in reason and "Authorization" in reason for reason in reasons) == 1
+    assert sum("HTTP 400" in reason and "credentials ***" in reason for reason in reasons) == 1
     assert sum("raw" in r["provenance"]["farm-annotate"] for r in records) == 1, reasons
     assert sum(r["preference"] is not None for r in records) == 2
     written = {"records": done.stdout, "stderr": done.stderr}
