@@ -15,7 +15,9 @@ Knobs:
 - `outcomes`: what happens to the batches created, in order (then "completed"): "completed",
   "expired_half" (the first half of its lines answered, the batch expired), "errors_half" (the second
   half of its lines in the error file, HTTP 500), "failed" (no line answered).
-- `upload_faults`: HTTP statuses the first uploads get (500: retried by the client).
+- `upload_faults`: HTTP statuses the first uploads get (500: retried by the client);
+  `create_faults`: the same for the first creates (no batch made; the client lists the batches
+  before it creates again).
 - `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
   batch is made, its reply never sent); `create_seen` is set when a create arrives.
 - `unreadable`: a request whose prompt holds this text is answered with prose no parser reads.
@@ -51,7 +53,9 @@ class BatchServer:
         hang_create: str | None = None,
         unreadable: str | None = None,
         echo_request: bool = False,
+        create_faults: list[int] | None = None,
     ):
+        self.create_faults = list(create_faults or [])
         self.echo_request = echo_request
         self.targets: list[str] = []
         self.authorizations: list[str | None] = []
@@ -277,6 +281,11 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
             elif path == "/v1/batches":
                 request = json.loads(content)
                 assert request["input_file_id"] in server.files
+                with server._lock:
+                    fault = server.create_faults.pop(0) if server.create_faults else None
+                if fault:
+                    self._send(fault, {"error": {"message": "create failed"}})
+                    return
                 server.create_seen.set()
                 if server.hang_create == "before":
                     time.sleep(3600)

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -218,6 +219,11 @@ class BatchClient:
         reply was lost): that is returned instead."""
         import httpx
 
+        if "params" in kwargs:  # httpx puts params in place of a URL's query: the base URL's first
+            kwargs["params"] = [
+                *parse_qsl(self.address.query, keep_blank_values=True),
+                *kwargs["params"].items(),
+            ]
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt and done is not None and (found := done()) is not None:

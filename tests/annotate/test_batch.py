@@ -234,7 +234,9 @@ def _leaks(written: dict[str, bytes]) -> list[tuple[str, str]]:
 
 
 def test_the_batch_path_keeps_the_query_after_the_path_and_writes_no_secret(setup, monkeypatch):
-    with BatchServer() as server:
+    # a create that fails once makes the client list the batches (with its own query) before it
+    # creates again
+    with BatchServer(create_faults=[500]) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", _secret_url(server))
         monkeypatch.delenv("OPENAI_API_KEY", raising=False)
         result = CliRunner().invoke(
@@ -248,7 +250,9 @@ def test_the_batch_path_keeps_the_query_after_the_path_and_writes_no_secret(setu
     for target in server.targets:
         path, _, query = target.partition("?")
         assert path.startswith("/v1/") and f"api-key={QUERY_SECRET}" in query, target
-    assert server.calls["POST /v1/files"] == 1 and server.calls["POST /v1/batches"] == 1
+    assert server.calls["POST /v1/files"] == 1 and server.calls["POST /v1/batches"] == 2
+    assert server.calls["GET /v1/batches"] == 1
+    assert any("limit=100" in target for target in server.targets)
     basic = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
     assert set(server.authorizations) == {basic}
     written = {"records": result.stdout_bytes, "stderr": result.stderr_bytes}
