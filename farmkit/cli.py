@@ -947,9 +947,10 @@ def setup_logging(quiet: bool = False, verbose: bool = False) -> None:
 
 
 def _redacted(text: str) -> str:
-    """`text` without OPENAI_API_KEY or any 8-character piece of it: the last line of defence for
-    what reaches stderr (the endpoint client redacts what endpoints say at the source)."""
-    if not os.environ.get("OPENAI_API_KEY"):
+    """`text` without the secrets of OPENAI_API_KEY and OPENAI_BASE_URL (the key, the URL's password
+    and query secrets) in any form, nor any 8-character piece of them: the last line of defence for
+    what reaches stderr (the endpoint clients redact what endpoints say at the source)."""
+    if not (os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")):
         return text
     from farmkit.core.endpoint import redact
 

@@ -15,10 +15,16 @@ Knobs:
 - `outcomes`: what happens to the batches created, in order (then "completed"): "completed",
   "expired_half" (the first half of its lines answered, the batch expired), "errors_half" (the second
   half of its lines in the error file, HTTP 500), "failed" (no line answered).
-- `upload_faults`: HTTP statuses the first uploads get (500: retried by the client).
+- `upload_faults`: HTTP statuses the first uploads get (500: retried by the client);
+  `create_faults`: the same for the first creates (no batch made; the client lists the batches
+  before it creates again).
 - `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
   batch is made, its reply never sent); `create_seen` is set when a create arrives.
 - `unreadable`: a request whose prompt holds this text is answered with prose no parser reads.
+- `echo_request`: every error reply's message quotes the request as it arrived
+  (openai_server.request_echo: credentials, query, headers, target, body), as a gateway that
+  echoes what it was sent.
+- `targets` lists every request's target (path and query), `authorizations` its Authorization header.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from openai_server import count_tokens, judge_longer
+from openai_server import count_tokens, judge_longer, request_echo
 
 _ID = re.compile(r"/(file|batch)-[0-9a-z]+")
 
@@ -46,7 +52,13 @@ class BatchServer:
         upload_faults: list[int] | None = None,
         hang_create: str | None = None,
         unreadable: str | None = None,
+        echo_request: bool = False,
+        create_faults: list[int] | None = None,
     ):
+        self.create_faults = list(create_faults or [])
+        self.echo_request = echo_request
+        self.targets: list[str] = []
+        self.authorizations: list[str | None] = []
         self.polls, self.outcomes = polls, list(outcomes or [])
         self.upload_faults, self.hang_create = list(upload_faults or []), hang_create
         self.unreadable = unreadable
@@ -196,6 +208,10 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _send(self, status: int, payload: Any) -> None:
+            if status >= 400 and server.echo_request and isinstance(payload, dict):
+                body = self._body[:200].decode("utf-8", "replace")
+                echo = f" ({request_echo(self.command, self.path, self.headers.items(), body)})"
+                payload = {"error": {"message": payload["error"]["message"] + echo}}
             body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -203,9 +219,13 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        _body = b""  # the request's body, for echo_request
+
         def _count(self) -> str:
             path = self.path.split("?")[0]
             with server._lock:
+                server.targets.append(self.path)
+                server.authorizations.append(self.headers.get("Authorization"))
                 server.calls[f"{self.command} {_ID.sub('/{id}', path)}"] += 1
             return path
 
@@ -236,7 +256,7 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             path = self._count()
-            content = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            content = self._body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if path == "/v1/chat/completions":
                 with server._lock:
                     server.direct += 1
@@ -261,6 +281,11 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
             elif path == "/v1/batches":
                 request = json.loads(content)
                 assert request["input_file_id"] in server.files
+                with server._lock:
+                    fault = server.create_faults.pop(0) if server.create_faults else None
+                if fault:
+                    self._send(fault, {"error": {"message": "create failed"}})
+                    return
                 server.create_seen.set()
                 if server.hang_create == "before":
                     time.sleep(3600)

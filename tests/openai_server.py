@@ -34,6 +34,14 @@ API:
 - `echo_key`: every error message quotes the key the client presented, whole and as its
   Authorization header, and every reply carries it in an `X-Echo-Key` header (endpoints and proxies
   that echo what they were sent): what a client writes must still never hold it.
+- `echo_request`: every error message, and every "garbage" reply's text, quotes the whole request as
+  it arrived (`request_echo`): the credentials of its Authorization header (Bearer or Basic), its
+  query's parameters as JSON, every header, its target (the URL's path and query) and the body (a
+  gateway that echoes what it was sent, secrets and all).
+- `headers`: headers sent with every reply, errors included (e.g. a rate limit's
+  `x-ratelimit-remaining-requests: 0` with `x-ratelimit-reset-requests: inf`). A "429" fault's
+  Retry-After is `retry_after` seconds (one that is not a finite, non-negative number is sent as
+  Python writes it: "inf", "-30.0").
 - `chunked`: bodies go out with chunked transfer encoding instead of a Content-Length.
 - `tls`: (certificate file, key file): serve HTTPS (`url` starts with https).
 - `serial`: answer one request at a time, the others waiting their turn (a small model on a busy
@@ -64,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -86,6 +95,36 @@ _OTHER_ANSWER = re.compile(r"\b[AB]\b")
 def count_tokens(text: str) -> int:
     """The server's token count: words and punctuation marks (a stand-in for a real tokenizer)."""
     return len(_TOKEN.findall(text))
+
+
+def secret_forms(*secrets: str, user: str | None = None) -> list[str]:
+    """The forms a secret travels in, to look for in what a client wrote: as given, URL-encoded,
+    base64 (standard and URL-safe), and with `user`, base64 of `user:secret` (a Basic header)."""
+    import base64
+    from urllib.parse import quote
+
+    forms = []
+    for secret in secrets:
+        encoded = [secret.encode()] + ([f"{user}:{secret}".encode()] if user else [])
+        forms += [secret, quote(secret, safe="")]
+        forms += [
+            code(raw).decode()
+            for raw in encoded
+            for code in (base64.b64encode, base64.urlsafe_b64encode)
+        ]
+    return sorted(set(forms))
+
+
+def request_echo(method: str, target: str, headers: Any, body: str) -> str:
+    """A request quoted back as a gateway may quote it: the credentials of its Authorization header
+    (less the scheme), the query's parameters as JSON, every header, the target, the body."""
+    from urllib.parse import parse_qsl
+
+    headers = dict(headers)
+    credentials = (headers.get("Authorization") or "").partition(" ")[2]
+    query = json.dumps(dict(parse_qsl(target.partition("?")[2])))
+    quoted = "; ".join(f"{name}: {value}" for name, value in headers.items())
+    return f"credentials {credentials}; query {query}; {quoted}; {method} {target}; body {body}"
 
 
 def echo(body: dict[str, Any]) -> str:
@@ -200,7 +239,10 @@ class OpenAIServer:
         serial: bool = False,
         top_logprobs: Callable[[dict[str, Any]], dict[str, float]] | None = None,
         limits: dict[str, float] | None = None,
+        echo_request: bool = False,
+        headers: dict[str, str] | None = None,
     ):
+        self.echo_request, self.headers = echo_request, dict(headers or {})
         self.top_logprobs = top_logprobs
         self.limits, self.over = limits, 0
         self.admitted: list[float] = []
@@ -343,6 +385,7 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
         # headers and body go out in separate writes; without TCP_NODELAY, Nagle's algorithm and the
         # client's delayed ACK hold the body back for tens of milliseconds per request
         disable_nagle_algorithm = True
+        _body_text = ""  # the request's body, for echo_request
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -373,6 +416,8 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                     self.send_header(name, value)
                 if server.echo_key:
                     self.send_header("X-Echo-Key", self._key())
+                for name, value in server.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data + then)
             except (BrokenPipeError, ConnectionResetError):
@@ -388,7 +433,14 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
         ) -> None:
             if server.echo_key:
                 message += f" (key {self._key()}; Authorization: Bearer {self._key()})"
+            if server.echo_request:
+                message += f" ({self._request_echo()})"
             self._send(status, {"error": {"message": message, "type": kind, "code": code}}, headers)
+
+        def _request_echo(self) -> str:
+            """The request as it arrived, as gateways quote it: its credentials (the Authorization
+            header less its scheme), the query's parameters, the headers, the target and the body."""
+            return request_echo(self.command, self.path, self.headers.items(), self._body_text)
 
         def _key(self) -> str:
             return (self.headers.get("Authorization") or "").removeprefix("Bearer ")
@@ -420,10 +472,13 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
 
         def _post(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
-            body = json.loads(self.rfile.read(length) or b"{}")
+            raw = self.rfile.read(length)
+            self._body_text = raw.decode("utf-8", "replace")
+            body = json.loads(raw or b"{}")
             if self.path.startswith("http"):
                 server.record("proxied")  # absolute form: sent as to a proxy
-            if not self.path.rstrip("/").endswith("/completions"):  # chat, or text with "prompt"
+            route = self.path.partition("?")[0].rstrip("/")
+            if not route.endswith("/completions"):  # chat, or text with "prompt"
                 self._error(404, f"no route {self.path}", "invalid_request_error")
                 return
             if (
@@ -475,7 +530,9 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                     {
                         "Retry-After": str(max(1, round(wait))),
                         "retry-after-ms": str(int(wait * 1000)),
-                    },
+                    }
+                    if math.isfinite(wait) and wait >= 0
+                    else {"Retry-After": str(wait), "retry-after-ms": str(wait * 1000)},
                 )
                 return
             if fault == "400":
@@ -519,6 +576,8 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 if fault == "garbage"
                 else server.respond(body)
             )
+            if fault == "garbage" and server.echo_request:
+                text += f" You sent: {self._request_echo()}"
             if fault == "garbage":
                 server.record("garbage")
             elif fault in ODD_USAGE:

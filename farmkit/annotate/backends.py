@@ -56,6 +56,10 @@ class Backends:
             if hasattr(getattr(backend, "client", None), "concurrency")
         ]
 
+    def stop(self) -> None:
+        for backend in self._built.values():
+            backend.stop()
+
     async def close(self) -> None:
         for backend in self._built.values():
             await backend.close()

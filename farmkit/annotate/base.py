@@ -126,6 +126,11 @@ class Backend:
         what each attempt was billed and asked before any retry."""
         raise NotImplementedError
 
+    def stop(self) -> None:
+        """Stop waiting (a SIGINT or SIGTERM ends the run): what waits to be sent or retried is not,
+        within seconds; work already under way may finish. Called on the run's event loop."""
+        return None
+
     async def close(self) -> None:
         return None
 

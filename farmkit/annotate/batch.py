@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -38,7 +39,15 @@ from farmkit.annotate.engine import Annotator, Ask, Plan, _stored, unreadable_ro
 from farmkit.annotate.openai_backend import base_url, endpoint, read_reply, request_body
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge
-from farmkit.core.endpoint import MAX_BACKOFF, Malformed, _parse, _retry_after, redact
+from farmkit.core.endpoint import (
+    LONG_WAIT,
+    Malformed,
+    _parse,
+    address,
+    authorization,
+    redact,
+    retry_wait,
+)
 from farmkit.core.fields import help_field
 from farmkit.core.io import PENDING_EXIT, FarmError
 from farmkit.core.values import NON_NEGATIVE
@@ -133,9 +142,12 @@ class BatchClient:
         import httpx
 
         self.api_key, self.max_retries, self.backoff = api_key, max_retries, backoff
-        self.base, self.stats = base, stats
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base, headers=headers, timeout=timeout)
+        self.address, self.stats, self._url = address(base), stats, base
+        # where requests go: `address.target` keeps the base URL's query after each path
+        self.origin = f"{self.address.scheme}://{self.address.netloc}"
+        self.base = self.address.shown  # as messages show it: no credentials, no query values
+        headers = authorization(self.address, api_key)
+        self.http = httpx.Client(headers=headers, timeout=timeout)
 
     def upload(self, content: bytes) -> str:
         reply = self._call(
@@ -207,16 +219,21 @@ class BatchClient:
         reply was lost): that is returned instead."""
         import httpx
 
+        if "params" in kwargs:  # httpx puts params in place of a URL's query: the base URL's first
+            kwargs["params"] = [
+                *parse_qsl(self.address.query, keep_blank_values=True),
+                *kwargs["params"].items(),
+            ]
         last = ""
         for attempt in range(self.max_retries + 1):
             if attempt and done is not None and (found := done()) is not None:
                 return found
             self.stats.calls += 1
-            wait = None
+            told: Any = {}  # the headers of a reply that may say how long to wait
             try:
-                reply = self.http.request(method, path, **kwargs)
+                reply = self.http.request(method, self.origin + self.address.target(path), **kwargs)
             except httpx.TransportError as exc:
-                last = redact(f"{type(exc).__name__}: {exc}", self.api_key)[:200]
+                last = self._redact(f"{type(exc).__name__}: {exc}")[:200]
             else:
                 if reply.status_code < 300:
                     return reply
@@ -228,11 +245,19 @@ class BatchClient:
                     )
                 if reply.status_code not in (408, 409, 429) and reply.status_code < 500:
                     raise FarmError(f"{what}: HTTP {reply.status_code} from {self.base}: {message}")
-                last, wait = f"HTTP {reply.status_code}: {message}", _retry_after(reply.headers)
+                last, told = f"HTTP {reply.status_code}: {message}", reply.headers
             if attempt < self.max_retries:
-                time.sleep(
-                    min(MAX_BACKOFF, wait if wait is not None else self.backoff * 2**attempt)
-                )
+                seconds, why = retry_wait(told, self.backoff * 2**attempt)
+                if seconds > LONG_WAIT:
+                    log.warning(
+                        "farm-annotate: %s: waiting %.0f s before retrying %s (%s), as %s",
+                        self.base,
+                        seconds,
+                        what,
+                        last[:100],
+                        why,
+                    )
+                time.sleep(seconds)
         raise FarmError(f"{what}: {last} (after {self.max_retries + 1} attempts to {self.base})")
 
     def _message(self, reply: Any) -> str:
@@ -242,7 +267,12 @@ class BatchClient:
             text = str(detail.get("message") if isinstance(detail, dict) else detail)
         except ValueError:
             text = reply.text
-        return redact(" ".join(text.split()), self.api_key)[:200]
+        return self._redact(" ".join(text.split()))[:200]
+
+    def _redact(self, text: str) -> str:
+        """`text` without any secret the client holds (the key, the URL's credentials and query
+        secrets), in any form."""
+        return redact(text, self.api_key, url=self._url)
 
     def close(self) -> None:
         self.http.close()
@@ -256,9 +286,10 @@ class BatchMode:
         self.annotator, self.cache, self.config = annotator, cache, config
         self.stats = BatchStats()
         settings = annotator.pool.settings
-        self.endpoint = base_url()
+        # where its batches go, as the cache notes it: the URL less its secrets
+        self.endpoint = redact(base_url(), shapes=False)
         self.client = BatchClient(
-            self.endpoint,
+            base_url(),
             endpoint()[1],
             float(settings["timeout"]),
             int(settings["max_retries"]),
@@ -411,7 +442,7 @@ class BatchMode:
         """Read every finished batch sent to this endpoint (by this run or an earlier one) into the
         cache, adopting or dropping the intents of runs that died before their batch id was noted."""
         for row in self.cache.batches():
-            if row["endpoint"] != self.endpoint:
+            if row["endpoint"] not in (self.endpoint, base_url()):  # as noted before issue 44
                 continue
             if row["batch_id"] is None:
                 if not row["orphaned"]:

@@ -36,6 +36,7 @@ from farmkit.annotate.cost import (
 from farmkit.annotate.pairs import Item
 from farmkit.annotate.pools import Judge, Pool, shipped_pools
 from farmkit.annotate.prompts import Shown, load_template
+from farmkit.core.endpoint import redact
 from farmkit.core.io import FarmError
 from farmkit.core.provenance import provenance, stamp
 from farmkit.lm.tokens import estimate_tokens
@@ -495,9 +496,10 @@ class Annotator:
                     task.exception()  # retrieved, so asyncio does not report it again at exit
 
     def _stop_on_signals(self) -> Callable[[], None]:
-        """Until the returned function is called, SIGINT or SIGTERM stops sending requests: the
-        requests in flight (at most the pool's concurrency) are answered and their verdicts cached
-        before the run ends, so that a paid reply is not lost. A second signal acts at once. The
+        """Until the returned function is called, SIGINT or SIGTERM stops sending requests: those
+        waiting (for a rate limit's reset, a retry's backoff, a place) are not sent, and the requests
+        in flight (at most the pool's concurrency) are answered and their verdicts cached before the
+        run ends, so that a paid reply is not lost. A second signal acts at once. The
         handlers run in the main thread (where Python delivers signals); the requests' thread reads
         the flag they set."""
         saved: dict[int, Any] = {}
@@ -512,6 +514,9 @@ class Annotator:
         def stop(number: int, frame: Any) -> None:
             self._stopped, self._signal = True, number
             restore()
+            # requests waiting for a rate limit's reset or a retry's backoff end now
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.backends.stop)
 
         for number in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -797,7 +802,9 @@ class Annotator:
             verdicts = [ask.verdict for ask in asks]
             reasons = [v.reason or "no verdict" for v in verdicts if v.choice is None]
             if reasons:
-                preference, reason = None, "; ".join(dict.fromkeys(reasons))
+                # what an endpoint said, written out: no secret of the endpoint's, whatever form
+                # it came back in (the backends redact it already; this is the last line)
+                preference, reason = None, redact("; ".join(dict.fromkeys(reasons)), shapes=False)
                 self.stats.failures += 1
                 if any(v.choice is None and v.raw is not None for v in verdicts):
                     self.stats.unreadable += 1
@@ -840,7 +847,11 @@ class Annotator:
                 # tokens and price include counts the endpoint did not tell, booked at their most
                 details["tokens_estimated"] = True
             if preference is None:
-                raw = [v.raw for v in verdicts if v.choice is None and v.raw is not None]
+                raw = [
+                    redact(v.raw, shapes=False)
+                    for v in verdicts
+                    if v.choice is None and v.raw is not None
+                ]
                 if raw:
                     details["raw"] = raw
         record["preference"] = preference
@@ -913,8 +924,8 @@ def unreadable_row(verdict: Verdict, position: int, count: int) -> dict[str, Any
     request of `count` pairs, so a later parser can read its verdict out of `raw` again."""
     return {
         **_stored(verdict),
-        "reason": verdict.reason or "no verdict",
-        "raw": verdict.raw,
+        "reason": redact(verdict.reason or "no verdict", shapes=False),
+        "raw": None if verdict.raw is None else redact(verdict.raw, shapes=False),
         "parser": parse.PARSER_VERSION,
         "position": position,
         "count": count,

@@ -174,6 +174,9 @@ class OpenAIBackend(Backend):
             for verdict in read
         ]
 
+    def stop(self) -> None:
+        self.client.stop()
+
     async def close(self) -> None:
         await self.client.close()
 

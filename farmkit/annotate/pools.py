@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmkit.core.endpoint import DEFAULT_MAX_REPLY
+from farmkit.core.endpoint import DEFAULT_MAX_REPLY, LONG_WAIT, MAX_WAIT
 from farmkit.core.fields import EXISTING_FILE, help_field
 from farmkit.core.io import FarmError
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Bounds, Number
@@ -122,7 +122,9 @@ class AnnotateConfig:
     )
     max_retries: int | None = help_field(
         None,
-        "Retries of a failed request (pool default: 6).",
+        "Retries of a failed request (pool default: 6). A wait the endpoint asks for (Retry-After, a "
+        f"rate limit's x-ratelimit-reset-*) lasts at most {MAX_WAIT / 60:.0f} minutes, and any wait "
+        f"over {LONG_WAIT:.0f} s is said on stderr.",
         bounds=SETTINGS["max_retries"].bounds,
         show_default=False,
     )

@@ -6,8 +6,11 @@ farm-rloo --pool each step's (PoolLabeller)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -126,7 +129,8 @@ class Run:
         assert self.batch is not None and self.cache is not None
         self._check(items, batch=True)
         self._batch_mode = BatchMode(self.annotator, self.cache, self.batch)
-        self._plan = self._batch_mode.prepare(items)
+        with _sigterm_ends_at_once():
+            self._plan = self._batch_mode.prepare(items)
         return self._plan is not None
 
     def _check(self, items: list[Item], batch: bool = False) -> Plan:
@@ -497,3 +501,27 @@ def gold_pool(spec: str, *, seed: int, cache: str | Path | None, device: str) ->
             f"--gold {spec}: neither a reward model folder nor an annotator pool ({exc})"
         ) from None
     return GoldPool(pool, seed, cache, device)
+
+
+@contextlib.contextmanager
+def _sigterm_ends_at_once() -> Iterator[None]:
+    """Within it, SIGTERM ends the run at once (exit 143) with a line saying so, as SIGINT does
+    (exit 130): submitting, collecting and polling batches keep in the cache what was paid (each
+    batch is noted as soon as it is created, each reply collected in one transaction), so a rerun
+    collects what this run submitted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(number: int, frame: Any) -> None:
+        log.warning(
+            "farm-annotate: stopped by SIGTERM; the batches submitted are noted in the cache: rerun "
+            "the same command to collect them"
+        )
+        raise SystemExit(128 + number)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

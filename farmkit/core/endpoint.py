@@ -19,7 +19,13 @@ not name.
 
 The base URL may hold a query (Azure's `?api-version=...`), sent with every request, and credentials
 (`https://user:password@host/v1`), sent as HTTP Basic authentication where no API key is set; messages
-show the URL without credentials and with the query's values blanked (`Address.shown`).
+show the URL without credentials and with the query's values blanked (`Address.shown`). What an
+endpoint says is cleared of every secret the client holds, in any form (farmkit.core.secrets).
+
+Waits: a wait an endpoint asks for (Retry-After, x-ratelimit-reset-*) is honoured up to MAX_WAIT, and
+one that is not a finite, non-negative number is taken as not given; any wait longer than LONG_WAIT is
+said on stderr with its reason. `stop()` ends every wait at once (a SIGTERM): a request not yet sent is
+not sent, a retry not yet made is not made.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import asyncio
 import base64
 import collections
 import itertools
+import logging
 import math
 import os
 import random
@@ -41,19 +48,34 @@ from typing import Any
 import orjson
 
 from farmkit.core.io import FarmError
+from farmkit.core.secrets import held
+
+log = logging.getLogger("farmkit")
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-MAX_BACKOFF = 60.0
+MAX_BACKOFF = 60.0  # seconds: the longest of our own backoffs between retries
+# seconds: the longest wait an endpoint's headers (Retry-After, a rate limit's reset) may ask for; a
+# provider's limits reset within a minute or a day, and a run told to wait a day waits 10 minutes,
+# then asks again (a 429 then says how long is left)
+MAX_WAIT = 600.0
+LONG_WAIT = 5.0  # seconds: a longer wait is said on stderr, with its reason
 # seconds to open a connection (TLS included): a healthy endpoint takes well under one; a host that
 # never answers (blackholed, firewalled) is told apart from a slow reply in seconds, not a timeout
 CONNECT_TIMEOUT = 10.0
 # bytes of one reply body: a verdict or a sample is kilobytes; an endpoint that sends far more (a broken
 # proxy, a hostile server) is cut off there instead of growing the process without bound
 DEFAULT_MAX_REPLY = 4 * 2**20
-FRAGMENT = 8  # a run of this many characters of the key is taken for the key
-# key shapes of the common providers, and bearer tokens, whatever the configured key is
+# key shapes of the common providers, bearer tokens and basic credentials, a URL's password, whatever
+# the configured key is
 _KEY_SHAPES = re.compile(
-    r"\b(?:sk|pk|rk|hf|gsk|xai|key)[-_][\w*.-]{6,}|\bBearer\s+\S+|\bAIza[\w-]{10,}", re.IGNORECASE
+    r"\b(?:sk|pk|rk|hf|gsk|xai|key)[-_][\w*.-]{6,}|\b(?:Bearer|Basic)\s+[^\s;,\"')]+"
+    r"|\bAIza[\w-]{10,}|(?<=://)[^\s/@:]+:[^\s/@]+(?=@)",
+    re.IGNORECASE,
+)
+# a query parameter whose value is a secret, by its name (as farmkit.core.secrets reads URLs)
+_QUERY_SECRET = re.compile(
+    r"([?&][\w.-]*(?:key|token|sig|secret|pass|pwd|auth|credential|session|code)[\w.-]*=)[^&\s#\"')]+",
+    re.IGNORECASE,
 )
 
 
@@ -157,30 +179,33 @@ class Reply:
     logprobs: Any = None
 
 
-def redact(text: str, key: str | None = None, shapes: bool = True) -> str:
-    """`text` with the key (OPENAI_API_KEY when None) blanked: the whole key, any run of FRAGMENT or
-    more of its characters (an endpoint may echo part of a rejected key), and, with `shapes`,
-    anything shaped like a common provider's key or a bearer token."""
-    key = configured()[1] if key is None else key
-    if key:
-        if len(key) < FRAGMENT:
-            text = text.replace(key, "***")
-        else:
-            grams = {key[i : i + FRAGMENT] for i in range(len(key) - FRAGMENT + 1)}
-            masked = [False] * len(text)
-            for start in range(len(text) - FRAGMENT + 1):
-                if text[start : start + FRAGMENT] in grams:
-                    masked[start : start + FRAGMENT] = [True] * FRAGMENT
-            if any(masked):
-                pieces, previous = [], False
-                for char, hidden in zip(text, masked, strict=True):
-                    if not hidden:
-                        pieces.append(char)
-                    elif not previous:
-                        pieces.append("***")
-                    previous = hidden
-                text = "".join(pieces)
-    return _KEY_SHAPES.sub("***", text) if shapes else text
+def redact(text: str, key: str | None = None, shapes: bool = True, url: str | None = None) -> str:
+    """`text` without the secrets of `key` and `url` nor those of OPENAI_API_KEY and OPENAI_BASE_URL
+    (the key, the URL's password and credentials, its query's secret values), in any form and any
+    run of FRAGMENT or more of their characters (farmkit.core.secrets), and, with `shapes`, without
+    anything shaped like a common provider's key, a bearer or basic credential, a URL's password or
+    a query's secret value."""
+    environment_url, environment_key = configured()
+    for secrets in {held(environment_key, environment_url), held(key or None, url)}:
+        text = secrets.redact(text)
+    if shapes:
+        text = _QUERY_SECRET.sub(r"\1***", _KEY_SHAPES.sub("***", text))
+    return text
+
+
+def authorization(address: Address, api_key: str | None) -> dict[str, str]:
+    """The Authorization header of requests to `address`: the API key as a bearer token, or the URL's
+    credentials as HTTP Basic authentication (a gateway that asks for it); none for a local server."""
+    if address.username is None:
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # a request has one Authorization header: with a key as well, one would be lost
+    if api_key:
+        raise FarmError(
+            f"OPENAI_BASE_URL holds credentials (user:password@ before {address.netloc}) and "
+            "OPENAI_API_KEY is set too: a request carries one of them; unset one"
+        )
+    userinfo = f"{address.username}:{address.password or ''}"
+    return {"Authorization": "Basic " + base64.b64encode(userinfo.encode()).decode()}
 
 
 # a reply later than this share of the timeout means the endpoint is near its limit: no more at once
@@ -284,12 +309,14 @@ _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 def duration(text: str) -> float | None:
     """Seconds in a reset header: OpenAI's form ("20ms", "1s", "6m0s", "1h2m3.5s") or a plain number of
-    seconds; None where it is neither."""
+    seconds; None where it is neither, or not a finite, non-negative number ("inf", "1e999", "-5")."""
     text = text.strip()
     try:
-        return max(0.0, float(text))
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
     parts = _DURATION.findall(text)
     if not parts or "".join(number + unit for number, unit in parts) != text:
         return None
@@ -309,12 +336,14 @@ class Ticket:
 @dataclass
 class _Known:
     """What the reply to `ticket` said of one limit: `remaining`, until `reset_at` (monotonic
-    seconds), `period` seconds after the reply came."""
+    seconds), `period` seconds after the reply came (at most MAX_WAIT); `told`: the reset as the
+    header gave it."""
 
     remaining: float
     reset_at: float
     period: float
     ticket: Ticket
+    told: str = ""
 
 
 class Pacer:
@@ -326,11 +355,13 @@ class Pacer:
     pacing errs slow, never over). A request waits while the latest word leaves less than one
     request, or fewer tokens than a request takes (the most the last replies were billed), until that
     word's reset time; then one request goes alone, and its reply says what is left. The run's first
-    request goes alone too. Without such headers it never waits after that."""
+    request goes alone too. Without such headers it never waits after that. A reset is waited at
+    most MAX_WAIT; `announce(seconds, why)` is told of each wait for a reset."""
 
     KINDS = ("requests", "tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, announce: Callable[[float, str], None] = lambda seconds, why: None) -> None:
+        self.announce, self.stopped = announce, False
         self.sent = self.ended = 0  # requests sent, and those whose attempt has ended
         self.spent = 0.0  # the tokens the requests sent are expected to take
         self.known: dict[str, _Known] = {}
@@ -354,6 +385,8 @@ class Pacer:
         """Wait until a request may go; its ticket, for `observe`."""
         waited = False
         while True:
+            if self.stopped:
+                raise _Stopped
             now = time.monotonic()
             # the first request goes alone: its reply tells the limits
             if self.sent and not self.ended:
@@ -369,10 +402,19 @@ class Pacer:
                     alone = Ticket(self.sent - 1, self.spent, 0)
                     for kind, known in short:
                         need = 1.0 if kind == "requests" else self._cost()
-                        self.known[kind] = _Known(need, now + known.period, known.period, alone)
+                        self.known[kind] = _Known(
+                            need, now + known.period, known.period, alone, known.told
+                        )
                     waited = True
                     break
-                until, waited = max(known.reset_at for _, known in short), True
+                kind, latest = max(short, key=lambda pair: pair[1].reset_at)
+                until, waited = latest.reset_at, True
+                self.announce(
+                    until - now,
+                    f"before the next request, as the endpoint's x-ratelimit-reset-{kind}: "
+                    f"{latest.told} says"
+                    + (f", capped at {_span(MAX_WAIT)}" if latest.period >= MAX_WAIT else ""),
+                )
             self._waiting += 1
             try:
                 await asyncio.wait_for(
@@ -388,6 +430,11 @@ class Pacer:
         self.sent += 1
         return ticket
 
+    def stop(self) -> None:
+        """Every wait ends now, with _Stopped, and so does every later one."""
+        self.stopped = True
+        self._changed.set()
+
     def observe(self, ticket: Ticket, headers: Any) -> None:
         """Take what the reply to `ticket` says of the limits (`headers` empty: no reply came)."""
         now = time.monotonic()
@@ -402,9 +449,10 @@ class Pacer:
                 left = None
             if left is None or seconds is None:
                 continue
+            seconds = min(seconds, MAX_WAIT)
             known = self.known.get(kind)
             if known is None or ticket.number >= known.ticket.number:  # the latest word wins
-                self.known[kind] = _Known(left, now + seconds, seconds, ticket)
+                self.known[kind] = _Known(left, now + seconds, seconds, ticket, reset.strip()[:40])
         if self._waiting:  # woken to look again; none waits in a run without limits
             self._changed.set()
             self._changed = asyncio.Event()
@@ -429,24 +477,17 @@ class EndpointClient:
         """`timeout`: seconds for a whole request; `connect_timeout`: seconds to open a connection
         (default: CONNECT_TIMEOUT, or `timeout` where that is shorter); `max_reply_bytes`: the largest
         reply body read (a larger one fails its request unread)."""
-        self.address = address((base_url or DEFAULT_BASE_URL).strip())
+        self._url = (base_url or DEFAULT_BASE_URL).strip()  # never shown: it may hold secrets
+        self.address = address(self._url)
         self.base_url = self.address.shown  # as messages show it
         self.api_key = api_key
         self.max_retries, self.backoff = max(0, int(max_retries)), float(backoff)
         self.max_reply_bytes = int(max_reply_bytes)
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if api_key:  # a local server needs none
-            headers["Authorization"] = f"Bearer {api_key}"
-        if self.address.username is not None:
-            # a server behind a gateway that asks for HTTP Basic authentication: the URL's credentials are
-            # meant for it. A request has one Authorization header, so with a key as well one would be lost
-            if api_key:
-                raise FarmError(
-                    f"OPENAI_BASE_URL holds credentials (user:password@ before {self.address.netloc}) and "
-                    "OPENAI_API_KEY is set too: a request carries one of them; unset one"
-                )
-            userinfo = f"{self.address.username}:{self.address.password or ''}"
-            headers["Authorization"] = "Basic " + base64.b64encode(userinfo.encode()).decode()
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            **authorization(self.address, api_key),
+        }
         proxied = any(os.environ.get(name) for name in _PROXY_VARIABLES)
         # streams are the lean path; httpx knows proxies
         transport = _HttpxTransport if proxied else _StreamTransport
@@ -462,8 +503,25 @@ class EndpointClient:
             self.max_reply_bytes,
         )
         self.limit = ConcurrencyLimit(max(1, int(connections)), float(timeout))
-        self.pacer = Pacer()
+        self.pacer = Pacer(self._announce)
         self.stats = {"requests": 0, "retries": 0, "answered": 0}
+        self._halt = asyncio.Event()  # set by stop()
+        self._said_until = -math.inf  # when the last wait said on stderr ends
+
+    def stop(self) -> None:
+        """End every wait now and send nothing more: requests waiting for the provider's limits or
+        for a retry fail at once ("stopped"); those already sent are answered as usual. Called on
+        the client's event loop."""
+        self._halt.set()
+        self.pacer.stop()
+
+    def _announce(self, seconds: float, why: str) -> None:
+        """Say a wait longer than LONG_WAIT on stderr, once for the waits that end about together
+        (requests in flight together wait together)."""
+        ends = time.monotonic() + seconds
+        if seconds > LONG_WAIT and ends > self._said_until + LONG_WAIT:
+            self._said_until = ends
+            log.warning("farmkit: %s: waiting %s %s", self.base_url, _span(seconds), why)
 
     @property
     def concurrency(self) -> tuple[int, int, int]:
@@ -487,10 +545,15 @@ class EndpointClient:
         prompt_tokens = completion_tokens = unknown = 0
         last = ""
         for attempt in range(attempts):
-            wait = None
-            self.stats["requests"] += 1
+            told: Any = {}  # the headers of a reply that may say how long to wait
             try:
                 response = await self._attempt(path, payload)
+            except _Stopped:
+                raise EndpointFailed(
+                    f"{last + '; ' if last else ''}not sent: the run was stopped",
+                    (prompt_tokens, completion_tokens),
+                    unknown=unknown,
+                ) from None
             except _ConnectFailed as exc:
                 if not self.stats["answered"]:
                     # never reached at all: a wrong address, a server that is not running or a host
@@ -552,7 +615,7 @@ class EndpointClient:
                     raise EndpointFatal(self._redirected(response))
                 elif status in (408, 409, 429) or status >= 500:
                     last = f"HTTP {status}: {self._message(response)}"
-                    wait = _retry_after(response.headers)
+                    told = response.headers
                 else:
                     raise EndpointFailed(
                         f"HTTP {status}: {self._message(response)}",
@@ -569,9 +632,18 @@ class EndpointClient:
                         over_budget=True,
                         unknown=unknown,
                     )
-                self.stats["retries"] += 1
                 backoff = self.backoff * 2**attempt * (0.5 + random.random())
-                await asyncio.sleep(min(MAX_BACKOFF, wait if wait is not None else backoff))
+                seconds, why = retry_wait(told, backoff)
+                self._announce(seconds, f"before retrying a request ({last[:100]}), as {why}")
+                try:
+                    await self._pause(seconds)
+                except _Stopped:
+                    raise EndpointFailed(
+                        f"{last}; not retried: the run was stopped",
+                        (prompt_tokens, completion_tokens),
+                        unknown=unknown,
+                    ) from None
+                self.stats["retries"] += 1
         raise EndpointFailed(
             f"{last} (after {attempts} attempts)",
             (prompt_tokens, completion_tokens),
@@ -587,6 +659,9 @@ class EndpointClient:
             place = await self.limit.acquire()
             outcome = None
             try:
+                if self._halt.is_set():  # stopped while it waited for a place
+                    raise _Stopped
+                self.stats["requests"] += 1
                 response = await self._transport.post(path, payload)
                 headers = response.headers
                 status = response.status_code
@@ -614,11 +689,20 @@ class EndpointClient:
             "its key to an address you did not name; set OPENAI_BASE_URL to the address it should use"
         )
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or raise _Stopped as soon as the client is stopped."""
+        if self._halt.is_set():
+            raise _Stopped
+        try:
+            await asyncio.wait_for(self._halt.wait(), seconds)
+        except (TimeoutError, asyncio.TimeoutError):  # distinct before Python 3.11
+            return
+        raise _Stopped
+
     def _redact(self, text: str) -> str:
-        """`text` without the key, nor the password of the base URL's credentials."""
-        text = redact(text, self.api_key)
-        password = self.address.password
-        return redact(text, password, shapes=False) if password else text
+        """`text` without any secret the client holds (the key, the base URL's password and
+        credentials, its query's secrets), in any form."""
+        return redact(text, self.api_key, url=self._url)
 
     def _reason(self, exc: Exception) -> str:
         return self._redact(str(exc) or type(exc).__name__)[:200]
@@ -647,6 +731,10 @@ _PROXY_VARIABLES = (
     "ALL_PROXY",
     "all_proxy",
 )
+
+
+class _Stopped(Exception):
+    """The client was stopped while a request waited to be sent."""
 
 
 class _ConnectFailed(Exception):
@@ -924,13 +1012,36 @@ def _snippet(content: bytes) -> str:
     return redact(text + ("..." if len(content) > 120 else ""))
 
 
-def _retry_after(headers: Any) -> float | None:
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
+def _retry_after(headers: Any) -> tuple[float, str] | None:
+    """(seconds, the header as given) of a reply's retry-after-ms or Retry-After; None where neither
+    is a finite, non-negative number (an HTTP date, "inf", "-1": our own backoff then)."""
+    for name, scale in (("retry-after-ms", 0.001), ("Retry-After", 1.0)):
+        value = headers.get(name.lower())
         if value is None:
             continue
         try:
-            return max(0.0, float(value) * scale)
+            seconds = float(value) * scale
         except ValueError:
-            continue  # an HTTP date: fall back to our own backoff
+            continue
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds, f"{name}: {value.strip()[:40]}"
     return None
+
+
+def retry_wait(headers: Any, backoff: float) -> tuple[float, str]:
+    """Seconds to wait before a retry, and why: what the reply's Retry-After asks, up to MAX_WAIT,
+    else `backoff`, up to MAX_BACKOFF."""
+    told = _retry_after(headers)
+    if told is None:
+        return min(MAX_BACKOFF, backoff), "the backoff between retries says"
+    seconds, header = told
+    if seconds > MAX_WAIT:
+        return MAX_WAIT, f"its {header} says, capped at {_span(MAX_WAIT)}"
+    return seconds, f"its {header} says"
+
+
+def _span(seconds: float) -> str:
+    """A wait as people read it: "45 s", "10 min"."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min"

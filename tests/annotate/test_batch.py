@@ -4,11 +4,13 @@ sharing one cache, --max-cost, --estimate and the summary's counts."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +18,9 @@ import orjson
 import pytest
 from batch_server import BatchServer
 from click.testing import CliRunner
+from conftest import run_tool
 from farmkit.tools.farm_annotate import cli
+from openai_server import secret_forms
 
 from farmkit.annotate.batch import PENDING_EXIT
 from farmkit.annotate.cache import VerdictCache
@@ -207,6 +211,101 @@ def test_an_upload_that_keeps_failing_is_a_clear_error_and_loses_nothing(setup):
         assert _pending(setup.cache) == 0 and server.calls["POST /v1/batches"] == 0
         again = _annotate(setup, server, "--batch", input=_pairs(3))
         assert again.code == 0 and len(again.records) == 3
+
+
+PASSWORD = "PaSsW0rd-TOPSECRET"
+QUERY_SECRET = "QuErY-5ecret-4d1f9e"
+
+
+def _secret_url(server: BatchServer) -> str:
+    """The fake's URL with a gateway's credentials and Azure's query, a key in it."""
+    host = server.url.removeprefix("http://")
+    return f"http://alice:{PASSWORD}@{host}?api-version=2024-06-01&api-key={QUERY_SECRET}"
+
+
+def _leaks(written: dict[str, bytes]) -> list[tuple[str, str]]:
+    forms = secret_forms(PASSWORD, user="alice") + secret_forms(QUERY_SECRET)
+    return [
+        (name, form)
+        for name, content in written.items()
+        for form in [*forms, "TOPSECRET", "5ecret"]
+        if form in content.decode("utf-8", "replace")
+    ]
+
+
+def test_the_batch_path_keeps_the_query_after_the_path_and_writes_no_secret(setup, monkeypatch):
+    # a create that fails once makes the client list the batches (with its own query) before it
+    # creates again
+    with BatchServer(create_faults=[500]) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", _secret_url(server))
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        result = CliRunner().invoke(
+            cli,
+            ["--pool", setup.pool, "--cache", setup.cache, "--batch"],
+            input=_pairs(3),
+            catch_exceptions=False,
+        )
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout_bytes.splitlines()) == 3
+    for target in server.targets:
+        path, _, query = target.partition("?")
+        assert path.startswith("/v1/") and f"api-key={QUERY_SECRET}" in query, target
+    assert server.calls["POST /v1/files"] == 1 and server.calls["POST /v1/batches"] == 2
+    assert server.calls["GET /v1/batches"] == 1
+    assert any("limit=100" in target for target in server.targets)
+    basic = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+    assert set(server.authorizations) == {basic}
+    written = {"records": result.stdout_bytes, "stderr": result.stderr_bytes}
+    written.update({p.name: p.read_bytes() for p in setup.tmp.glob("cache.sqlite*")})
+    assert not _leaks(written)
+
+
+def test_a_batch_error_echoing_the_request_prints_no_secret(setup):
+    with BatchServer(upload_faults=[400], echo_request=True) as server:
+        done = run_tool(
+            "farm-annotate",
+            *("--pool", setup.pool, "--cache", setup.cache, "--batch", "-v"),
+            input=_pairs(3),
+            env={"OPENAI_BASE_URL": _secret_url(server), "OPENAI_API_KEY": ""},
+        )
+    assert done.returncode == 1, done.stderr.decode()
+    assert b"uploading the batch file: HTTP 400" in done.stderr, done.stderr.decode()
+    assert b"credentials ***; query" in done.stderr  # what the gateway echoed, less its secrets
+    written = {"stderr": done.stderr}
+    written.update({p.name: p.read_bytes() for p in setup.tmp.glob("cache.sqlite*")})
+    assert not _leaks(written), done.stderr.decode()
+
+
+@pytest.mark.heavy
+def test_one_sigterm_ends_a_batch_wait_at_once_and_the_batch_is_collected_later(setup):
+    # --batch wait polls a batch that stays in progress; one SIGTERM ends the run within seconds,
+    # with the exit status of a SIGTERM; the batch it paid for is noted, and a rerun sends nothing new
+    command = [str(Path(sys.executable).parent / "farm-annotate"), "--pool", setup.pool]
+    command += ["--cache", setup.cache, "--batch"]
+    with BatchServer(polls=10**6) as server:
+        env = {**os.environ, **_env(server)}
+        process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            process.stdin.write(_pairs(3))
+            process.stdin.close()
+            deadline = time.monotonic() + 60
+            while not server.looks and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.looks, "the batch was never polled"
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            stderr = process.stderr.read().decode()
+            process.wait(timeout=30)
+            stopped_in = time.monotonic() - started
+        finally:
+            process.kill()
+            process.wait()
+        assert process.returncode == 143 and stopped_in < 5, (process.returncode, stderr)
+        assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr
+        assert _pending(setup.cache) == 3
+        again = _annotate(setup, server, "--batch", "submit", input=_pairs(3))
+        assert again.code == PENDING_EXIT and "3 question(s) pending" in again.stderr
+        assert server.calls["POST /v1/files"] == 1 and server.calls["POST /v1/batches"] == 1
 
 
 @pytest.mark.parametrize("point", ["before", "after"])

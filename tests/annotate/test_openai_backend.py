@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -293,6 +294,73 @@ def test_a_signal_mid_run_repays_at_most_the_requests_in_flight(tmp_path, kill):
         assert 0 < paid - cached <= concurrency and repaid == paid - cached, (paid, cached)
     else:
         assert paid == cached and repaid == 0, (paid, cached, repaid)
+
+
+def _lines_of(stream) -> tuple[list[bytes], threading.Event]:
+    """Lines read from `stream` in a thread, and an event set at each new line."""
+    lines, arrived = [], threading.Event()
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+            arrived.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines, arrived
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("told", ["reset", "retry-after"])
+def test_one_sigterm_ends_a_long_rate_limit_wait_at_once_keeping_what_was_paid(tmp_path, told):
+    # the endpoint answers one request, then says to wait a day: by its rate-limit reset (the next
+    # request waits) or by a 429's Retry-After (the retry waits). The wait is capped and said on
+    # stderr; one SIGTERM ends the run within seconds, the answer received cached
+    n = 4
+    settings = "settings: {concurrency: 1, timeout: 30, backoff: 0.02, max_retries: 3}\n"
+    pool = _pool(tmp_path, source="single", settings=settings)
+    (tmp_path / "pairs.jsonl").write_bytes(_jsonl(_pairs(n)))
+    cache, output = tmp_path / "c.sqlite", tmp_path / "out.jsonl"
+    command = [str(Path(sys.executable).parent / "farm-annotate"), "--pool", pool]
+    command += ["--cache", str(cache), "-o", str(output), str(tmp_path / "pairs.jsonl")]
+    limited = (
+        {"headers": {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "86400"}}
+        if told == "reset"
+        else {"script": [None] + ["429"] * 8, "retry_after": 86400.0}
+    )
+    with OpenAIServer(respond=judge_longer, **limited) as server:
+        env = {**os.environ, **_env(server)}
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+        try:
+            lines, arrived = _lines_of(process.stderr)
+            deadline = time.monotonic() + 60
+            while not any(b"waiting" in line for line in lines) and time.monotonic() < deadline:
+                arrived.wait(1)
+                arrived.clear()
+            said = b"".join(lines).decode()
+            assert "waiting 10 min" in said and "capped" in said, said
+            assert (
+                "x-ratelimit-reset-requests" if told == "reset" else "retry-after"
+            ) in said.lower()
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+            stopped_in = time.monotonic() - started
+        finally:
+            process.kill()
+            process.wait()
+        said = b"".join(lines).decode()
+        assert process.returncode == 143, said
+        assert stopped_in < 5, stopped_in
+        assert "stopped by SIGTERM" in said and "Traceback" not in said, said
+        assert not output.exists() and _verdicts_in(cache) == 1 and server.outcomes["ok"] == 1
+        server.headers, server.script = {}, []  # the limit is over
+        final = subprocess.run(command, env=env, capture_output=True, timeout=120)
+        assert final.returncode == 0, final.stderr.decode()
+        # the answer received before the signal is not asked again
+        assert server.outcomes["ok"] == n, server.outcomes
+    assert [r["preference"] for r in _records(output.read_bytes())] == [
+        _longer(p) for p in _pairs(n)
+    ]
 
 
 @pytest.mark.heavy

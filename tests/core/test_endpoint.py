@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
+from conftest import run_tool
 from farmkit.tools.farm_annotate import cli as annotate_cli
 from farmkit.tools.farm_sample import cli as sample_cli
 from openai_server import (
@@ -24,6 +25,7 @@ from openai_server import (
     count_tokens,
     echo,
     judge_longer,
+    secret_forms,
     shown_pairs,
 )
 
@@ -264,6 +266,43 @@ def test_redact_blanks_fragments_of_the_key_and_common_key_shapes():
     assert (
         redact("Incorrect model AUDIT", KEY) == "Incorrect model AUDIT"
     )  # too short to be the key's
+
+
+PASSWORD = "PaSsW0rd-TOPSECRET"
+QUERY_SECRET = "QuErY-5ecret-4d1f9e"
+
+
+@pytest.mark.parametrize("auth", ["basic", "bearer"])
+def test_secrets_a_gateway_echoes_reach_no_record_cache_nor_stderr(tmp_path, auth):
+    # the gateway quotes the whole request (Authorization header, URL with its query, body) in its
+    # 400 errors and in replies no parser reads (kept as `raw`, in records and in the cache)
+    script = ["400", "garbage", "garbage", "garbage"]
+    with OpenAIServer(respond=judge_longer, echo_request=True, script=script) as server:
+        userinfo = f"alice:{PASSWORD}@" if auth == "basic" else ""
+        host = server.url.removeprefix("http://")
+        url = f"http://{userinfo}{host}?api-version=2024-06-01&api-key={QUERY_SECRET}"
+        key = KEY if auth == "bearer" else ""
+        cache = tmp_path / "cache.sqlite"
+        done = run_tool(
+            "farm-annotate",
+            *("--pool", _pool(tmp_path, settings=FAST.replace("concurrency: 8", "concurrency: 1"))),
+            *("--cache", str(cache), "-v"),
+            input=_jsonl(_pairs(4)),
+            env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": key},
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    records = [orjson.loads(line) for line in done.stdout.splitlines()]
+    reasons = [r.get("preference_reason") or "" for r in records]
+    assert sum("HTTP 400" in reason and "credentials ***" in reason for reason in reasons) == 1
+    assert sum("raw" in r["provenance"]["farm-annotate"] for r in records) == 1, reasons
+    assert sum(r["preference"] is not None for r in records) == 2
+    written = {"records": done.stdout, "stderr": done.stderr}
+    written.update({path.name: path.read_bytes() for path in tmp_path.glob("cache.sqlite*")})
+    forms = secret_forms(PASSWORD, user="alice") + secret_forms(QUERY_SECRET, KEY)
+    for name, content in written.items():
+        text = content.decode("utf-8", "replace")
+        assert not [form for form in forms if form in text], (name, text[-2000:])
+        assert "TOPSECRET" not in text and "5ecret" not in text and "MARKER" not in text, name
 
 
 @pytest.mark.parametrize("way", ["chunked", "proxy"])

@@ -67,7 +67,43 @@ def test_without_the_headers_nothing_waits():
         ("1h2m3.5s", 3723.5),
         ("0.5", 0.5),
         ("soon", None),
+        ("inf", None),  # not a wait: malformed, as are the rest
+        ("1e999", None),
+        ("nan", None),
+        ("-5", None),
+        ("Infinity", None),
     ],
 )
 def test_reset_durations_read_as_openai_writes_them(text, seconds):
     assert duration(text) == seconds
+
+
+@pytest.mark.parametrize("reset", ["inf", "1e999", "nan", "-1"])
+def test_a_reset_that_is_not_a_finite_wait_is_ignored_not_a_hang(reset):
+    # every reply says nothing is left until a reset that never comes: the header is malformed,
+    # so requests go on as without it (a 429 would then be retried with the default backoff)
+    headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": reset}
+
+    async def run(url: str) -> int:
+        client = EndpointClient(url, None, timeout=5, max_retries=0, backoff=0.01, connections=1)
+        try:
+            replies = [await client.complete(_body(i)) for i in range(3)]
+            return len(replies)
+        finally:
+            await client.close()
+
+    with OpenAIServer(respond=lambda body: REPLY, headers=headers) as server:
+        assert asyncio.run(asyncio.wait_for(run(server.url), 10)) == 3
+
+
+@pytest.mark.parametrize("retry_after", [float("inf"), -30.0])
+def test_a_retry_after_that_is_not_a_finite_wait_gets_the_default_backoff(retry_after):
+    async def run(url: str) -> int:
+        client = EndpointClient(url, None, timeout=5, max_retries=2, backoff=0.01, connections=1)
+        try:
+            return (await client.complete(_body(0))).attempts
+        finally:
+            await client.close()
+
+    with OpenAIServer(respond=lambda body: REPLY, script=["429"], retry_after=retry_after) as s:
+        assert asyncio.run(asyncio.wait_for(run(s.url), 10)) == 2
