@@ -389,11 +389,22 @@ class VerdictCache:
 
     def settle_lines(
         self, intent: str, custom_ids: list[str], verdicts: dict[str, dict[str, Any]]
-    ) -> None:
+    ) -> int:
         """Lines of `intent` that are done (answered, or to be asked again): their `verdicts` written
-        and the lines no longer pending, in one transaction; the intent ends with its last line."""
+        and the lines no longer pending, in one transaction; the intent ends with its last line.
+        Returns how many of the lines were still pending: 0 where another run settled them first
+        (it collected the batch at the same time, and books it), and nothing is written."""
         now = time.time()
         with self._transaction():
+            pending = sum(
+                self._db.execute(
+                    "SELECT 1 FROM batch_lines WHERE custom_id = ? AND intent = ?", (c, intent)
+                ).fetchone()
+                is not None
+                for c in custom_ids
+            )
+            if not pending:
+                return 0
             self._db.executemany(
                 "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)",
                 [(key, orjson.dumps(value), now) for key, value in verdicts.items()],
@@ -410,6 +421,7 @@ class VerdictCache:
             ).fetchone()
             if left is None:
                 self._db.execute("DELETE FROM batches WHERE intent = ?", (intent,))
+        return pending
 
     def renew(self, lease: float) -> None:
         """Extend every claim this run holds to `lease` seconds from now."""
