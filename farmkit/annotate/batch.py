@@ -141,6 +141,13 @@ class BatchStats:
     spend: dict[str, list[float]] = field(default_factory=dict)
 
 
+def request_id(body: dict[str, Any]) -> str:
+    """What a line asks, whoever asks it: its request's content and model, without the seed (which
+    farmkit derives from the verdict cache keys, and so from the endpoint's host name)."""
+    asked = {name: value for name, value in body.items() if name != "seed"}
+    return hashlib.sha256(orjson.dumps(asked, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 def line_id(keys: list[str]) -> str:
     """A line's custom_id: the same questions, in the same request, always have the same id."""
     return "farmkit-" + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:48]
@@ -365,6 +372,8 @@ class BatchMode:
         self.tries: Counter = Counter()  # key -> batches that left it unanswered, in this run
         self.most_tries = int(settings["max_retries"])
         self.committed: dict[str, float] = {}  # intent -> worst price, of this run's batches
+        # intent -> whether this endpoint knows a batch recorded under another endpoint's name
+        self.elsewhere: dict[str, bool] = {}
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -375,7 +384,7 @@ class BatchMode:
         wait = self.config.batch_mode == "wait"
         deadline = time.monotonic() + self.config.batch_wait
         poll = FIRST_POLL
-        self.collect()
+        joined = False
         while True:
             plan = self.annotator.plan(items)
             self._settle_unparsed(plan)
@@ -389,6 +398,14 @@ class BatchMode:
             ]
             pending = self.cache.pending_keys(ask.key for ask in batched)
             fresh = [ask for ask in batched if ask.key not in pending]
+            if not joined:
+                # before anything is collected: questions a pending batch asks under another
+                # host name join it, so that its reply answers them when it is collected
+                joined = True
+                if fresh:
+                    self.submit(fresh, items, send=False)
+                self.collect()
+                continue
             if fresh:
                 if self.submit(fresh, items):
                     continue  # a batch was lost as it was created: its questions go back
@@ -426,10 +443,11 @@ class BatchMode:
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit(self, asks: list[Ask], items: list[Item]) -> bool:
+    def submit(self, asks: list[Ask], items: list[Item], send: bool = True) -> bool:
         """Send `asks` as batches (one model each, at most MOST_LINES lines), each only after its
         intent is recorded in the cache and its worst price fits under --max-cost; whether a batch
-        was lost as it was created (its questions back in the queue)."""
+        was lost as it was created (its questions back in the queue). A line a pending batch asks
+        already joins it (`_join`); `send` False: only that."""
         annotator = self.annotator
         by_model: dict[str, list[tuple[str, list[str], dict[str, Any], bytes, float]]] = {}
         for request in annotator._group(asks):
@@ -451,15 +469,51 @@ class BatchMode:
                 # the most the line can be billed (prompt and completion tokens): what a reply
                 # whose bill is not told is booked at
                 "worst": [prompt_bound(messages), judge.max_tokens],
+                "request": request_id(body),
             }
             worst = annotator.prices.price(model, *spec["worst"], batch=True)
             by_model.setdefault(model, []).append((custom_id, keys, spec, line, worst))
-            self.stats.resubmitted += sum(key in self.failed for key in keys)
+            self.stats.resubmitted += send * sum(key in self.failed for key in keys)
         lost = False
         for lines in by_model.values():
-            for start in range(0, len(lines), MOST_LINES):
+            lines = self._join(lines)
+            for start in range(0, len(lines) if send else 0, MOST_LINES):
                 lost = self._send(lines[start : start + MOST_LINES]) or lost
         return lost
+
+    def _join(
+        self, lines: list[tuple[str, list[str], dict[str, Any], bytes, float]]
+    ) -> list[tuple[str, list[str], dict[str, Any], bytes, float]]:
+        """The lines still to send: a line whose request (its content and model, whatever host name
+        its endpoint was given by) a pending batch asks already, in a batch this endpoint can
+        collect, joins that line (its keys are answered with its reply) instead of being paid for
+        again."""
+        asked = self.cache.pending_requests(spec["request"] for _, _, spec, _, _ in lines)
+        left = []
+        for line in lines:
+            custom_id, keys, spec = line[:3]
+            found = asked.get(spec["request"])
+            if found is not None and self._reachable(found) and found["custom_id"] != custom_id:
+                if self.cache.join_line(found["custom_id"], keys):
+                    continue
+            left.append(line)
+        return left
+
+    def _reachable(self, row: dict[str, Any]) -> bool:
+        """Whether a pending batch can be collected through this endpoint: one sent to it, or one
+        sent under another host name that this endpoint knows by its id and its intent."""
+        if row["endpoint"] == self.endpoint:
+            return True
+        if row["intent"] not in self.elsewhere:
+            known = False
+            if row["batch_id"] is not None:
+                try:
+                    batch = self.client.get(row["batch_id"])
+                    known = (batch.get("metadata") or {}).get("farmkit_intent") == row["intent"]
+                except BatchCallFailed:
+                    known = False
+            self.elsewhere[row["intent"]] = known
+        return self.elsewhere[row["intent"]]
 
     def _send(self, lines: list[tuple[str, list[str], dict[str, Any], bytes, float]]) -> bool:
         """Upload and create one batch; whether it was lost as it was created (a reply without a
@@ -537,8 +591,8 @@ class BatchMode:
         find it by, or answers its look or its output file with an error no retry fixes, a reply
         over the cap or of the wrong shape) is given up: see `_give_up`."""
         for row in self.cache.batches():
-            if row["endpoint"] != self.endpoint:
-                continue
+            if not self._reachable(row):
+                continue  # sent to another endpoint: left for a run that asks it
             try:
                 batch = self._look(row)
                 if batch is not None and batch.get("status") in DONE:
@@ -579,7 +633,8 @@ class BatchMode:
         for keys, spec in lines.values():
             if billed:
                 spend.add(spec, *_worst(spec), estimated=True)
-            self._unanswered(keys, f"batch lost: {reason}")
+            for asked in [keys, *spec.get("joined", [])]:
+                self._unanswered(asked, f"batch lost: {reason}")
         self.stats.failed += len(lines)
         self.stats.lost += 1
         log.warning(
@@ -661,12 +716,13 @@ class BatchMode:
                     )
                     for verdict in read
                 ]
-                for position, (key, verdict) in enumerate(zip(keys, read, strict=True)):
-                    if verdict.choice is not None:
-                        verdicts[key] = _stored(verdict)
-                    elif verdict.raw is not None:  # cached: a rerun re-reads it, never pays again
-                        verdicts[key] = unreadable_row(verdict, position, len(keys))
-            answers.append((keys, read))
+                for asked in [keys, *spec.get("joined", [])]:
+                    for position, (key, verdict) in enumerate(zip(asked, read, strict=True)):
+                        if verdict.choice is not None:
+                            verdicts[key] = _stored(verdict)
+                        elif verdict.raw is not None:  # cached: a rerun re-reads it, not pays
+                            verdicts[key] = unreadable_row(verdict, position, len(asked))
+            answers.append(([keys, *spec.get("joined", [])], read))
         for entry in strays:
             if _billed(entry):
                 spend.add(largest, *_usage(entry, largest))
@@ -675,23 +731,27 @@ class BatchMode:
             return  # another run collected it at the same time, and booked it
         self.committed.pop(intent, None)
         lasting: set[str] = set()
-        for keys, read in answers:
-            if isinstance(read, _Lasting):  # no batch would answer it: no verdict in this run
-                self.unparsed.update({key: Verdict(None, reason=str(read)) for key in keys})
-                self.stats.unparsed += len(keys)
-                lasting.add(str(read))
-            elif isinstance(read, str):
-                log.info("farm-annotate: batch %s: %s", batch.get("id"), read)
-                self.stats.failed += 1
-                self._unanswered(keys, read)
+        for asked, read in answers:  # the line's keys, and those of the runs that joined it
+            if isinstance(read, str):
+                self.stats.failed += not isinstance(read, _Lasting)
+                if not isinstance(read, _Lasting):
+                    log.info("farm-annotate: batch %s: %s", batch.get("id"), read)
             else:
                 self.stats.collected += 1
-                for key, verdict in zip(keys, read, strict=True):
-                    if verdict.choice is None:
-                        self.unparsed[key] = verdict
-                        self.stats.unparsed += 1
-                    else:
-                        self.stats.answered += 1
+            for keys in asked:
+                if isinstance(read, _Lasting):  # no batch would answer it: none in this run
+                    self.unparsed.update({key: Verdict(None, reason=str(read)) for key in keys})
+                    self.stats.unparsed += len(keys)
+                    lasting.add(str(read))
+                elif isinstance(read, str):
+                    self._unanswered(keys, read)
+                else:
+                    for key, verdict in zip(keys, read, strict=True):
+                        if verdict.choice is None:
+                            self.unparsed[key] = verdict
+                            self.stats.unparsed += 1
+                        else:
+                            self.stats.answered += 1
         for reason in sorted(lasting):
             log.warning("farm-annotate: batch %s: no verdict: %s", batch.get("id"), reason)
         if strays:

@@ -346,6 +346,45 @@ class VerdictCache:
                 )
         return taken
 
+    def pending_requests(self, requests: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """request id -> the pending line that asks it (its custom_id, intent, endpoint and batch id),
+        for the `request` ids (a line's spec) among `requests`."""
+        wanted = set(requests)
+        found: dict[str, dict[str, Any]] = {}
+        for custom_id, spec, intent, endpoint, batch_id in self._db.execute(
+            "SELECT l.custom_id, l.spec, b.intent, b.endpoint, b.batch_id "
+            "FROM batch_lines l JOIN batches b ON b.intent = l.intent"
+        ):
+            request = orjson.loads(spec).get("request")
+            if request in wanted and request not in found:
+                found[request] = {
+                    "custom_id": custom_id,
+                    "intent": intent,
+                    "endpoint": endpoint,
+                    "batch_id": batch_id,
+                }
+        return found
+
+    def join_line(self, custom_id: str, keys: list[str]) -> bool:
+        """Have the pending line `custom_id` answer `keys` too (another run's keys for the same
+        request); False where the line is no longer pending or a key is answered or pending."""
+        with self._transaction():
+            row = self._db.execute(
+                "SELECT spec FROM batch_lines WHERE custom_id = ?", (custom_id,)
+            ).fetchone()
+            if row is None or self.get_many(keys) or self.pending_keys(keys):
+                return False
+            spec = orjson.loads(row[0])
+            spec["joined"] = [*spec.get("joined", []), keys]
+            self._db.execute(
+                "UPDATE batch_lines SET spec = ? WHERE custom_id = ?",
+                (orjson.dumps(spec), custom_id),
+            )
+            self._db.executemany(
+                "INSERT INTO batch_keys VALUES (?, ?)", [(key, custom_id) for key in keys]
+            )
+        return True
+
     def set_batch(self, intent: str, column: str, value: str) -> None:
         """Note the endpoint's id of an intent's uploaded file (`file_id`) or its batch (`batch_id`)."""
         assert column in ("file_id", "batch_id")

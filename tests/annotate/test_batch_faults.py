@@ -291,7 +291,7 @@ def test_a_batch_reply_claiming_absurd_usage_is_booked_at_the_worst_case(setup, 
 
         def absurd(body, inverted=False):
             reply = original(body, inverted)
-            reply["usage"]["prompt_tokens"] = 10**30
+            reply["usage"]["prompt_tokens"] = 1e30
             return reply
 
         monkeypatch.setattr(server, "completion", absurd)
