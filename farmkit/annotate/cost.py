@@ -79,8 +79,9 @@ class PriceTable:
         return factor * (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1e6
 
 
-# USD per million tokens: a price above this is a typo (the dearest models cost well under $1,000)
-MOST_PRICE = 10_000.0
+# USD per million tokens: a dollar a token; a price above it is a typo (the dearest models cost well
+# under $1,000 per million)
+MOST_PRICE = 1_000_000.0
 
 
 class BadPrices(FarmError):
