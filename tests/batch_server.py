@@ -21,7 +21,8 @@ Knobs:
   `usage`), "malformed" (the first half of the lines cut short: not JSON), "gone" (the output file
   answers 404), "null_id" (the create reply's id is null; the batch runs and is billed all the same),
   "bomb" (every look at the batch answers a gzip bomb: 50 MB once decompressed), "endless" (every
-  look answers a chunked body that never ends). The last three finish (and bill) the batch at once.
+  look answers a chunked body that never ends), "bomb_create" (the create is answered with the
+  bomb; the batch is made all the same). The last four finish (and bill) the batch at once.
 - `upload_faults`: HTTP statuses the first uploads get (500: retried by the client).
 - `hang_create`: "before" (a create request is never answered and no batch made) or "after" (the
   batch is made, its reply never sent); `create_seen` is set when a create arrives.
@@ -154,7 +155,12 @@ class BatchServer:
             "_outcome": outcome,
         }
         self.batches[batch["id"]] = batch
-        if outcome in ("null_id", "bomb", "endless"):  # it runs and bills whatever the client sees
+        if outcome in (
+            "null_id",
+            "bomb",
+            "endless",
+            "bomb_create",
+        ):  # it runs and bills whatever the client sees
             with self._lock:
                 self._finish(batch)
         return batch
@@ -350,6 +356,9 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
                 batch = server.create(request)
                 if server.hang_create == "after":
                     time.sleep(3600)
+                if batch["_outcome"] == "bomb_create":
+                    self._hostile("bomb")
+                    return
                 reply = server.look(batch["id"])
                 if batch["_outcome"] == "null_id":
                     reply["id"] = None

@@ -19,6 +19,7 @@ again (in a new batch, or directly with --batch-fallback sync), never dropped, a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -155,11 +156,12 @@ def line_id(keys: list[str]) -> str:
 
 class BatchCallFailed(FarmError):
     """A request to the files or batches endpoints that failed; `lasting`: asking again cannot help
-    (a 4xx other than 401/403, a reply over the cap or not of the shape asked for)."""
+    (a 4xx other than 401/403, a reply over the cap or not of the shape asked for); `answered`: the
+    endpoint may have done what was asked (a reply over the cap, or a success not of that shape)."""
 
-    def __init__(self, message: str, lasting: bool = False):
+    def __init__(self, message: str, lasting: bool = False, answered: bool = False):
         super().__init__(message)
-        self.lasting = lasting
+        self.lasting, self.answered = lasting, answered
 
 
 class BatchClient:
@@ -215,10 +217,12 @@ class BatchClient:
                 done=lambda: self.find(intent, since),
             )
             return reply if isinstance(reply, dict) else _object(reply, "creating the batch")
-        except FarmError:
-            found = self.find(intent, since)
+        except FarmError as exc:
+            found = None
+            with contextlib.suppress(BatchCallFailed):  # no listing: the create's own error says
+                found = self.find(intent, since)
             if found is None:
-                raise
+                raise exc from None
             return found
 
     def get(self, batch_id: str) -> dict[str, Any]:
@@ -276,6 +280,7 @@ class BatchClient:
                 raise BatchCallFailed(
                     f"{what}: {exc} from {self.base}; not read (the cap is max_reply_bytes)",
                     lasting=True,
+                    answered=True,
                 ) from None
             else:
                 if reply.status_code < 300:
@@ -335,7 +340,7 @@ def _object(reply: _Response, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         shown = " ".join(reply.content[:120].decode("utf-8", "replace").split())
         raise BatchCallFailed(
-            f"{what}: the reply is not a JSON object: {redact(shown)}", lasting=True
+            f"{what}: the reply is not a JSON object: {redact(shown)}", lasting=True, answered=True
         )
     return value
 
@@ -534,15 +539,19 @@ class BatchMode:
             line + b"\n" for custom_id, _, _, line, _ in lines if custom_id in chosen
         )
         created = time.time()
+        file_id = None
         try:
             file_id = self.client.upload(content)
             self.cache.set_batch(intent, "file_id", file_id)
             batch = self.client.create(file_id, intent, created)
         except FarmError as exc:
-            # no batch was created (create looks for one before it gives up): nothing was billed,
-            # and the questions are free for the next run
-            self.cache.settle_lines(intent, taken, {})
-            raise FarmError(f"{exc}; nothing was submitted, rerun the same command") from None
+            # a create answered with a reply that could not be read may have made the batch
+            if file_id is None or not getattr(exc, "answered", False):
+                # no batch was created (create looks for one before it gives up): nothing was
+                # billed, and the questions are free for the next run
+                self.cache.settle_lines(intent, taken, {})
+                raise FarmError(f"{exc}; nothing was submitted, rerun the same command") from None
+            batch = {"id": None, "unread": str(exc)}  # answered, unreadable: it may exist
         self.committed[intent] = sum(worst[i] for i in taken)
         self.stats.submitted += len(taken)
         self.stats.batches += 1
@@ -552,7 +561,7 @@ class BatchMode:
             found = self._search(intent, created)
             if found is None or not isinstance(found.get("id"), str):
                 row = {"intent": intent, "batch_id": None, "file_id": file_id}
-                self._give_up(row, str(exc))
+                self._give_up(row, batch.get("unread") or str(exc))
                 return True
             batch_id = found["id"]
         self.cache.set_batch(intent, "batch_id", batch_id)

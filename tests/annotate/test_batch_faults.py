@@ -149,6 +149,25 @@ def test_every_batch_reply_is_capped_decompressed_size_included(setup, outcome):
         assert _booked(setup) >= server.billed_price(*RATES) > 0
 
 
+@pytest.mark.parametrize("listing", [True, False])
+def test_a_create_answered_with_a_bomb_is_found_or_given_up_never_sent_twice_silently(
+    setup, listing
+):
+    pairs = _pairs(4)
+    with BatchServer(outcomes=["bomb_create"], listing=listing) as server:
+        done = _annotate(setup, server, "--batch", "--max-reply-bytes", str(2**20), input=pairs)
+        assert done.code == 0, done.stderr
+        assert _all_longer(done.records, 4)
+        billed = server.billed_price(*RATES)
+        if listing:  # found by its metadata, and collected
+            assert server.calls["POST /v1/batches"] == 1
+            assert _booked(setup) == pytest.approx(billed, rel=1e-6)
+        else:  # it may have been made: booked at its worst case, its questions asked again
+            assert "can no longer be collected" in done.stderr
+            assert "more than 1,048,576 bytes" in done.stderr
+            assert server.calls["POST /v1/batches"] == 2 and _booked(setup) >= billed > 0
+
+
 def test_a_run_killed_after_create_without_a_batch_listing_is_not_stuck(setup):
     pairs = _pairs(4)
     with BatchServer(hang_create="after", listing=False) as server:
