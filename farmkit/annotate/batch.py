@@ -142,10 +142,12 @@ class BatchStats:
     spend: dict[str, list[float]] = field(default_factory=dict)
 
 
-def request_id(body: dict[str, Any]) -> str:
+def request_id(body: dict[str, Any], judge: str) -> str:
     """What a line asks, whoever asks it: its request's content and model, without the seed (which
-    farmkit derives from the verdict cache keys, and so from the endpoint's host name)."""
+    farmkit derives from the verdict cache keys, and so from the endpoint's host name), and the judge
+    that asks it (two judges of a pool alike but for their names are two draws, not one)."""
     asked = {name: value for name, value in body.items() if name != "seed"}
+    asked["farmkit_judge"] = judge
     return hashlib.sha256(orjson.dumps(asked, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
@@ -474,7 +476,7 @@ class BatchMode:
                 # the most the line can be billed (prompt and completion tokens): what a reply
                 # whose bill is not told is booked at
                 "worst": [prompt_bound(messages), judge.max_tokens],
-                "request": request_id(body),
+                "request": request_id(body, judge.name),
             }
             worst = annotator.prices.price(model, *spec["worst"], batch=True)
             by_model.setdefault(model, []).append((custom_id, keys, spec, line, worst))
@@ -655,7 +657,7 @@ class BatchMode:
             self.config.batch_fallback,
             f", booked at their worst case, ${spend.price:.4f}" if billed else "",
         )
-        self._book(row["batch_id"], spend)
+        self._book(row["batch_id"] or row["intent"], spend)
 
     def _unanswered(self, keys: list[str], reason: str) -> None:
         """Questions a batch did not answer: asked again (--batch-fallback), up to max_retries + 1
