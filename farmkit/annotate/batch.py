@@ -15,6 +15,14 @@ killed at any point neither loses a batch nor pays for a question twice:
 Every reply is matched by its line's custom_id (a hash of the keys it asks: the same questions always
 have the same id). A line that failed, expired, was cancelled or is missing from the output is asked
 again (in a new batch, or directly with --batch-fallback sync), never dropped, and counted.
+
+Money follows the direct path's rules (farmkit.core.endpoint): every reply of the endpoint is read
+under the same cap; every line it billed is booked once, by the run whose transaction settles the
+batch, at its usage or at its worst case where the usage is not told (duplicates, replies to lines
+never sent and lines that are not JSON included), into the ledger as it is collected. A batch that
+can no longer be collected is marked failed, booked at its worst case and its questions requeued.
+A line is also known by what it asks (`request_id`), so a run that reaches the same endpoint by
+another host name joins a pending line rather than paying for it again.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Questions sent through a Batch API (farmkit.annotate.batch) are pending for hour
 means to create or has created (`batches`, one row per intent, written before anything is uploaded),
 the lines of each (`batch_lines`: a custom_id, the keys it asks and how to read its reply) and the key
 -> line index (`batch_keys`) live here too, so that a later run collects them and no run asks a
-pending question again. Schema 2 added these tables; a schema 1 file gains them when opened.
+pending question again (a line's spec may list keys another run `joined` to it: the same request
+asked under another host name). Schema 2 added these tables; a schema 1 file gains them when opened.
 """
 
 from __future__ import annotations
