@@ -22,9 +22,9 @@
 #       make -f examples/nightly.mk CHECKPOINTS=... PROMPTS=... REFERENCE=... >> nightly.log 2>&1
 #
 # With paid judges, BATCH=submit sends each night's new questions through the Batch API at half the
-# price (farm-annotate --batch submit): a checkpoint's annotations are written the night its batch is
-# collected (exit 75 in between: make goes on, and tonight's board holds the checkpoints that are
-# done). LEDGER (default $(OUT)/spend.jsonl) books every farm-annotate run; `farm-winrate --ledger`
+# price (farm-annotate --batch --batch-mode submit): a checkpoint's annotations are written the
+# night its batch is collected (exit 75 in between: make goes on, and tonight's board holds the
+# checkpoints that are done). LEDGER (default $(OUT)/spend.jsonl) books every farm-annotate run; `farm-winrate --ledger`
 # totals it by day and judge.
 
 include $(dir $(lastword $(MAKEFILE_LIST)))venv.mk
@@ -77,5 +77,5 @@ $(OUT)/outputs/%.jsonl: $(CHECKPOINTS)/%/config.json $(PROMPTS)
 $(OUT)/annotations/%.jsonl: $(OUT)/outputs/%.jsonl $(REFERENCE)
 	@mkdir -p $(@D)
 	farm-annotate $< --reference $(REFERENCE) --skip-missing --pool $(POOL) --cache $(CACHE) \
-		--seed $(SEED) --ledger $(LEDGER) $(if $(BATCH),--batch $(BATCH)) $(ANNOTATE_OPTS) -o $@ \
+		--seed $(SEED) --ledger $(LEDGER) $(if $(BATCH),--batch --batch-mode $(BATCH)) $(ANNOTATE_OPTS) -o $@ \
 		$(if $(BATCH),|| [ $$? -eq 75 ])

@@ -365,6 +365,35 @@ class AliasedOption(click.Option):
         return super().consume_value(ctx, opts)
 
 
+class BatchCommand(click.Command):
+    """A command with --batch (farm-annotate, farm-eval). --batch is a flag and --batch-mode its
+    mode, so a bare --batch before an input file leaves the file alone; `--batch submit` and
+    `--batch wait` (and `--batch=MODE`), the spelling from when --batch took its mode as a value,
+    are still read as `--batch --batch-mode MODE`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, batch_spelling(args))
+
+
+def batch_spelling(args: list[str]) -> list[str]:
+    """`args` with the old spellings of a batch mode (`--batch submit`, `--batch=wait`) written as
+    `--batch --batch-mode MODE` (nothing after `--` is touched)."""
+    from farmkit.annotate.batch import BATCH_MODES
+
+    spelled: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--":
+            spelled += [arg, *rest]
+            break
+        mode = arg.partition("=")[2] if arg.startswith("--batch=") else None
+        if arg == "--batch" and rest and rest[0] in BATCH_MODES:
+            mode = rest.pop(0)
+        spelled += ["--batch", "--batch-mode", mode] if mode is not None else [arg]
+    return spelled
+
+
 def deprecated(ctx: click.Context | None, old: str, new: str) -> None:
     name = ctx.command_path if ctx is not None else "farmkit"
     click.echo(

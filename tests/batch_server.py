@@ -14,7 +14,15 @@ Knobs:
 - `polls`: how many looks at a batch report it in_progress before it is done (0: done at once).
 - `outcomes`: what happens to the batches created, in order (then "completed"): "completed",
   "expired_half" (the first half of its lines answered, the batch expired), "errors_half" (the second
-  half of its lines in the error file, HTTP 500), "failed" (no line answered).
+  half of its lines in the error file, HTTP 500), "failed" (no line answered), and the faults of a
+  hostile or broken endpoint, each billed as the real one would be:
+  "duplicate" (every line answered twice, the second reply inverting the verdicts), "unknown" (a
+  line of a custom_id never sent, billed, beside the real ones), "no_usage" (replies without
+  `usage`), "malformed" (the first half of the lines cut short: not JSON), "gone" (the output file
+  answers 404), "null_id" (the create reply's id is null; the batch runs and is billed all the same),
+  "bomb" (every look at the batch answers a gzip bomb: 50 MB once decompressed), "endless" (every
+  look answers a chunked body that never ends), "bomb_create" (the create is answered with the
+  bomb; the batch is made all the same). The last four finish (and bill) the batch at once.
 - `upload_faults`: HTTP statuses the first uploads get (500: retried by the client);
   `create_faults`: the same for the first creates (no batch made; the client lists the batches
   before it creates again).
@@ -25,10 +33,16 @@ Knobs:
   (openai_server.request_echo: credentials, query, headers, target, body), as a gateway that
   echoes what it was sent.
 - `targets` lists every request's target (path and query), `authorizations` its Authorization header.
+- `listing`: False: GET /v1/batches answers 404 (an endpoint without a batch listing).
+- `content_barrier`: N: a file's content is sent only once N requests for contents are waiting (at
+  most 10 s), so that N clients collecting one batch at once read it together.
+
+`billed_price(model rates)` totals what the fake billed, for comparing with a client's ledger.
 """
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import re
@@ -39,7 +53,7 @@ from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from openai_server import count_tokens, judge_longer, request_echo
+from openai_server import count_tokens, judge_longer, request_echo, shown_pairs, verdict_text
 
 _ID = re.compile(r"/(file|batch)-[0-9a-z]+")
 
@@ -54,6 +68,8 @@ class BatchServer:
         unreadable: str | None = None,
         echo_request: bool = False,
         create_faults: list[int] | None = None,
+        listing: bool = True,
+        content_barrier: int = 0,
     ):
         self.create_faults = list(create_faults or [])
         self.echo_request = echo_request
@@ -61,7 +77,8 @@ class BatchServer:
         self.authorizations: list[str | None] = []
         self.polls, self.outcomes = polls, list(outcomes or [])
         self.upload_faults, self.hang_create = list(upload_faults or []), hang_create
-        self.unreadable = unreadable
+        self.unreadable, self.listing = unreadable, listing
+        self.barrier = threading.Barrier(content_barrier) if content_barrier else None
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
         self.looks: Counter = Counter()
@@ -92,11 +109,22 @@ class BatchServer:
     def new_id(self, kind: str) -> str:
         return f"{kind}-{next(self._ids):06d}"
 
-    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A chat completion answering `body`, billed."""
+    def billed_price(
+        self, prompt_rate: float, completion_rate: float, factor: float = 0.5
+    ) -> float:
+        """What every reply billed costs (USD) at these rates per million tokens, at `factor`."""
+        with self._lock:
+            tokens = [sum(counts) for counts in zip(*self.billed, strict=True)] or [0, 0]
+        return factor * (tokens[0] * prompt_rate + tokens[1] * completion_rate) / 1e6
+
+    def completion(self, body: dict[str, Any], inverted: bool = False) -> dict[str, Any]:
+        """A chat completion answering `body`, billed (`inverted`: the shorter answer wins)."""
         prompt_text = "".join(m.get("content") or "" for m in body["messages"])
         if self.unreadable is not None and self.unreadable in prompt_text:
             text = "Both answers have their merits and I would rather not choose."
+        elif inverted:
+            format, pairs = shown_pairs(body)
+            text = verdict_text(format, ["A" if len(b) > len(a) else "B" for a, b in pairs])
         else:
             text = judge_longer(body)
         prompt = sum(count_tokens(m.get("content") or "") for m in body["messages"])
@@ -139,6 +167,14 @@ class BatchServer:
             "_outcome": outcome,
         }
         self.batches[batch["id"]] = batch
+        if outcome in (
+            "null_id",
+            "bomb",
+            "endless",
+            "bomb_create",
+        ):  # it runs and bills whatever the client sees
+            with self._lock:
+                self._finish(batch)
         return batch
 
     def look(self, batch_id: str) -> dict[str, Any]:
@@ -161,6 +197,15 @@ class BatchServer:
         for number, line in enumerate(lines):
             if outcome == "failed" or (outcome == "expired_half" and number >= half):
                 continue
+            if outcome == "malformed" and number < half:
+                self.answered[line["custom_id"]] += 1
+                body = self.completion(line["body"])
+                entry = {
+                    "custom_id": line["custom_id"],
+                    "response": {"status_code": 200, "body": body},
+                }
+                output.append(json.dumps(entry)[:60])  # billed, and cut short
+                continue
             if outcome == "errors_half" and number >= half:
                 errors.append(
                     {
@@ -174,23 +219,36 @@ class BatchServer:
                     }
                 )
                 continue
-            self.answered[line["custom_id"]] += 1
-            output.append(
-                {
-                    "id": f"batch_req_{number}",
-                    "custom_id": line["custom_id"],
-                    "response": {"status_code": 200, "body": self.completion(line["body"])},
-                    "error": None,
-                }
-            )
-        # the output file lists replies in no particular order: matched by custom_id
-        output.reverse()
+            custom_ids = [line["custom_id"]]
+            if outcome == "unknown" and number == 0:
+                custom_ids.append("farmkit-" + "0" * 48)  # a line this batch never held
+            if outcome == "duplicate":
+                custom_ids.append(line["custom_id"])
+            for copy, custom_id in enumerate(custom_ids):
+                self.answered[custom_id] += 1
+                body = self.completion(line["body"], inverted=outcome == "duplicate" and copy > 0)
+                if outcome == "no_usage":
+                    del body["usage"]
+                output.append(
+                    {
+                        "id": f"batch_req_{number}_{copy}",
+                        "custom_id": custom_id,
+                        "response": {"status_code": 200, "body": body},
+                        "error": None,
+                    }
+                )
+        # the output file lists replies in no particular order: matched by custom_id (a duplicate's
+        # two replies stay in the order they were made)
+        if outcome != "duplicate":
+            output.reverse()
         for name, entries in (("output_file_id", output), ("error_file_id", errors)):
             if entries:
                 file_id = self.new_id("file")
-                self.files[file_id] = b"".join(
-                    json.dumps(entry).encode() + b"\n" for entry in entries
-                )
+                if outcome != "gone" or name != "output_file_id":
+                    self.files[file_id] = b"".join(
+                        (entry if isinstance(entry, str) else json.dumps(entry)).encode() + b"\n"
+                        for entry in entries
+                    )
                 batch[name] = file_id
         batch["status"] = {"expired_half": "expired", "failed": "failed"}.get(outcome, "completed")
         batch["request_counts"] = {
@@ -221,6 +279,26 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
 
         _body = b""  # the request's body, for echo_request
 
+        def _hostile(self, outcome: str) -> None:
+            """A gzip bomb, or a chunked body that never ends, as the reply."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if outcome == "bomb":
+                body = _bomb()
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b" " * 65536
+            try:
+                while True:  # until the client hangs up
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:
+                self.close_connection = True
+
         def _count(self) -> str:
             path = self.path.split("?")[0]
             with server._lock:
@@ -231,7 +309,9 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self._count()
-            if path == "/v1/batches":
+            if path == "/v1/batches" and not server.listing:
+                self._send(404, {"error": {"message": f"no route {path}"}})
+            elif path == "/v1/batches":
                 listed = sorted(server.batches, reverse=True)
                 query = dict(
                     part.split("=", 1) for part in self.path.partition("?")[2].split("&") if part
@@ -248,8 +328,17 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
                     },
                 )
             elif path.startswith("/v1/batches/") and path[12:] in server.batches:
-                self._send(200, server.look(path[12:]))
+                outcome = server.batches[path[12:]]["_outcome"]
+                if outcome in ("bomb", "endless"):
+                    self._hostile(outcome)
+                else:
+                    self._send(200, server.look(path[12:]))
             elif path.endswith("/content") and path[10:-8] in server.files:
+                if server.barrier is not None:
+                    try:
+                        server.barrier.wait(10)
+                    except threading.BrokenBarrierError:
+                        pass
                 self._send(200, server.files[path[10:-8]])
             else:
                 self._send(404, {"error": {"message": f"no such object {path}"}})
@@ -292,8 +381,24 @@ def _handler(server: BatchServer) -> type[BaseHTTPRequestHandler]:
                 batch = server.create(request)
                 if server.hang_create == "after":
                     time.sleep(3600)
-                self._send(200, server.look(batch["id"]))
+                if batch["_outcome"] == "bomb_create":
+                    self._hostile("bomb")
+                    return
+                reply = server.look(batch["id"])
+                if batch["_outcome"] == "null_id":
+                    reply["id"] = None
+                self._send(200, reply)
             else:
                 self._send(404, {"error": {"message": f"no route {path}"}})
 
     return Handler
+
+
+_BOMB: list[bytes] = []
+
+
+def _bomb() -> bytes:
+    """50 MB of blanks, gzipped to about 50 KB (made once)."""
+    if not _BOMB:
+        _BOMB.append(gzip.compress(b" " * (50 * 2**20), compresslevel=9))
+    return _BOMB[0]

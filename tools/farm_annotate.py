@@ -11,6 +11,7 @@ import orjson
 from farmkit.annotate.batch import BatchConfig
 from farmkit.annotate.pools import AnnotateConfig
 from farmkit.cli import (
+    BatchCommand,
     common_options,
     entry_point,
     field_options,
@@ -27,7 +28,7 @@ from farmkit.cli import (
 from farmkit.core.io import RecordWriter, records_stdout
 
 
-@click.command(name="farm-annotate")
+@click.command(name="farm-annotate", cls=BatchCommand)
 @input_argument("inputs", nargs=-1)
 @output_option
 @field_options(AnnotateConfig, "pool")
@@ -76,6 +77,7 @@ def cli(
     timeout,
     max_retries,
     batch,
+    batch_mode,
     batch_wait,
     batch_fallback,
     ledger,
@@ -157,7 +159,7 @@ def cli(
         device=device,
         show_progress=progress,
         assign_by=assign_by,
-        batch=BatchConfig(batch, batch_wait, batch_fallback, ledger),
+        batch=BatchConfig(batch, batch_mode, batch_wait, batch_fallback, ledger),
         retry_failed=retry_failed,
     ) as run:
         if estimate:

@@ -13,6 +13,7 @@ import click
 
 from farmkit.annotate.batch import BatchConfig
 from farmkit.cli import (
+    BatchCommand,
     common_options,
     decoding_options,
     entry_point,
@@ -59,7 +60,7 @@ def sample(model: str, reference: str, output: str, *, seed: int, settings: dict
         farm_io.set_split(split)
 
 
-@click.command(name=TOOL)
+@click.command(name=TOOL, cls=BatchCommand)
 @input_argument("outputs", nargs=-1)
 @reference_option  # required
 @field_options(EvalConfig)
@@ -103,6 +104,7 @@ def cli(
     max_cost,
     prices,
     batch,
+    batch_mode,
     batch_wait,
     batch_fallback,
     ledger,
@@ -170,7 +172,7 @@ def cli(
             prices=prices,
             max_cost=max_cost,
             device=device,
-            batch=BatchConfig(batch, batch_wait, batch_fallback, ledger),
+            batch=BatchConfig(batch, batch_mode, batch_wait, batch_fallback, ledger),
         )
     if isinstance(preferences, int):  # questions pending in batches: no board yet
         raise SystemExit(preferences)

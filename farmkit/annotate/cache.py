@@ -17,7 +17,8 @@ Questions sent through a Batch API (farmkit.annotate.batch) are pending for hour
 means to create or has created (`batches`, one row per intent, written before anything is uploaded),
 the lines of each (`batch_lines`: a custom_id, the keys it asks and how to read its reply) and the key
 -> line index (`batch_keys`) live here too, so that a later run collects them and no run asks a
-pending question again. Schema 2 added these tables; a schema 1 file gains them when opened.
+pending question again (a line's spec may list keys another run `joined` to it: the same request
+asked under another host name). Schema 2 added these tables; a schema 1 file gains them when opened.
 """
 
 from __future__ import annotations
@@ -346,6 +347,45 @@ class VerdictCache:
                 )
         return taken
 
+    def pending_requests(self, requests: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """request id -> the pending line that asks it (its custom_id, intent, endpoint and batch id),
+        for the `request` ids (a line's spec) among `requests`."""
+        wanted = set(requests)
+        found: dict[str, dict[str, Any]] = {}
+        for custom_id, spec, intent, endpoint, batch_id in self._db.execute(
+            "SELECT l.custom_id, l.spec, b.intent, b.endpoint, b.batch_id "
+            "FROM batch_lines l JOIN batches b ON b.intent = l.intent"
+        ):
+            request = orjson.loads(spec).get("request")
+            if request in wanted and request not in found:
+                found[request] = {
+                    "custom_id": custom_id,
+                    "intent": intent,
+                    "endpoint": endpoint,
+                    "batch_id": batch_id,
+                }
+        return found
+
+    def join_line(self, custom_id: str, keys: list[str]) -> bool:
+        """Have the pending line `custom_id` answer `keys` too (another run's keys for the same
+        request); False where the line is no longer pending or a key is answered or pending."""
+        with self._transaction():
+            row = self._db.execute(
+                "SELECT spec FROM batch_lines WHERE custom_id = ?", (custom_id,)
+            ).fetchone()
+            if row is None or self.get_many(keys) or self.pending_keys(keys):
+                return False
+            spec = orjson.loads(row[0])
+            spec["joined"] = [*spec.get("joined", []), keys]
+            self._db.execute(
+                "UPDATE batch_lines SET spec = ? WHERE custom_id = ?",
+                (orjson.dumps(spec), custom_id),
+            )
+            self._db.executemany(
+                "INSERT INTO batch_keys VALUES (?, ?)", [(key, custom_id) for key in keys]
+            )
+        return True
+
     def set_batch(self, intent: str, column: str, value: str) -> None:
         """Note the endpoint's id of an intent's uploaded file (`file_id`) or its batch (`batch_id`)."""
         assert column in ("file_id", "batch_id")
@@ -389,11 +429,22 @@ class VerdictCache:
 
     def settle_lines(
         self, intent: str, custom_ids: list[str], verdicts: dict[str, dict[str, Any]]
-    ) -> None:
+    ) -> int:
         """Lines of `intent` that are done (answered, or to be asked again): their `verdicts` written
-        and the lines no longer pending, in one transaction; the intent ends with its last line."""
+        and the lines no longer pending, in one transaction; the intent ends with its last line.
+        Returns how many of the lines were still pending: 0 where another run settled them first
+        (it collected the batch at the same time, and books it), and nothing is written."""
         now = time.time()
         with self._transaction():
+            pending = sum(
+                self._db.execute(
+                    "SELECT 1 FROM batch_lines WHERE custom_id = ? AND intent = ?", (c, intent)
+                ).fetchone()
+                is not None
+                for c in custom_ids
+            )
+            if not pending:
+                return 0
             self._db.executemany(
                 "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?)",
                 [(key, orjson.dumps(value), now) for key, value in verdicts.items()],
@@ -410,6 +461,7 @@ class VerdictCache:
             ).fetchone()
             if left is None:
                 self._db.execute("DELETE FROM batches WHERE intent = ?", (intent,))
+        return pending
 
     def renew(self, lease: float) -> None:
         """Extend every claim this run holds to `lease` seconds from now."""

@@ -48,13 +48,21 @@ class PriceTable:
             from farmkit.core.yamltext import safe_yaml
 
             try:
-                loaded = safe_yaml(Path(path).read_text())
+                text = Path(path).read_text()
+                loaded = safe_yaml(text)
             except (OSError, yaml.YAMLError) as exc:
                 raise FarmError(f"{path}: cannot read the price table ({exc})") from None
             if not isinstance(loaded, dict):
-                raise FarmError(
+                raise BadPrices(
                     f"{path}: expected a mapping model -> {{prompt: USD per 1M, completion: USD per 1M}}"
                 )
+            lines = _lines(text)
+            for model, entry in loaded.items():
+                try:
+                    cls({model: entry})
+                except FarmError as exc:
+                    where = f"{path}:{lines[model]}" if model in lines else path
+                    raise BadPrices(f"{where}: {exc}") from None
             overrides.update(loaded)
         return cls(overrides)
 
@@ -71,14 +79,55 @@ class PriceTable:
         return factor * (prompt_tokens * rates[0] + completion_tokens * rates[1]) / 1e6
 
 
+# USD per million tokens: a dollar a token; a price above it is a typo (the dearest models cost well
+# under $1,000 per million)
+MOST_PRICE = 1_000_000.0
+
+
+class BadPrices(FarmError):
+    """A prices file that does not hold prices: a usage error (exit 2), named with its line."""
+
+    exit_code = 2
+
+
+def _lines(text: str) -> dict[Any, int]:
+    """The line (1-based) of each top-level key of a YAML mapping."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {key.value: key.start_mark.line + 1 for key, _ in node.value}
+
+
 def _parse_entry(model: str, entry: Any) -> tuple[float, float]:
     if isinstance(entry, dict) and {"prompt", "completion"} <= set(entry):
-        return float(entry["prompt"]), float(entry["completion"])
+        return _rate(model, "prompt", entry["prompt"]), _rate(
+            model, "completion", entry["completion"]
+        )
     if isinstance(entry, (list, tuple)) and len(entry) == 2:
-        return float(entry[0]), float(entry[1])
+        return _rate(model, "prompt", entry[0]), _rate(model, "completion", entry[1])
     raise FarmError(
         f"price of {model}: expected {{prompt: USD per 1M tokens, completion: USD per 1M tokens}}"
     )
+
+
+def _rate(model: str, name: str, value: Any) -> float:
+    """A price in USD per million tokens: a finite number from 0 to MOST_PRICE (a NaN, a negative or
+    an infinite price would silently undo --max-cost)."""
+    rate = value if type(value) in (int, float) else math.nan
+    if not 0 <= rate <= MOST_PRICE:
+        shown = {math.inf: ".inf", -math.inf: "-.inf"}.get(value, value)
+        if isinstance(value, float) and math.isnan(value):
+            shown = ".nan"
+        raise FarmError(
+            f"price of {model}: {name} {shown}: expected USD per 1M tokens, a number from 0 to "
+            f"{MOST_PRICE:,.0f}"
+        )
+    return float(rate)
 
 
 def _batch_factor(model: str, value: Any) -> float:

@@ -1,5 +1,7 @@
 """The cost ledger (farm-annotate --ledger FILE): one JSON line per run (date in UTC, pool, judges,
-pairs, requests, cache hits, mode, tokens, price), and its totals by day and by judge
+pairs, requests, cache hits, mode, tokens, price), and one per batch collected (`collected`: its id;
+its tokens and price, booked the moment it is read, so a run that fails later loses no booking; not
+counted as a run), and its totals by day and by judge
 (farm-winrate --ledger FILE), rows that farm-plot curves draws against their `step` (the day's
 number from the first).
 
@@ -51,7 +53,7 @@ def totals(path: str | os.PathLike) -> list[dict[str, Any]]:
         except ValueError:
             raise FarmError(f"{path}:{number}: date {entry['date']!r} is not an ISO date") from None
         row = days.setdefault(day, {"date": day, **dict.fromkeys(SUMMED, 0)})
-        row["runs"] += 1
+        row["runs"] += "collected" not in entry  # a batch's booking, not a run of its own
         for name in SUMMED[1:]:
             row[name] += _number(entry.get(name), path, number, name)
         mode = "batch" if entry.get("mode") == "batch" else "direct"

@@ -58,7 +58,7 @@ class Run:
     ):
         """`cache_path`: a SQLite file, "default" (under farmkit's cache folder) or None (no cache).
         `show_progress`: a progress bar on stderr even when stderr is not a terminal (never with -q).
-        `batch`: how paid judges are asked (its `batch` None: directly).
+        `batch`: how paid judges are asked (its `batch` False: directly).
         `retry_failed`: ask again the questions whose cached reply could not be read."""
         self.show_progress = show_progress
         self.pool = pool
@@ -327,9 +327,13 @@ class Run:
                 verdict.completion_tokens,
                 verdict.price,
             )
+        # what batches were billed is in the ledger already, booked as each was collected
         batch = self._batch_mode.stats if self._batch_mode is not None else None
-        for model, spent in (batch.spend if batch else {}).items():
-            book(model, *spent)
+        booked = (
+            [sum(spent[i] for spent in batch.spend.values()) for i in (1, 2, 3)]
+            if batch
+            else [0, 0, 0]
+        )
         return {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "pool": self.pool.name,
@@ -338,9 +342,9 @@ class Run:
             "requests": stats.requests + (batch.submitted if batch else 0),
             "cached": stats.cache_hits,
             "pending": batch.pending if batch else 0,
-            "prompt_tokens": stats.prompt_tokens,
-            "completion_tokens": stats.completion_tokens,
-            "price": round(stats.price, 8),
+            "prompt_tokens": stats.prompt_tokens - booked[0],
+            "completion_tokens": stats.completion_tokens - booked[1],
+            "price": round(stats.price - booked[2], 8),
             "judges": {
                 model: {**entry, "price": round(entry["price"], 8)}
                 for model, entry in sorted(judges.items())

@@ -995,14 +995,20 @@ def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | Non
     return text or "", finished, counts[0], counts[1], choice.get("logprobs")
 
 
+# tokens one reply can be billed: no model reads or writes this many in one request; a count above it
+# is a broken or hostile reply, not a bill (1e30 tokens would price at $1e23)
+MOST_TOKENS = 10_000_000
+
+
 def _count(value: Any) -> int | None:
     """A usage count: an integer as given, a fraction rounded, None where the endpoint gives none
-    (the caller estimates it), -1 where it is not a count at all (a string, a negative number)."""
+    (the caller estimates it), -1 where it is not a count at all (a string, a negative number, more
+    than MOST_TOKENS)."""
     if value is None:
         return None
-    if type(value) is int and value >= 0:
+    if type(value) is int and 0 <= value <= MOST_TOKENS:
         return value
-    if type(value) is float and math.isfinite(value) and value >= 0:
+    if type(value) is float and math.isfinite(value) and 0 <= value <= MOST_TOKENS:
         return round(value)
     return -1
 

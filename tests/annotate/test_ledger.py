@@ -92,20 +92,24 @@ def test_farm_annotate_books_each_run_and_farm_winrate_totals_them(tmp_path):
         batch = runner.invoke(annotate, [*base, "--batch"], input=_pairs(6), env=env)
         direct = runner.invoke(annotate, base, input=_pairs(10), env=env)
     assert batch.exit_code == 0 and direct.exit_code == 0, (batch.stderr, direct.stderr)
-    first, second = (orjson.loads(line) for line in ledger.read_bytes().splitlines())
+    # the batch, booked as it was collected; the batch run; the direct run
+    collected, first, second = (orjson.loads(line) for line in ledger.read_bytes().splitlines())
+    assert collected["mode"] == "batch" and collected["collected"].startswith("batch-")
+    assert collected["price"] > 0 and set(collected["judges"]) == {"gpt-4o-mini"}
+    assert collected["judges"]["gpt-4o-mini"]["pairs"] == 6 and collected["estimated"] == 0
     assert first["mode"] == "batch" and second["mode"] == "direct"
     assert (first["pairs"], second["pairs"], second["cached"]) == (6, 10, 6)
     assert second["requests"] == server.direct  # the 4 new pairs, asked directly
     assert first["requests"] == sum(server.answered.values())
-    assert first["price"] > 0 and set(first["judges"]) == {"gpt-4o-mini"}
-    assert first["judges"]["gpt-4o-mini"]["pairs"] == 6
+    assert first["price"] == 0 and first["judges"] == {}  # booked in the line before
     assert second["judges"]["gpt-4o-mini"]["pairs"] == 4
     assert second["judges"]["gpt-4o-mini"]["price"] == pytest.approx(second["price"])
     done = runner.invoke(winrate, ["--ledger", str(ledger), "-o", str(board)])
     assert done.exit_code == 0, done.output
     (row,) = read_metrics(board)  # what farm-plot curves reads
-    assert row["runs"] == 2 and row["step"] == 0
-    assert row["price"] == pytest.approx(first["price"] + second["price"])
-    assert row["price_batch"] == pytest.approx(first["price"])
+    assert row["runs"] == 2 and row["step"] == 0  # a batch's booking is not a run
+    assert row["price"] == pytest.approx(collected["price"] + second["price"])
+    assert row["price_batch"] == pytest.approx(collected["price"])
+    assert row["pairs:gpt-4o-mini"] == 10
     refused = runner.invoke(winrate, ["--ledger", str(ledger), str(board)])
     assert refused.exit_code == 2 and "leave PREFS out" in refused.output

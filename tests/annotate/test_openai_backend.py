@@ -781,7 +781,8 @@ def test_an_error_message_that_holds_the_key_reaches_stderr_without_it(tmp_path)
             input=_jsonl(_pairs(2)),
             env={"OPENAI_API_KEY": key, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
         )
-        assert done.returncode == 1 and b"expected a mapping" in done.stderr, done.stderr
+        # a prices file that holds no prices is a usage error (exit 2)
+        assert done.returncode == 2 and b"expected a mapping" in done.stderr, done.stderr
         assert not [p for p in _fragments(key) if p.encode() in done.stderr], done.stderr
     missing = run_tool(  # a usage error (exit 2) names the file too
         "farm-annotate",

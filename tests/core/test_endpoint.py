@@ -661,3 +661,22 @@ def test_rate_limited_replies_make_the_client_back_off(tmp_path):
     summary = result.stderr.splitlines()[-1]
     assert "+4 retries" in summary and "(backed off" in summary, summary
     assert server.outcomes["ok"] == 12
+
+
+def test_a_reply_claiming_absurd_usage_is_malformed_and_booked_at_the_worst_case(tmp_path):
+    # 1e30 tokens is no bill any model runs up: the reply is malformed (retried, then no verdict),
+    # and its attempts are booked at their worst case, not at $1e23
+    with OpenAIServer(respond=judge_longer, billing=lambda text: 1e30) as server:
+        result = _annotate(
+            "--pool",
+            _pool(tmp_path),
+            "--no-cache",
+            input=_jsonl(_pairs(1)),
+            env=_env(server),
+        )
+    assert result.exit_code == 0, (result.output, result.exception)
+    (record,) = [orjson.loads(line) for line in result.stdout_bytes.splitlines()]
+    assert record["preference"] is None
+    assert "usage is not token counts" in record["preference_reason"]
+    spent = record["provenance"]["farm-annotate"]
+    assert spent["tokens_estimated"] and 0 < spent["price"] < 1

@@ -264,5 +264,8 @@ def test_batch_nights_submit_then_collect(tmp_path):
         orjson.loads(line)
         for line in (tmp_path / "nightly" / "spend.jsonl").read_bytes().splitlines()
     ]
-    assert [entry["mode"] for entry in ledger] == ["batch"] * 4
-    assert sum(entry["pending"] for entry in ledger[:2]) == 6 and ledger[-1]["pending"] == 0
+    runs = [entry for entry in ledger if "collected" not in entry]
+    assert [entry["mode"] for entry in runs] == ["batch"] * 4
+    assert sum(entry["pending"] for entry in runs[:2]) == 6 and runs[-1]["pending"] == 0
+    # each batch is booked once, as it is collected
+    assert len([entry for entry in ledger if "collected" in entry]) == 2
