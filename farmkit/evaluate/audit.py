@@ -807,9 +807,9 @@ def plot_audit(path: str, result: Audit) -> str:
                 sizes.append(int(inside.sum()))
         ax.plot(xs, ys, "o-", color="tab:orange", label="judge")
         for x, y, size in zip(xs, ys, sizes, strict=True):
-            ax.annotate(str(size), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
+            ax.annotate(str(size), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.set_xlim(-0.03, 1.03)
+        ax.set_ylim(-0.03, 1.08)
         ax.set_xlabel("judge's confidence that output_2 is better")
         ax.set_ylabel("share of humans' majority preferring output_2")
         ax.set_title("reliability (points: verdicts per bin)")
