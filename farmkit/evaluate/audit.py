@@ -328,7 +328,9 @@ class Verdicts:
 
     items: list[Item]
     given: list[list[float | None]]
-    swapped: list[list[float | None]]  # as shown: 1 means the mirrored pair's output_1 (the given output_2)
+    swapped: list[
+        list[float | None]
+    ]  # as shown: 1 means the mirrored pair's output_1 (the given output_2)
     confidence: list[list[float | None]]  # P(given output_2 better), per run, as given
 
     @classmethod
@@ -384,9 +386,7 @@ class Bootstrap:
         with np.errstate(divide="ignore", invalid="ignore"):
             draws = (self.weights @ top_) / (self.weights @ bottom_)
         bounds = interval(draws) or [None, None]
-        return Figure(
-            name, float(top_.sum() / bottom_.sum()), *bounds, n, what or FIGURES[name]
-        )
+        return Figure(name, float(top_.sum() / bottom_.sum()), *bounds, n, what or FIGURES[name])
 
     def difference(
         self, name: str, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
@@ -655,9 +655,7 @@ def calibration_figures(
     points: list[tuple[float, float]], owner: list[int], n: int, boot: Bootstrap
 ) -> list[Figure]:
     if not points:
-        return [
-            Figure(name, None, None, None, 0, FIGURES[name]) for name in ("brier", "ece")
-        ]
+        return [Figure(name, None, None, None, 0, FIGURES[name]) for name in ("brier", "ece")]
     confidence, outcome = (np.array(values, float) for values in zip(*points, strict=True))
     pairs = np.array(owner)
     squared, counts = np.zeros(n), np.zeros(n)
@@ -700,7 +698,11 @@ class Audit:
             estimate = self.estimate(name)
             if estimate is None:
                 log.warning(
-                    "farm-audit: --fail-on %s%s%g: %s could not be computed", name, sign, value, name
+                    "farm-audit: --fail-on %s%s%g: %s could not be computed",
+                    name,
+                    sign,
+                    value,
+                    name,
                 )
                 continue
             if _COMPARE[sign](estimate, value):
@@ -753,7 +755,9 @@ def audit(
     if len(runs) > 1:
         figures.append(variance_figure(verdicts, boot))
     else:
-        notes.append("one run: the judge does not sample (variance 0 by construction), or --repeats 1")
+        notes.append(
+            "one run: the judge does not sample (variance 0 by construction), or --repeats 1"
+        )
     if judge_family is not None:
         figures += self_preference_figures(verdicts, humans, judge_family, families or {}, boot)
     else:

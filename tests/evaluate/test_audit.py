@@ -193,5 +193,31 @@ def test_the_evaluators_leaderboard_longest_row_comes_out_the_same(tmp_path):
     found = figures(result)
     board = published("longest")
     assert found["p_prefers_longer"]["estimate"] == board["Proba. prefer longer"] == 1.0
-    assert found["p_prefers_lists"]["estimate"] == pytest.approx(board["Proba. prefer lists"], abs=1e-12)
+    assert found["p_prefers_lists"]["estimate"] == pytest.approx(
+        board["Proba. prefer lists"], abs=1e-12
+    )
     assert found["p_prefers_lists"]["n"] == 111 and found["p_prefers_longer"]["n"] == 445
+
+
+def test_the_longest_rows_variance_and_first_position_come_out_the_same():
+    """The same judge in four runs, as the board asks each judge: variance 0 and P(prefers 1) =
+    270/648, the published figures (farm-audit's own P(prefers first) shows each pair both ways)."""
+    from farmkit.annotate.pairs import Item
+    from farmkit.evaluate.audit import audit
+    from farmkit.evaluate.correlate import alpaca_eval_preferences
+
+    source = shared_data("alpaca_eval/gpt4_b1_seeds/annotations_seed0.json")
+    items = [Item(row) for row in json.loads(source.read_text())]
+    verdicts = [1.0 if len(i.output_1) > len(i.output_2) else 2.0 for i in items]
+    run = [{"preference": p} for p in verdicts] + [{"preference": 3 - p} for p in verdicts]
+    result = audit(items, [run] * 4, "longest", resamples=10)
+    board = published("longest")
+    assert result.estimate("variance") == board["Variance"] == 0.0
+    assert result.estimate("p_prefers_first") == 0.5
+    firsts = [
+        c
+        for *_, c in alpaca_eval_preferences(
+            (i.output_1, i.output_2, p) for i, p in zip(items, verdicts, strict=True)
+        )
+    ]
+    assert sum(firsts) / len(firsts) == pytest.approx(board["Proba. prefer 1"], abs=1e-12)
