@@ -250,8 +250,8 @@ def ask(
                 expected += run.estimate(batch)["price"]
         if expected > max_cost:
             raise FarmError(
-                f"the audit's expected price ${expected:.4f} ({repeats} run(s) of {len(batch)} "
-                f"pairs) exceeds --max-cost ${max_cost:.4f}; nothing was asked"
+                f"the audit's expected price ${expected:.4f} ({repeats} run(s) of {len(items)} pairs in both "
+                f"orders) exceeds --max-cost ${max_cost:.4f}; nothing was asked"
             )
     spent = 0.0
     for r in range(repeats):

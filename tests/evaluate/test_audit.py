@@ -221,3 +221,30 @@ def test_the_longest_rows_variance_and_first_position_come_out_the_same():
         )
     ]
     assert sum(firsts) / len(firsts) == pytest.approx(board["Proba. prefer 1"], abs=1e-12)
+
+
+def test_an_endpoint_judge_through_the_cache_and_the_budget(folder, tmp_path, monkeypatch):
+    """The fake endpoint's judge prefers the longer answer; the audit asks it every pair both ways
+    once (a greedy judge: one run), a rerun is answered by the cache, and a budget below the expected
+    price asks nothing."""
+    from openai_server import OpenAIServer, judge_longer
+
+    pairs = [orjson.loads(line) for line in (folder / "pairs.jsonl").read_bytes().splitlines()]
+    few = write_jsonl(tmp_path / "few.jsonl", pairs[:20])
+    cache = str(tmp_path / "verdicts.sqlite")
+    with OpenAIServer(respond=judge_longer) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-secret")
+        args = [few, "--pool", "single", "--format", "jsonl", "--bootstrap", "50"]
+        first = RUNNER.invoke(cli, [*args, "--cache", cache])
+        assert first.exit_code == 0, first.output
+        assert figures(first)["p_prefers_longer"]["estimate"] == 1.0
+        asked = len(server.bodies)
+        assert asked == 40  # 20 pairs x 2 orders, one request each (batch size 1)
+        again = RUNNER.invoke(cli, [*args, "--cache", cache])
+        assert again.stdout == first.stdout and len(server.bodies) == asked
+        broke = RUNNER.invoke(cli, [*args, "--no-cache", "--max-cost", "0.000001"])
+        # the FarmError that the entry point prints as one line, exit 1
+        assert broke.exit_code == 1 and "exceeds --max-cost" in str(broke.exception)
+        assert len(server.bodies) == asked
+        assert "sk-test-secret" not in first.output + str(broke.exception)
