@@ -102,9 +102,9 @@ def cli(
         found = {family_map[name] for name in [*names, chosen.name] if name in family_map}
         if len(found) == 1:
             judge_family = found.pop()
-    humans_labels = None
+    humans_labels = human_names = None
     if humans:
-        humans_labels, unmatched = audit_module.read_humans(humans, items)
+        humans_labels, human_names, unmatched = audit_module.read_humans(humans, items)
         if unmatched:
             log.warning(
                 f"farm-audit: {unmatched} record(s) of {humans} match no audited pair and were left out"
@@ -127,6 +127,7 @@ def cli(
         asked,
         chosen.name,
         humans=humans_labels,
+        human_names=human_names,
         judge_family=judge_family,
         families=family_map,
         resamples=bootstrap,

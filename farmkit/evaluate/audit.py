@@ -544,9 +544,10 @@ def _wins(value: float, side: float) -> float:
     return (2 - value) if side == 1 else (value - 1)
 
 
-def read_humans(path: str, items: list[Item]) -> tuple[list[list[float]], int]:
+def read_humans(path: str, items: list[Item]) -> tuple[list[list[float]], list[list[str]], int]:
     """The human labels of each audited pair (as given; a label of the mirrored pair is mirrored),
-    and how many human records matched no audited pair."""
+    who gave each (the record's `annotator`, else its place among the pair's labels), and how many
+    human records matched no audited pair."""
     from farmkit.core.io import RecordError, display_name, iter_json
 
     index: dict[Any, tuple[int, bool]] = {}
@@ -554,6 +555,7 @@ def read_humans(path: str, items: list[Item]) -> tuple[list[list[float]], int]:
         index[pair_key(item.record, None, ("output_1", "output_2"))] = (i, False)
         index[pair_key(mirrored(item).record, None, ("output_1", "output_2"))] = (i, True)
     labels: list[list[float]] = [[] for _ in items]
+    names: list[list[str]] = [[] for _ in items]
     unmatched = 0
     source = display_name(path)
     for number, record in iter_json(path):
@@ -569,12 +571,18 @@ def read_humans(path: str, items: list[Item]) -> tuple[list[list[float]], int]:
             unmatched += 1
             continue
         if value is not None:
-            labels[found[0]].append(_mirror(value) if found[1] else value)
-    return labels, unmatched
+            i = found[0]
+            labels[i].append(_mirror(value) if found[1] else value)
+            names[i].append(str(record.get("annotator", f"label {len(names[i]) + 1}")))
+    return labels, names, unmatched
 
 
 def human_figures(
-    verdicts: Verdicts, humans: list[list[float]], epsilon: float, boot: Bootstrap
+    verdicts: Verdicts,
+    humans: list[list[float]],
+    epsilon: float,
+    boot: Bootstrap,
+    names: list[list[str]] | None = None,
 ) -> tuple[list[Figure], list[tuple[float, float]]]:
     """Agreement, kappa, the alternative annotator test and calibration; and the (confidence,
     outcome) points of the reliability curve."""
@@ -606,11 +614,12 @@ def human_figures(
         found.append(Figure(name, value, *bounds, len(chosen), FIGURES[name]))
     else:
         found.append(Figure(name, None, None, None, 0, FIGURES[name]))
-    # the alternative annotator test: each human label is an annotator of its own position
-    most = max((len(h) for h in humans), default=0)
-    people = {
-        f"human{k}": [(_round(h[k]) if k < len(h) else None) for h in humans] for k in range(most)
-    }
+    # the alternative annotator test: each annotator with the pairs they labelled
+    people: dict[str, dict[int, float]] = {}
+    for i, labels in enumerate(humans):
+        who = names[i] if names else [f"label {k + 1}" for k in range(len(labels))]
+        for name, label in zip(who, labels, strict=True):
+            people.setdefault(name, {})[i] = _round(label)
     runs = [[_round(v) for v in values if v is not None] for values in verdicts.given]
     test = alt_test(people, runs, epsilon, boot.weights)
     advantage = test.get("advantage_ci") or [None, None]
@@ -739,6 +748,7 @@ def audit(
     judge: str,
     *,
     humans: list[list[float]] | None = None,
+    human_names: list[list[str]] | None = None,
     judge_family: str | None = None,
     families: dict[str, str] | None = None,
     resamples: int = 1000,
@@ -764,7 +774,7 @@ def audit(
         notes.append("no judge family (--judge-family or --families): no self-preference")
     points: list[tuple[float, float]] = []
     if humans is not None:
-        found, points = human_figures(verdicts, humans, epsilon, boot)
+        found, points = human_figures(verdicts, humans, epsilon, boot, human_names)
         figures += found
     return Audit(judge, len(items), len(runs), figures, points, notes)
 
