@@ -77,7 +77,7 @@ def cli(
 
     \b
     farm-audit pairs.jsonl --pool sim_eval_offline --repeats 3 --plot audit.png
-    farm-audit outputs.jsonl --reference ref.jsonl --pool judge.yaml --fail-on flip_rate>0.2
+    farm-audit outputs.jsonl --reference ref.jsonl --pool judge.yaml --fail-on 'flip_rate>0.2'
     farm-audit pairs.jsonl --pool weighted_gpt4_turbo --humans labels.jsonl --max-cost 2
     """
     from farmkit.annotate import pools as pool_module

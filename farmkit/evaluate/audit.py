@@ -235,7 +235,8 @@ def ask(
     device: str,
 ) -> list[list[dict[str, Any]]]:
     """Every pair as given and mirrored (shown in that order), in `repeats` runs (seeds seed,
-    seed + 1...): per run, the records of `items` then of their mirror images. The whole audit's
+    seed + 1...): per run, the records of `items` then of their mirror images. In a pool of several
+    judges, the judge is drawn per instruction, so that a pair and its mirror image meet the same one. The whole audit's
     expected price is checked against `max_cost` before anything is asked."""
     from farmkit.annotate.run import Run
 
@@ -264,6 +265,7 @@ def ask(
             max_cost=None if max_cost is None else max(max_cost - spent, 0.0),
             device=device,
             as_given=True,
+            assign_by="instruction",  # a pair and its mirror image meet the same judge of the pool
         ) as run:
             run.annotate(batch, records.extend)
             spent += run.annotator.stats.price
