@@ -248,3 +248,21 @@ def test_an_endpoint_judge_through_the_cache_and_the_budget(folder, tmp_path, mo
         assert broke.exit_code == 1 and "exceeds --max-cost" in str(broke.exception)
         assert len(server.bodies) == asked
         assert "sk-test-secret" not in first.output + str(broke.exception)
+
+
+def test_a_pair_and_its_mirror_meet_the_same_judge_of_a_pool(folder, tmp_path):
+    """A pool of two order-consistent judges that disagree (one prefers the longer output, the other
+    the shorter): no verdict flips, since the pair and its mirror image go to the same judge."""
+    (tmp_path / "two.yaml").write_text(
+        "name: two\ndescription: two judges\nflip_rate: 0.0\njudges:\n"
+        "  - {name: longer, backend: oracle, reward: heuristic, temperature: 0.0, length_bias: 100.0}\n"
+        "  - {name: shorter, backend: oracle, reward: heuristic, temperature: 0.0, length_bias: -100.0}\n"
+    )
+    result = RUNNER.invoke(
+        cli,
+        [str(folder / "pairs.jsonl"), "--pool", str(tmp_path / "two.yaml"), "--no-cache"]
+        + ["--format", "jsonl", "--bootstrap", "20"],
+    )
+    found = figures(result)
+    assert found["flip_rate"]["estimate"] == 0.0
+    assert 0.2 < found["p_prefers_longer"]["estimate"] < 0.8  # both judges were asked
