@@ -34,7 +34,8 @@ its answer (a soft preference); "as shown" is the order the judge saw, "as given
   mode of the humans' labels, a tied mode counting its expected agreement), cohen_kappa (the judge's
   first-run verdict in the pair's own order against the humans' mode, on the pairs with one mode),
   the alternative annotator test (farmkit.evaluate.correlate.alt_test, pairs with three human labels
-  or more: alt_test_advantage with its interval, alt_test_winning_rate, pass), and calibration of the
+  or more: alt_test_advantage, alt_test_winning_rate and pass; the winning rate's interval reruns the
+  test on the first 100 resamples), and calibration of the
   judge's confidence in output_2 (its soft preference - 1, else 1 - p_first_better where its backend
   gives one, else the hard verdict) against the humans' majority (pairs with a majority that is not a
   tie): brier (mean squared error) and ece (expected calibration error over 10 equal-width bins:
@@ -80,6 +81,7 @@ log = logging.getLogger("farmkit")
 FAIL_EXIT = 3  # docs/exit-codes.md: a --fail-on check failed
 CALIBRATION_BINS = 10
 LENGTH_GLM_RESAMPLES = 200  # the length coefficient's interval refits the GLM: fewer resamples
+WINNING_RATE_RESAMPLES = 100  # and the winning rate's reruns the alternative annotator test
 _CHECK = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|>|<)\s*([-+0-9.eE]+)\s*$")
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
@@ -625,6 +627,13 @@ def human_figures(
     runs = [[_round(v) for v in values if v is not None] for values in verdicts.given]
     test = alt_test(people, runs, epsilon, boot.weights)
     advantage = test.get("advantage_ci") or [None, None]
+    winning = [None, None]
+    if test.get("winning_rate") is not None:
+        draws = [
+            alt_test(*_resampled(people, runs, resample), epsilon).get("winning_rate")
+            for resample in boot.weights[:WINNING_RATE_RESAMPLES]
+        ]
+        winning = interval(np.array([d for d in draws if d is not None], float)) or winning
     pairs = test.get("pairs") or 0
     found.append(
         Figure(
@@ -639,8 +648,7 @@ def human_figures(
         Figure(
             "alt_test_winning_rate",
             test.get("winning_rate"),
-            None,
-            None,
+            *winning,
             pairs,
             FIGURES["alt_test_winning_rate"]
             + (f", pass: {test['pass']}" if test.get("pass") is not None else ""),
@@ -660,6 +668,18 @@ def human_figures(
                 owner.append(i)
     found += calibration_figures(points, owner, n, boot)
     return found, points
+
+
+def _resampled(
+    people: dict[str, dict[int, float]], runs: list[list[float]], counts: np.ndarray
+) -> tuple[dict[str, dict[int, float]], list[list[float]]]:
+    """The annotators' labels and the judge's runs of a bootstrap resample: pair i `counts[i]` times."""
+    drawn = [i for i, count in enumerate(counts) for _ in range(int(count))]
+    labels = {
+        name: {k: given[i] for k, i in enumerate(drawn) if i in given}
+        for name, given in people.items()
+    }
+    return labels, [runs[i] for i in drawn]
 
 
 def calibration_figures(
