@@ -30,7 +30,6 @@ ifneq ($(LOCK),)
 	$(PY) -m pip install -q --no-deps -r $(LOCK)
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m dev.lock verify $(LOCK)
-	$(PY) -m pip check
 else
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 endif

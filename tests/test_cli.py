@@ -407,7 +407,7 @@ def test_a_reference_option_is_a_file_of_outputs_and_the_reference_generator_a_n
                     want = click.Path if flag == "--reference" else click.types.StringParamType
                     assert isinstance(option.type, want), (tool, flag)
     assert found == {
-        "--reference": {"farm-annotate", "farm-eval", "farm-label"},
+        "--reference": {"farm-annotate", "farm-audit", "farm-eval", "farm-label"},
         "--reference-generator": {"farm-winrate"},
     }
     winrate = command("farm-winrate")

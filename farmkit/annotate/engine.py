@@ -160,11 +160,15 @@ class Annotator:
         device: str = "auto",
         assign_by: str = "item",
         retry_failed: bool = False,
+        as_given: bool = False,
     ):
         """`assign_by`: "item" (each pair draws its judge and order) or "instruction" (all pairs of one
         instruction share them). `retry_failed`: ask again the questions whose cached reply could not be
-        read (by default such a reply is re-read, and asked again only when a newer parser cannot read it)."""
+        read (by default such a reply is re-read, and asked again only when a newer parser cannot read it).
+        `as_given`: show every pair in its own order (output_1 first) instead of a drawn one (farm-audit
+        asks each pair and its mirror image so)."""
         self.pool, self.seed, self.both_orders, self.cache = pool, seed, both_orders, cache
+        self.as_given = as_given
         self.assign_by, self.retry_failed = assign_by, retry_failed
         self.prices = prices or PriceTable(pool.prices)
         self.max_cost = max_cost
@@ -222,7 +226,10 @@ class Annotator:
             while judge_index < len(self._weights) - 1 and point >= self._weights[judge_index]:
                 point -= self._weights[judge_index]
                 judge_index += 1
-            orders = (False, True) if self.both_orders else (draws["order"] < 0.5,)
+            if self.both_orders:
+                orders: tuple[bool, ...] = (False, True)
+            else:
+                orders = (False,) if self.as_given else (draws["order"] < 0.5,)
             for swapped in orders:
                 ask = Ask(index, judge_index, swapped, draws[f"draw-{int(swapped)}"])
                 if self._judge_keys[judge_index] is not None:

@@ -55,11 +55,13 @@ class Run:
         assign_by: str = "item",
         batch: BatchConfig | None = None,
         retry_failed: bool = False,
+        as_given: bool = False,
     ):
         """`cache_path`: a SQLite file, "default" (under farmkit's cache folder) or None (no cache).
         `show_progress`: a progress bar on stderr even when stderr is not a terminal (never with -q).
         `batch`: how paid judges are asked (its `batch` False: directly).
-        `retry_failed`: ask again the questions whose cached reply could not be read."""
+        `retry_failed`: ask again the questions whose cached reply could not be read.
+        `as_given`: show every pair in its own order, not a drawn one (farm-audit)."""
         self.show_progress = show_progress
         self.pool = pool
         self.prices = PriceTable.from_file(prices_path, pool.prices)
@@ -81,6 +83,7 @@ class Run:
             device=device,
             assign_by=assign_by,
             retry_failed=retry_failed,
+            as_given=as_given,
         )
         self.max_cost = max_cost
         self.paid = batch or BatchConfig()

@@ -707,6 +707,50 @@ def _preferences(
     }
 
 
+# AlpacaEval's list detector (its utils.contains_list): a bullet or star, a number or a letter
+# followed by '.' or ')', or a dash, then (after optional spaces) a word character. It is loose (a
+# sentence ending in a letter and a full stop followed by another word matches): the evaluators'
+# leaderboard's "Proba. prefer lists" counts the 111 of its 648 pairs where exactly one output matches.
+_ALPACA_EVAL_LIST = re.compile(r"[\u2022*]\s*\w|\d+[.)]\s*\w|[a-zA-Z][.)]\s*\w|-\s*\w")
+
+
+def alpaca_eval_contains_list(text: str) -> bool:
+    """Whether AlpacaEval's evaluators' leaderboard counts `text` as holding a list."""
+    return bool(_ALPACA_EVAL_LIST.search(text))
+
+
+def alpaca_eval_preferences(
+    verdicts: Iterable[tuple[str, str, float | None]], min_length_difference: int = 30
+) -> list[tuple[float | None, float | None, float | None]]:
+    """Per verdict (output_1, output_2, preference), as AlpacaEval's evaluators' leaderboard counts it
+    (its analyze.py): (prefers longer, prefers lists, prefers 1). Its "best" output is output_1 when the
+    preference is in [1, 1.5), output_2 when it is in (1.5, 2] (an exact tie has no best output and
+    counts in neither of the first two figures); prefers longer is 1 or 0 where
+    the two outputs' lengths (characters) differ by more than `min_length_difference`, else None;
+    prefers lists is 1 or 0 where exactly one output holds a list (alpaca_eval_contains_list), else
+    None; prefers 1 is 2 - preference (a tie 1/2). A verdict without a preference gives (None, None,
+    None). AlpacaEval keeps the first verdict of each pair (instruction, output_1, output_2) for the
+    first two figures and every verdict for the third: the caller picks the verdicts."""
+    found = []
+    for first, second, preference in verdicts:
+        if preference is None:
+            found.append((None, None, None))
+            continue
+        if preference == TIE:
+            found.append((None, None, 0.5))
+            continue
+        best, worse = (first, second) if preference < TIE else (second, first)
+        longer = (
+            float(len(best) > len(worse))
+            if abs(len(best) - len(worse)) > min_length_difference
+            else None
+        )
+        best_list, worse_list = alpaca_eval_contains_list(best), alpaca_eval_contains_list(worse)
+        lists = float(best_list) if best_list != worse_list else None
+        found.append((longer, lists, 2.0 - preference))
+    return found
+
+
 def resample_weights(n: int, resamples: int, seed: int = 0) -> np.ndarray:
     """(resamples x n) counts: how often each of n items is drawn in each bootstrap resample (n
     draws with replacement), so that a sum over the items of a resample is `weights @ values`."""

@@ -28,6 +28,7 @@ CONTRACT: dict[str, dict] = {
         "empty": "empty",
     },
     "farm-correlate": {"args": ["{input}", "{input}"], "empty": "empty"},
+    "farm-audit": {"args": ["--pool", "gold_heuristic", "--no-cache", "{input}"], "empty": "empty"},
     "farm-annotate": {"args": ["--pool", "gold", "--no-cache", "{input}"], "empty": "empty"},
     "farm-sample": {"args": ["embedded", "{input}"], "empty": "empty"},
     "farm-sft": {"args": ["embedded", "{input}", "-o", "{dir}"], "empty": "error"},
