@@ -243,13 +243,17 @@ def labels_for_se(
     unit as the values), from a pilot's human labels, the judge on the same pairs and on all N:
     with the pilot's lambda, var(Y), cov(Y, f) and var(f), and lambda' = lambda (1 - n/N),
     se(n)^2 = (var Y - 2 lambda' cov + lambda'^2 var f) / n + lambda^2 var f (N - n) / N^2.
-    None: fewer than 2 pilot labels, or not reachable even with every pair labelled."""
+    A pilot whose labels are all equal has no variance: var(Y) is then q (1 - q), q = (sum + 0.5) /
+    (n + 1). None: fewer than 2 pilot labels, or not reachable even with every pair labelled."""
     if len(human) < 2:
         return None
     total = len(judge)
     variance_f = judge.var(ddof=1) if total > 1 else 0.0
     covariance = float(np.cov(human, judge_labelled, ddof=1)[0, 1])
     variance_y = float(human.var(ddof=1))
+    if variance_y == 0:  # a pilot of equal labels: the Bernoulli variance of its shrunk mean
+        shrunk = (float(human.sum()) + 0.5) / (len(human) + 1)
+        variance_y = shrunk * (1 - shrunk)
     lam = float(np.clip(covariance / variance_f, 0.0, 1.0)) if variance_f > 0 else 0.0
     n = np.arange(2, total + 1, dtype=np.float64)
     scaled = lam * (1 - n / total)
