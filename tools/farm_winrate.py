@@ -97,7 +97,7 @@ def cli(prefs, output, seed, **values):
             "--old-judge is --humans with the old judge as the humans; give one of them"
         )
     humans = config.old_judge or config.humans
-    if config.target_se is not None and not (humans or config.plan):
+    if config.target_se is not None and not humans:
         raise click.UsageError("--target-se plans labels for PPI; add --humans or --old-judge")
     modes = [
         name

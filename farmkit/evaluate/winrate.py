@@ -718,7 +718,7 @@ class WinrateConfig:
     )
     target_se: float | None = help_field(
         None,
-        "With --humans or --old-judge (or --plan): add ppi_labels_for_target_se, the number of labels "
+        "With --humans or --old-judge (also in --plan): add ppi_labels_for_target_se, the number of labels "
         "(human, or the old judge's) that PPI needs for a standard error of SE points, from the "
         "labels given as a pilot.",
         bounds=Bounds(0, 50, min_open=True),

@@ -59,6 +59,14 @@ def test_canaries_as_frozen_are_no_drift(tmp_path, frozen):
     assert "no drift" in result.stderr
     (entry,) = [orjson.loads(line) for line in history.read_bytes().splitlines()]
     assert entry["kind"] == "canary" and entry["evaluated_at"]
+    history.write_bytes(  # beside a board row: the plot has a line, and no drift mark
+        b'{"evaluated_at": "2026-01-01T02:30:00Z", "generator": "ppo", "reference": "ref", '
+        b'"win_rate": 60.0}\n' + history.read_bytes()
+    )
+    figure = tmp_path / "history.png"
+    drawn = CliRunner().invoke(plot_cli, ["history", str(history), "-o", str(figure)])
+    assert drawn.exit_code == 0, drawn.output
+    assert _red_pixels(figure) == 0
 
 
 def test_a_drift_prints_one_line_exits_4_and_is_marked(tmp_path, frozen):
@@ -96,6 +104,15 @@ def test_a_drift_prints_one_line_exits_4_and_is_marked(tmp_path, frozen):
     drawn = CliRunner().invoke(plot_cli, ["history", str(history), "-o", str(figure)])
     assert drawn.exit_code == 0, drawn.output
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _red_pixels(figure) > 200  # the drift's dashed red line and its label
+
+
+def _red_pixels(path) -> int:
+    """Pixels of matplotlib's tab:red (214, 39, 40) in a PNG: what marks a drift."""
+    from matplotlib.image import imread
+
+    pixels = imread(path)[:, :, :3] * 255
+    return int((abs(pixels - [214, 39, 40]).max(axis=2) < 30).sum())
 
 
 def test_a_judge_without_verdicts_tonight_is_a_drift(tmp_path, frozen):
