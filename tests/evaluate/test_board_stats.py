@@ -99,10 +99,14 @@ def test_baseline_board_adjusts_across_the_models(board, method):
     assert f"1 of 3 models differ from base at 0.05 after {kind}" in result.stderr
 
 
-def test_baseline_that_is_not_on_the_board_is_named(board, run_farm):
-    result = run_farm("farm-winrate", str(board), "--baseline", "nobody")
-    assert result.returncode == 1
-    assert b"--baseline: no verdicts on 'nobody'" in result.stderr and b"strong" in result.stderr
+def test_baseline_that_is_not_on_the_board_is_named(board, capfd):
+    from farmkit.tools.farm_winrate import main
+
+    with pytest.raises(SystemExit) as exit:  # the console script's main, in this process
+        main([str(board), "--baseline", "nobody"])
+    stderr = capfd.readouterr().err
+    assert exit.value.code == 1
+    assert "--baseline: no verdicts on 'nobody'" in stderr and "strong" in stderr
 
 
 @pytest.mark.parametrize(
@@ -203,3 +207,15 @@ def test_old_judge_labels_its_columns_and_plans_its_subset(tmp_path):
         str(tmp_path / "new.jsonl"), "--old-judge", str(tmp_path / "old.jsonl"), "--format", "table"
     )
     assert "old_judge_win_rate" in table.stdout.splitlines()[0]
+    planned = invoke(
+        str(tmp_path / "new.jsonl"),
+        "--old-judge",
+        str(tmp_path / "old.jsonl"),
+        "--plan",
+        "--target-se",
+        "4",
+        "--no-length-control",
+    )
+    (plan,) = rows_of(planned)
+    assert plan["n_prompts_needed"] >= 2 and plan["against"] == "50%"
+    assert plan["ppi_labels_for_target_se"] == row["ppi_labels_for_target_se"]

@@ -120,11 +120,14 @@ def test_a_judge_without_verdicts_tonight_is_a_drift(tmp_path, frozen):
     assert invoke(tonight, "--canaries", frozen).exit_code == 4
 
 
-def test_frozen_canaries_need_two_runs(tmp_path, run_farm):
+def test_frozen_canaries_need_two_runs(tmp_path, capfd):
+    from farmkit.tools.farm_winrate import main
+
     once = write_jsonl(tmp_path / "once.jsonl", [canary(i, 2) for i in range(5)])
-    result = run_farm("farm-winrate", str(once), "--canaries", str(once))
-    assert result.returncode == 1
-    assert b"once.jsonl: no canary was asked twice" in result.stderr
+    with pytest.raises(SystemExit) as exit:  # the console script's main, in this process
+        main([str(once), "--canaries", str(once)])
+    assert exit.value.code == 1
+    assert "once.jsonl: no canary was asked twice" in capfd.readouterr().err
 
 
 def test_canaries_with_a_board_option_is_a_usage_error(tmp_path, frozen):
