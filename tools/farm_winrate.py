@@ -110,9 +110,10 @@ def cli(prefs, output, seed, **values):
     ]
     if len(modes) > 1:
         raise click.UsageError(f"{' and '.join(modes)} each write their own rows; choose one")
-    if modes and (config.history or config.fmt == "alpaca-eval"):
+    if modes and (config.history or config.plot or config.fmt == "alpaca-eval"):
         raise click.UsageError(
-            f"{modes[0]} writes no leaderboard; --history and --format alpaca-eval keep leaderboard rows"
+            f"{modes[0]} writes no leaderboard; --history, --plot and --format alpaca-eval are for "
+            "leaderboard rows"
         )
     difficulty = (
         (config.difficulty_file, read_instruction_difficulty(config.difficulty_file, item_key))

@@ -115,6 +115,7 @@ def test_baseline_that_is_not_on_the_board_is_named(board, capfd):
         ["--baseline", "base", "--compare", "twin", "base"],
         ["--plan", "--compare", "twin", "base"],
         ["--baseline", "base", "--history", "h.jsonl"],
+        ["--plan", "--plot", "board.png"],
         ["--target-se", "1"],
         ["--humans", "a.jsonl", "--old-judge", "b.jsonl"],
     ],
