@@ -26,6 +26,16 @@
 # night its batch is collected (exit 75 in between: make goes on, and tonight's board holds the
 # checkpoints that are done). LEDGER (default $(OUT)/spend.jsonl) books every farm-annotate run; `farm-winrate --ledger`
 # totals it by day and judge.
+#
+# Drift canaries: CANARIES=pairs.jsonl (a fixed set of pairs: instruction, input, output_1, output_2)
+# are asked twice the first night, past the cache (farm-annotate --no-cache, seeds SEED and SEED+1),
+# and frozen in $(FROZEN); every later night asks them once more past the cache and
+# `farm-winrate --canaries $(FROZEN)` compares tonight's verdicts with the frozen ones (a one-sided
+# exact binomial test against the judge's own self-agreement when frozen). The row goes into
+# $(HISTORY) and the plot marks a drift; a drift prints one line `farm-winrate: judge drift: ...`,
+# and the night ends in failure (farm-winrate exits 4, make says `Error 4` and exits 2) after the
+# board and the plot are written. The canaries are asked directly (not in a batch) and booked in the
+# ledger like every other question.
 
 include $(dir $(lastword $(MAKEFILE_LIST)))venv.mk
 
@@ -44,6 +54,9 @@ SAMPLE_OPTS ?=
 ANNOTATE_OPTS ?=
 BATCH ?=
 LEDGER ?= $(OUT)/spend.jsonl
+CANARIES ?=
+FROZEN ?= $(OUT)/canaries/frozen.jsonl
+DRIFT_LEVEL ?= 0.01
 
 # the checkpoints present tonight: every subfolder with a config.json
 NAMES := $(sort $(patsubst $(CHECKPOINTS)/%/config.json,%,$(wildcard $(CHECKPOINTS)/*/config.json)))
@@ -55,16 +68,32 @@ ANNOTATIONS := $(NAMES:%=$(OUT)/annotations/%.jsonl)
 
 # the outputs are named here so that make keeps them (a file only a pattern rule names would be
 # deleted as intermediate)
-night: $(OUTPUTS) $(ANNOTATIONS)
+night: $(OUTPUTS) $(ANNOTATIONS) $(if $(CANARIES),$(FROZEN))
 ifeq ($(NAMES),)
 	@echo "nightly: no checkpoint folder with a config.json in $(CHECKPOINTS); nothing to evaluate" >&2
 else
-	@# with BATCH, a checkpoint whose questions are pending has no annotations file yet
-	@done="$$(ls $(ANNOTATIONS) 2>/dev/null)"; \
+	@# with BATCH, a checkpoint whose questions are pending has no annotations file yet; the canaries'
+	@# verdict (exit 4: a drift) ends the night after the board and the plot are written
+	@done="$$(ls $(ANNOTATIONS) 2>/dev/null)"; drift=0; \
 	if [ -z "$$done" ]; then echo "nightly: every checkpoint's questions are pending in batches" >&2; else \
 	farm-winrate $$done --bootstrap $(BOOTSTRAP) --seed $(SEED) --history $(HISTORY) \
-		-o $(OUT)/leaderboard.jsonl && farm-plot history $(HISTORY) -o $(OUT)/history.png; fi
+		-o $(OUT)/leaderboard.jsonl || exit $$?; fi; \
+	$(if $(CANARIES),$(CANARY_CHECK) || drift=$$?;) \
+	if [ -s $(HISTORY) ]; then farm-plot history $(HISTORY) -o $(OUT)/history.png || exit $$?; fi; \
+	exit $$drift
 endif
+
+# tonight's canaries, asked past the cache, against the frozen verdicts
+CANARY_CHECK = farm-annotate $(CANARIES) --pool $(POOL) --no-cache --seed $(SEED) --ledger $(LEDGER) \
+	$(ANNOTATE_OPTS) -q -o $(OUT)/canaries/tonight.jsonl && farm-winrate $(OUT)/canaries/tonight.jsonl \
+	--canaries $(FROZEN) --drift-level $(DRIFT_LEVEL) --history $(HISTORY) -o $(OUT)/canaries/tonight_check.jsonl
+
+# the canaries' first verdicts, each asked twice (the judge's self-agreement is the baseline)
+$(FROZEN): $(CANARIES)
+	@mkdir -p $(@D)
+	farm-annotate $< --pool $(POOL) --no-cache --seed $(SEED) --ledger $(LEDGER) $(ANNOTATE_OPTS) -q -o $(@D)/freeze-1.jsonl
+	farm-annotate $< --pool $(POOL) --no-cache --seed $$(( $(SEED) + 1 )) --ledger $(LEDGER) $(ANNOTATE_OPTS) -q -o $(@D)/freeze-2.jsonl
+	cat $(@D)/freeze-1.jsonl $(@D)/freeze-2.jsonl > $@.tmp && mv $@.tmp $@
 
 annotations: $(OUTPUTS) $(ANNOTATIONS)
 

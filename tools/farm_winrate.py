@@ -51,6 +51,9 @@ def cli(prefs, output, seed, **values):
     farm-winrate annotations.json --reference-generator text_davinci_003 --bootstrap 1000 --plot board.png
     farm-winrate prefs.jsonl --compare ppo sft
     farm-winrate sim_prefs.jsonl --humans labels.jsonl --format table
+    farm-winrate new_judge.jsonl --old-judge old_judge_subset.jsonl --target-se 1 --format table
+    farm-winrate prefs.jsonl --baseline sft --adjust holm --bootstrap 1000 --format table
+    farm-winrate pilot.jsonl --plan --baseline sft --detect 5 --power 0.8 --format table
     farm-winrate nightly_prefs.jsonl --bootstrap 1000 --history winrates.jsonl -q > /dev/null
     farm-winrate --ledger spend.jsonl -o spend_by_day.jsonl
     """
@@ -61,6 +64,9 @@ def cli(prefs, output, seed, **values):
         from farmkit.annotate.ledger import totals
 
         write_board(totals(config.ledger), config.fmt, output)
+        return
+    if config.canaries:
+        _canaries(prefs, output, config)
         return
     if config.reference and config.swap:
         raise click.UsageError(
@@ -86,6 +92,29 @@ def cli(prefs, output, seed, **values):
         raise click.UsageError(
             "--format alpaca-eval writes a leaderboard; --compare writes comparisons instead"
         )
+    if config.old_judge and config.humans:
+        raise click.UsageError(
+            "--old-judge is --humans with the old judge as the humans; give one of them"
+        )
+    humans = config.old_judge or config.humans
+    if config.target_se is not None and not humans:
+        raise click.UsageError("--target-se plans labels for PPI; add --humans or --old-judge")
+    modes = [
+        name
+        for name, on in (
+            ("--compare", config.compare),
+            ("--baseline", config.baseline and not config.plan),
+            ("--plan", config.plan),
+        )
+        if on
+    ]
+    if len(modes) > 1:
+        raise click.UsageError(f"{' and '.join(modes)} each write their own rows; choose one")
+    if modes and (config.history or config.plot or config.fmt == "alpaca-eval"):
+        raise click.UsageError(
+            f"{modes[0]} writes no leaderboard; --history, --plot and --format alpaca-eval are for "
+            "leaderboard rows"
+        )
     difficulty = (
         (config.difficulty_file, read_instruction_difficulty(config.difficulty_file, item_key))
         if config.difficulty_file
@@ -99,12 +128,13 @@ def cli(prefs, output, seed, **values):
         compare=config.compare,
         dedupe=config.dedupe,
         difficulty=difficulty,
-        humans=config.humans is not None,
+        humans=humans is not None,
+        keep_items=bool(config.baseline or config.plan),
     )
     for path in prefs or ("-",):
         table.add_file(path)
-    if config.humans:
-        _read_humans(table, config.humans)
+    if humans:
+        _read_humans(table, humans)
     if table.skipped:
         log.warning(
             f"farm-winrate: skipped {table.skipped} records that do not involve the reference {config.reference!r}"
@@ -119,13 +149,20 @@ def cli(prefs, output, seed, **values):
                 )
         rows = [table.comparison(a, b) for a, b in config.compare]
         columns = None
+    elif config.plan:
+        rows, columns = _plan(table, config), None
+    elif config.baseline:
+        rows, columns = _against_baseline(table, config, seed), None
     else:
         rows = table.rows(
             seed=seed,
             resamples=config.bootstrap,
             confidence=config.confidence,
             sort_by=config.sort_by,
+            target_se=config.target_se,
         )
+        if config.old_judge:
+            rows = [_old_judge_columns(row) for row in rows]
         references = sorted({str(row["reference"]) for row in rows})
         if config.fmt == "alpaca-eval" and len(references) > 1:
             raise FarmError(
@@ -143,7 +180,7 @@ def cli(prefs, output, seed, **values):
         reference=config.reference,
         swap=config.swap or None,
         bootstrap=config.bootstrap or None,
-        confidence=config.confidence if config.bootstrap or config.humans else None,
+        confidence=config.confidence if config.bootstrap or humans else None,
     )
     for row in rows:
         stamp(row, "farm-winrate", info)
@@ -156,6 +193,134 @@ def cli(prefs, output, seed, **values):
 
         win_rate_history.append(config.history, win_rate_history.stamped(rows, prefs or ("-",)))
     write_board(rows, config.fmt, output, columns)
+
+
+def _canaries(prefs, output: str, config) -> None:
+    """--canaries: tonight's canary verdicts against the frozen ones; exit 4 on a drift."""
+    from farmkit.evaluate.canary import compare, drift_line
+
+    others = [
+        name
+        for name, on in (
+            ("--compare", config.compare),
+            ("--baseline", config.baseline),
+            ("--plan", config.plan),
+            ("--humans", config.humans),
+            ("--old-judge", config.old_judge),
+        )
+        if on
+    ]
+    if others:
+        raise click.UsageError(
+            f"--canaries checks the judge; it cannot be combined with {others[0]}"
+        )
+    if len(prefs) != 1:
+        raise click.UsageError("--canaries compares one file of tonight's canary verdicts (PREFS)")
+    row = compare(config.canaries, prefs[0], config.drift_level)
+    stamp(row, "farm-winrate", provenance("farm-winrate", None, drift_level=config.drift_level))
+    if config.history:
+        from farmkit.evaluate import history as win_rate_history
+
+        win_rate_history.append(
+            config.history, win_rate_history.stamped([row], (config.canaries, prefs[0]))
+        )
+    write_board([row], config.fmt, output)
+    if row["judge_drift"]:
+        log.error(drift_line(row))
+        raise click.exceptions.Exit(4)
+    log.warning(
+        f"farm-winrate: canaries agree on {row['canary_agreement']:.0f}% of {row['n_canaries']} "
+        f"(self-agreement when frozen {row['canary_baseline']:.0f}%); no drift"
+    )
+
+
+def _known(table: WinrateTable, model: str, option: str) -> None:
+    if not table.items.get(model):
+        known = sorted({name for _, name in table.tallies})
+        raise FarmError(
+            f"{option}: no verdicts on {model!r} in the input; the models are {', '.join(known)}"
+        )
+
+
+def _against_baseline(table: WinrateTable, config, seed: int) -> list[dict]:
+    """Every model against --baseline (paired, adjusted), and the board's separability on stderr."""
+    from farmkit.evaluate.board_stats import against_baseline, separability
+
+    _known(table, config.baseline, "--baseline")
+    models = sorted(name for name in table.items if name != config.baseline)
+    rows = against_baseline(
+        [table.comparison(model, config.baseline) for model in models],
+        config.adjust,
+        config.confidence,
+    )
+    board = table.rows(seed=seed, resamples=config.bootstrap, confidence=config.confidence)
+    for reference in dict.fromkeys(row["reference"] for row in board):
+        share, pairs = separability(
+            [row for row in board if row["reference"] == reference], config.confidence
+        )
+        if share is not None:
+            kind = "bootstrap" if config.bootstrap else "normal"
+            log.warning(
+                f"farm-winrate: separability against {reference}: {100 * share:.0f}% of the "
+                f"{pairs} model pairs have {kind} {100 * config.confidence:g}% intervals that do not overlap"
+            )
+    significant = sum(bool(row["significant"]) for row in rows)
+    log.warning(
+        f"farm-winrate: {significant} of {len(rows)} models differ from {config.baseline} at "
+        f"{1 - config.confidence:.3g} after {'Holm' if config.adjust == 'holm' else 'Benjamini-Hochberg'}"
+    )
+    return rows
+
+
+def _plan(table: WinrateTable, config) -> list[dict]:
+    """--plan: per model, the prompts needed (and with --humans --target-se the labels)."""
+    import numpy as np
+
+    from farmkit.evaluate.board_stats import plan_row
+
+    def means(model: str) -> dict:
+        return {key: total / count for key, (count, total) in table.items.get(model, {}).items()}
+
+    if config.baseline:
+        _known(table, config.baseline, "--baseline")
+    base = means(config.baseline) if config.baseline else {}
+    labels = {}
+    if table.pairs is not None and config.target_se is not None:
+        for row in table.rows(target_se=config.target_se, confidence=config.confidence):
+            labels[row["generator"]] = row["ppi_labels_for_target_se"]
+    rows = []
+    for model in sorted(table.items):
+        if model == config.baseline:
+            continue
+        mine = means(model)
+        if config.baseline:
+            common = sorted(set(mine) & set(base), key=repr)
+            values = np.array([mine[key] - base[key] for key in common])
+        else:
+            values = np.array(list(mine.values())) - 0.5
+        row = plan_row(
+            model,
+            config.baseline or "50%",
+            values,
+            config.detect,
+            config.confidence,
+            config.power,
+        )
+        if model in labels:
+            row["target_se"] = config.target_se
+            row["ppi_labels_for_target_se"] = labels[model]
+        rows.append(row)
+    return rows
+
+
+def _old_judge_columns(row: dict) -> dict:
+    """A --old-judge row: the humans' columns named for the old judge."""
+    names = {
+        "n_human": "n_old_judge",
+        "human_win_rate": "old_judge_win_rate",
+        "human_standard_error": "old_judge_standard_error",
+    }
+    return {names.get(key, key): value for key, value in row.items()}
 
 
 def _read_humans(table: WinrateTable, path: str) -> None:

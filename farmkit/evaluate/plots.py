@@ -617,6 +617,30 @@ def board_scatter(
     )
 
 
+def _mark_drifts(axes: Any, canaries: Sequence[Mapping[str, Any]]) -> None:
+    """A red dashed line at each run whose canaries found the judge drifted (farm-winrate --canaries),
+    labelled with the canaries' agreement."""
+    from datetime import datetime
+
+    for entry in canaries:
+        if not entry.get("judge_drift"):
+            continue
+        when = datetime.fromisoformat(str(entry["evaluated_at"]).replace("Z", "+00:00"))
+        axes.axvline(when, color="tab:red", linestyle="--", linewidth=1.2)
+        axes.annotate(
+            f"judge drift: canaries agree {entry.get('canary_agreement', 0):.0f}%",
+            xy=(when, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(-4, -4),
+            textcoords="offset points",
+            rotation=90,
+            ha="right",
+            va="top",
+            color="tab:red",
+            fontsize=8,
+        )
+
+
 def win_rate_history(
     path: str | os.PathLike,
     entries: Sequence[Mapping[str, Any]],
@@ -630,6 +654,8 @@ def win_rate_history(
     plt = _pyplot()
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
+    canaries = [entry for entry in entries if entry.get("kind") == "canary"]
+    entries = [entry for entry in entries if entry.get("kind") != "canary"]
     known = sorted({str(entry["generator"]) for entry in entries})
     missing = [name for name in generators if name not in known]
     if missing:
@@ -671,6 +697,7 @@ def win_rate_history(
                 alpha=0.2,
                 linewidth=0,
             )
+    _mark_drifts(axes, canaries)
     references = ", ".join(sorted({reference for _, reference in lines}))
     judges = sorted(
         {

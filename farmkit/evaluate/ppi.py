@@ -234,3 +234,47 @@ def _row(
     row["ppi_ci_high"] = 100 * float(figures["high"])
     row["ppi_lambda"] = float(figures["lambda"])
     return row
+
+
+def labels_for_se(
+    human: np.ndarray, judge_labelled: np.ndarray, judge: np.ndarray, target_se: float
+) -> int | None:
+    """The fewest labels n (2 <= n <= N) whose PPI++ standard error would be at most target_se (same
+    unit as the values), from a pilot's human labels, the judge on the same pairs and on all N:
+    with the pilot's lambda, var(Y), cov(Y, f) and var(f), and lambda' = lambda (1 - n/N),
+    se(n)^2 = (var Y - 2 lambda' cov + lambda'^2 var f) / n + lambda^2 var f (N - n) / N^2.
+    A pilot whose labels are all equal has no variance: var(Y) is then q (1 - q), q = (sum + 0.5) /
+    (n + 1). None: fewer than 2 pilot labels, or not reachable even with every pair labelled."""
+    if len(human) < 2:
+        return None
+    total = len(judge)
+    variance_f = judge.var(ddof=1) if total > 1 else 0.0
+    covariance = float(np.cov(human, judge_labelled, ddof=1)[0, 1])
+    variance_y = float(human.var(ddof=1))
+    if variance_y == 0:  # a pilot of equal labels: the Bernoulli variance of its shrunk mean
+        shrunk = (float(human.sum()) + 0.5) / (len(human) + 1)
+        variance_y = shrunk * (1 - shrunk)
+    lam = float(np.clip(covariance / variance_f, 0.0, 1.0)) if variance_f > 0 else 0.0
+    n = np.arange(2, total + 1, dtype=np.float64)
+    scaled = lam * (1 - n / total)
+    rectified = variance_y - 2 * scaled * covariance + scaled**2 * variance_f
+    se = np.sqrt(np.maximum(rectified, 0.0) / n + lam**2 * variance_f * (total - n) / total**2)
+    reached = np.flatnonzero(se <= target_se)
+    return int(n[reached[0]]) if len(reached) else None
+
+
+def slot_values(ledger: PairLedger) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each (reference, model) slot's (human labels, the judge on them, the judge on every pair),
+    as `PairLedger.figures` reads them."""
+    slots = np.array(ledger.slot, dtype=np.int64)
+    simulated = np.array(ledger.simulated, dtype=np.float64).reshape(-1, 2)
+    human = np.array(ledger.human, dtype=np.float64).reshape(-1, 2)
+    judged = simulated[:, 0] > 0
+    labelled = judged & (human[:, 0] > 0)
+    judge = np.divide(simulated[:, 1], simulated[:, 0], where=judged, out=np.zeros(len(slots)))
+    label = np.divide(human[:, 1], human[:, 0], where=labelled, out=np.zeros(len(slots)))
+    return {
+        slot: (label[labelled & mine], judge[labelled & mine], judge[judged & mine])
+        for slot in np.unique(slots).tolist()
+        for mine in [slots == slot]
+    }

@@ -34,7 +34,7 @@ from farmkit.core.validate import first_invalid, problems
 from farmkit.core.values import NON_NEGATIVE, Bounds
 from farmkit.evaluate.boards import BOARD_FORMATS
 from farmkit.evaluate.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
-from farmkit.evaluate.ppi import PairLedger
+from farmkit.evaluate.ppi import PairLedger, labels_for_se, slot_values
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
@@ -115,7 +115,8 @@ class WinrateTable:
     instruction per (reference, model); the repeats are counted in `duplicates` either way.
     difficulty: instruction difficulties by item key (see `read_instruction_difficulty`), instead of
     estimating them from the input. humans: keep each pair's simulated verdicts, for human labels
-    (`add_human_file`) and the prediction-powered win rates (farmkit/evaluate/ppi.py).
+    (`add_human_file`) and the prediction-powered win rates (farmkit/evaluate/ppi.py). keep_items:
+    keep every model's per-item verdicts (as compare does for its models), for --baseline and --plan.
     """
 
     def __init__(
@@ -128,6 +129,7 @@ class WinrateTable:
         dedupe: bool = False,
         difficulty: tuple[str, dict[Any, float]] | None = None,
         humans: bool = False,
+        keep_items: bool = False,
     ):
         self.reference, self.swap = reference, swap
         self.bootstrap, self.length_control, self.dedupe = bootstrap, length_control, dedupe
@@ -148,6 +150,7 @@ class WinrateTable:
         self.items: dict[str, dict[Any, list[float]]] = {
             name: {} for pair in compare for name in pair
         }
+        self.keep_items = keep_items
         self._annotators: dict[int, set[str]] = {}  # slot -> the records' `annotator` names
         # (results_dir, model) -> [count, first FILE:LINE]: AlpacaEval rows whose results folder is
         # another system's (an upstream copy, or a folder holding a renamed generator)
@@ -234,9 +237,9 @@ class WinrateTable:
                     x[usable],
                 )
             )
-        for i, model in enumerate(models if self.items else ()):
-            if model in self.items and x[i] == x[i]:
-                cell = self.items[model].setdefault(item_key(records[i]), [0.0, 0.0])
+        for i, model in enumerate(models if self.items or self.keep_items else ()):
+            if (self.keep_items or model in self.items) and x[i] == x[i]:
+                cell = self.items.setdefault(model, {}).setdefault(item_key(records[i]), [0.0, 0.0])
                 cell[0] += 1
                 cell[1] += float(x[i])
 
@@ -396,15 +399,20 @@ class WinrateTable:
         resamples: int = 1000,
         confidence: float = 0.95,
         sort_by: str = "win_rate",
+        target_se: float | None = None,
     ) -> list[dict[str, Any]]:
         """One leaderboard row per (reference, model), models judged against themselves left out. Rows
         are grouped by reference (the reference with the most models first), best first within each
-        group by `sort_by` (a key of SORT_BY; rows without that figure last)."""
+        group by `sort_by` (a key of SORT_BY; rows without that figure last). target_se (points, with
+        humans): add ppi_labels_for_target_se, the labels PPI needs for that standard error."""
         score = SORT_BY[sort_by]
         rng = np.random.default_rng(seed)
         controlled = self._length_controlled() if self.length_control else {}
         slots = {key: slot for slot, key in enumerate(self.tallies)}
         human = self.pairs.figures(confidence) if self.pairs is not None else {}
+        if self.pairs is not None and target_se is not None:
+            for slot, values in slot_values(self.pairs).items():
+                human[slot]["ppi_labels_for_target_se"] = labels_for_se(*values, target_se / 100)
         rows = []
         for (reference, model), tally in sorted(self.tallies.items()):
             if reference == model:
@@ -608,6 +616,10 @@ TABLE_COLUMNS = (
     "ppi_standard_error",
     "ppi_ci_low",
     "ppi_ci_high",
+    "ppi_labels_for_target_se",
+    # with --old-judge: the old judge's verdicts on a subset in place of the humans'
+    "n_old_judge",
+    "old_judge_win_rate",
 )
 
 
@@ -693,6 +705,72 @@ class WinrateConfig:
         "(in either order), else by id and generators; a label on no simulated pair is an error.",
         path={"dir_okay": False},
         metavar="LABELS",
+    )
+    old_judge: str | None = help_field(
+        None,
+        "Carry a board across a judge's retirement: PREFS are the new judge's verdicts, FILE the old "
+        "judge's on a uniformly random subset of the same pairs. --humans with the old judge as the "
+        "humans: ppi_win_rate and its interval (ppi_ci_low, ppi_ci_high) estimate the old judge's "
+        "win rate; its own columns are n_old_judge, old_judge_win_rate and "
+        "old_judge_standard_error. Not with --humans.",
+        path={"dir_okay": False},
+        metavar="FILE",
+    )
+    target_se: float | None = help_field(
+        None,
+        "With --humans or --old-judge (also in --plan): add ppi_labels_for_target_se, the number of labels "
+        "(human, or the old judge's) that PPI needs for a standard error of SE points, from the "
+        "labels given as a pilot.",
+        bounds=Bounds(0, 50, min_open=True),
+        metavar="SE",
+    )
+    baseline: str | None = help_field(
+        None,
+        "Instead of the leaderboard, every other model against this one with a paired test on the "
+        "prompts both were judged on (as --compare), the p-values adjusted across the board "
+        "(--adjust: p_adjusted, significant at 1 - --confidence); stderr says the board's "
+        "separability (the share of model pairs whose intervals do not overlap).",
+        metavar="MODEL",
+    )
+    adjust: str = help_field(
+        "holm",
+        "How --baseline adjusts its p-values: holm (family-wise error rate) or bh "
+        "(Benjamini-Hochberg, false discovery rate).",
+        ("holm", "bh"),
+    )
+    plan: bool = help_field(
+        False,
+        "Treat PREFS as a pilot: per model, the prompts needed to detect a difference of --detect "
+        "points (against --baseline's model, else against 50%) with a two-sided test at level "
+        "1 - --confidence and --power, from the pilot's standard deviation; with --humans and "
+        "--target-se, also the human labels PPI needs.",
+        flag=True,
+    )
+    detect: float = help_field(
+        5.0,
+        "The difference (win-rate points) --plan plans to detect.",
+        bounds=Bounds(0, 100, min_open=True),
+        metavar="D",
+    )
+    power: float = help_field(
+        0.8,
+        "The power --plan plans for.",
+        bounds=Bounds(0, 1, min_open=True, max_open=True),
+    )
+    canaries: str | None = help_field(
+        None,
+        "Instead of ranking, check the judge for drift: PREFS are tonight's verdicts on the canary "
+        "pairs (asked past the cache: farm-annotate --no-cache), FROZEN their first verdicts, each "
+        "canary asked twice when frozen (the judge's self-agreement is the baseline). One row: "
+        "canary_agreement, canary_baseline, canary_p_value (one-sided exact binomial test), "
+        "judge_drift; a drift prints one line and exits 4 after writing it (and --history).",
+        path={"dir_okay": False},
+        metavar="FROZEN",
+    )
+    drift_level: float = help_field(
+        0.01,
+        "The level of --canaries' test: a drift when its p-value is below it.",
+        bounds=Bounds(0, 1, min_open=True, max_open=True),
     )
     plot: str | None = help_field(
         None,

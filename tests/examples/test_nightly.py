@@ -269,3 +269,85 @@ def test_batch_nights_submit_then_collect(tmp_path):
     assert sum(entry["pending"] for entry in runs[:2]) == 6 and runs[-1]["pending"] == 0
     # each batch is booked once, as it is collected
     assert len([entry for entry in ledger if "collected" in entry]) == 2
+
+
+def judge_shorter(body: dict) -> str:
+    """The judge that replaced judge_longer overnight: in every pair the shorter answer wins."""
+    from openai_server import verdict_text
+
+    format, pairs = shown_pairs(body)
+    return verdict_text(format, ["B" if len(b) < len(a) else "A" for a, b in pairs])
+
+
+@pytest.mark.slow  # about 20 s: make runs farm-annotate and farm-winrate several times a night
+def test_canaries_catch_a_judge_replaced_overnight(tmp_path):
+    """CANARIES: night one freezes the canaries (asked twice past the cache) and finds them as frozen;
+    overnight the endpoint's judge is replaced by one that prefers the shorter answer; night two's
+    canaries disagree, the night prints one drift line and fails with farm-winrate's exit 4 after
+    writing the board, the history's canary row and a plot that marks the drift. Every canary
+    question is asked (never served by the cache) and booked in the ledger."""
+    (tmp_path / "prompts.jsonl").write_bytes(
+        b"".join(orjson.dumps({"instruction": p, "input": ""}) + b"\n" for p in PROMPTS)
+    )
+    (tmp_path / "pool.yaml").write_text(POOL)
+    _reference(tmp_path, {i: "Blue." for i in range(3)})
+    outputs = tmp_path / "nightly" / "outputs"
+    outputs.mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-1" / "config.json").write_text("{}")
+    (outputs / "step-1.jsonl").write_bytes(
+        b"".join(
+            orjson.dumps(
+                {"instruction": p, "input": "", "output": f"Green, {p}", "generator": "step-1"}
+            )
+            + b"\n"
+            for p in PROMPTS
+        )
+    )
+    os.utime(outputs / "step-1.jsonl", (2e9, 2e9))  # sampled already: the nights only judge
+    canaries = [
+        {
+            "instruction": f"Canary question {i}?",
+            "input": "",
+            "output_1": "x" * (5 + i),
+            "output_2": "y" * (5 + (i + 6) % 12 + (i == 6)),
+        }
+        for i in range(12)
+    ]
+    (tmp_path / "canaries.jsonl").write_bytes(b"".join(orjson.dumps(c) + b"\n" for c in canaries))
+    server = OpenAIServer(respond=judge_longer, api_key=KEY)
+    with server:
+        first = _night(tmp_path, server, "CANARIES=canaries.jsonl")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "judge drift" not in first.stderr
+        asked_first = server.outcomes["ok"]
+        assert (
+            asked_first == 3 + 3 * 12
+        )  # the board's 3 pairs; the canaries frozen twice and asked once
+        server.respond = judge_shorter  # the endpoint's judge replaced overnight
+        second = _night(tmp_path, server, "CANARIES=canaries.jsonl")
+        assert server.outcomes["ok"] == asked_first + 12  # only the canaries, past the cache
+    assert second.returncode == 2, second.stdout + second.stderr  # make's code for a failed recipe
+    drift = [line for line in second.stderr.splitlines() if "judge drift" in line]
+    assert len(drift) == 1 and drift[0].startswith(
+        "farm-winrate: judge drift: the canaries agree with their frozen verdicts on 0 of 12 (0%)"
+    )
+    assert "Error 4" in second.stderr
+    history = _history(tmp_path)
+    checks = [row for row in history if row.get("kind") == "canary"]
+    assert [row["judge_drift"] for row in checks] == [False, True]
+    assert [row["canary_agreement"] for row in checks] == [100.0, 0.0]
+    assert sum(row["generator"] == "step-1" for row in history) == 2  # the board was written too
+    figure = tmp_path / "nightly" / "history.png"
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (
+        figure.stat().st_mtime
+        > (tmp_path / "nightly" / "canaries" / "tonight.jsonl").stat().st_mtime - 1
+    )
+    ledger = [
+        orjson.loads(line)
+        for line in (tmp_path / "nightly" / "spend.jsonl").read_bytes().splitlines()
+    ]
+    # every question asked is booked: the board's 3 pairs, the canaries 4 times (night two's board
+    # is served by the cache)
+    assert sum(entry["requests"] for entry in ledger) == server.outcomes["ok"] == 3 + 4 * 12
