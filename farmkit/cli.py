@@ -549,23 +549,45 @@ def decoding_options(
     return decorate
 
 
-def model_dir_option(dest: str = "output") -> Callable:
-    """-o/--output of the tools that write a model folder (the trainers)."""
-    return click.option(
-        "-o",
-        "--output",
-        dest,
-        cls=AliasedOption,
-        aliases=("--output-dir",),
-        required=True,
-        type=click.Path(file_okay=False),
-        help=MODEL_DIR_HELP,
-    )
+def model_dir_option(dest: str = "output") -> Callable[[Callable], Callable]:
+    """-o/--output and --force of the tools that write a model folder (the trainers), and the one
+    rule of what -o may name (farmkit.lm.modelio.output_folder_problem), checked before any work:
+    a path it refuses is a usage error naming the folder and what is in it."""
+
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def checked(*args: Any, force: bool = False, **kwargs: Any) -> Any:
+            from farmkit.lm.modelio import output_folder_problem
+
+            problem = output_folder_problem(kwargs[dest], force)
+            if problem:
+                raise click.BadParameter(problem, param_hint="'-o' / '--output'")
+            return function(*args, **kwargs)
+
+        output = click.option(
+            "-o",
+            "--output",
+            dest,
+            cls=AliasedOption,
+            aliases=("--output-dir",),
+            required=True,
+            type=click.Path(file_okay=False),
+            help=MODEL_DIR_HELP,
+        )
+        force = click.option("--force", is_flag=True, help=FORCE_HELP)
+        return output(force(checked))
+
+    return decorate
 
 
 MODEL_DIR_HELP = (
     "Model folder to write (weights, tokenizer, meta.json), whole or not at all (a temporary "
-    "folder renamed at the end)."
+    "folder renamed at the end). It may exist only empty or as a model folder of farmkit's (its "
+    "meta.json), which it replaces; anything else is refused before any work (see --force). A "
+    "symlink is followed."
+)
+FORCE_HELP = (
+    "Replace -o DIR even when it is a folder that holds no farmkit model (its files are lost)."
 )
 output_dir_option = model_dir_option("output")
 

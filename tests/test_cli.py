@@ -611,6 +611,44 @@ def test_every_numeric_option_refuses_non_finite_and_fractional_values(tool):
                 assert f"{value!r}" in error
 
 
+SEED_RANGE = "in [0, 4294967295]"  # what numpy's seeding (transformers' set_seed) takes
+
+
+@pytest.mark.parametrize("value", ["-1", str(2**32), str(2**64)])
+def test_every_seed_is_a_usage_error_outside_the_range_numpy_and_torch_take(value):
+    """farm-annotate --seed 2**64 and farm-winrate --seed -1 were exit 1 with a TypeError or a
+    ValueError from inside the run (issue 44): every tool's --seed says its range instead."""
+    seeded = [
+        (name, cmd) for name, cmd in commands() if any(o.name == "seed" for o in options(cmd))
+    ]
+    assert len(seeded) >= 15
+    for name, cmd in seeded:
+        result = CliRunner().invoke(cmd, ["--seed", value])
+        assert result.exit_code == 2, (name, result.output)
+        assert f"Invalid value for '--seed': {value!r} is not a whole number {SEED_RANGE}" in (
+            result.output
+        ), (name, result.output)
+        (option,) = [o for o in options(cmd) if o.name == "seed"]
+        assert option.type.convert("4294967295", option, None) == 2**32 - 1
+
+
+@pytest.mark.parametrize(("tool", "value"), [("farm-annotate", str(2**64)), ("farm-winrate", "-1")])
+def test_a_seed_out_of_range_stops_the_tool_before_it_reads_its_input(tool, value, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        json.dumps(
+            {"instruction": "Say red.", "output_1": "red", "output_2": "no", "preference": 1}
+        )
+        + "\n"
+    )
+    judge = ["--pool", "gold", "--no-cache"] if tool == "farm-annotate" else []
+    done = run_tool(tool, str(pairs), *judge, "--seed", value)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert f"Invalid value for '--seed': {value!r} is not a whole number {SEED_RANGE}" in err
+    assert done.stdout == b""
+
+
 def config_commands() -> list[tuple[str, click.Command]]:
     return [
         (name, cmd)
@@ -729,7 +767,7 @@ def test_a_config_key_takes_one_value_not_a_list_or_a_mapping(tool, tmp_path):
 
 # the shared bundles' options that are no concept of SHARED (their parameter names)
 BUNDLED = {"quiet", "verbose", "output", "output_dir", "on_error", "split", "config_file"}
-BUNDLED |= {"reference", "long_prompts", "version"}
+BUNDLED |= {"reference", "long_prompts", "version", "force"}
 
 
 def tool_module(script: str):

@@ -248,6 +248,12 @@ def weighted_verdict(
     for entry in listed:
         token, logprob = entry.get("token"), entry.get("logprob")
         if isinstance(token, str) and token.strip() in mass and isinstance(logprob, int | float):
+            if not logprob <= 0:  # NaN, or above 0: a probability past 1 (exp(1000) overflows)
+                return Verdict(
+                    None,
+                    reason=f"the reply is not valid: {token!r} has log-probability {logprob} "
+                    "(a log-probability is at most 0)",
+                )
             mass[token.strip()] += math.exp(logprob) if logprob > -9999 else 0.0
     total = mass["A"] + mass["B"]
     if total <= 0:

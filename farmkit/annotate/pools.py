@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from farmkit.core.endpoint import DEFAULT_MAX_REPLY, LONG_WAIT, MAX_WAIT
 from farmkit.core.fields import EXISTING_FILE, help_field
-from farmkit.core.io import FarmError
+from farmkit.core.io import FarmError, MissingInput
 from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Bounds, Number
 
 DEFAULT_SETTINGS = {
@@ -288,9 +289,15 @@ def load_pool(name_or_path: str) -> Pool:
         if path.is_dir() and _is_learned_judge(path):
             return learned_judge_pool(path)
         if not path.is_file():
-            raise FarmError(
-                f"no pool {name_or_path!r}: not a shipped pool ({', '.join(shipped_pools())}) nor a YAML file; "
-                "see farm-annotate --list-pools"
+            # an input that is not there: a usage error (exit 2), as every missing input is
+            looks_like_a_file = os.sep in name_or_path or path.suffix in (".yaml", ".yml")
+            missing = (
+                f"{name_or_path}: no such file"
+                if looks_like_a_file and not path.exists()
+                else f"not a shipped pool ({', '.join(shipped_pools())}) nor a YAML file"
+            )
+            raise MissingInput(
+                f"no pool {name_or_path!r}: {missing}; see farm-annotate --list-pools"
             )
         text, source, base = path.read_text(encoding="utf-8"), str(path), path.parent
     try:

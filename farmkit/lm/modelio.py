@@ -78,13 +78,75 @@ def partial_path(target: str | os.PathLike) -> Path:
     return target.with_name(f".{target.name}.partial")
 
 
+SHOWN_ENTRIES = 5  # a refused folder's entries named in the error
+
+
+def output_folder_problem(target: str | os.PathLike, force: bool = False) -> str | None:
+    """Why a trainer may not write its model folder at `target` (-o), or None when it may: the rule
+    every trainer follows before any work. `target` may be absent, an empty folder, or a model
+    folder of ours (a meta.json farmkit wrote, which names its tool); any other folder only with
+    --force (`force`). A symlink is followed (the model replaces the folder it names; the link
+    stays). Never the current folder or one above it, nor something that is not a folder (a device
+    such as /dev/null), nor a path under a file."""
+    path = Path(target)
+    real = Path(os.path.realpath(path))
+    here = Path.cwd().resolve()
+    if real == here or real in here.parents:
+        where = "the current folder" if real == here else f"above the current folder ({here})"
+        return f"{target} is {where}: the model folder replaces what -o names; give a new folder"
+    if real.exists() and not real.is_dir():
+        return f"{target} is not a folder (a {_kind_of(real)}); give a folder for the model"
+    if not real.exists():
+        above = next((p for p in real.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            return f"{target}: {above} is not a folder (a {_kind_of(above)})"
+        return None
+    entries = sorted(os.listdir(real))
+    if not entries or force or _ours(real):
+        return None
+    shown = ", ".join(
+        name + ("/" if (real / name).is_dir() else "") for name in entries[:SHOWN_ENTRIES]
+    )
+    more = f" and {len(entries) - SHOWN_ENTRIES} more" if len(entries) > SHOWN_ENTRIES else ""
+    return (
+        f"{target} is a folder that holds no farmkit model (no {META_FILE} of ours): {shown}{more}; "
+        "the model would replace it: give a new or empty folder, or --force to replace it"
+    )
+
+
+def _ours(folder: Path) -> bool:
+    """Whether `folder` holds a model farmkit wrote: a meta.json that names the tool that wrote it."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("tool"), str)
+
+
+def _kind_of(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    for test, kind in (
+        (stat.S_ISREG, "file"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "named pipe"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return kind
+    return "special file"
+
+
 @contextlib.contextmanager
 def model_folder(target: str | os.PathLike, main_process: bool = True) -> Iterator[Path]:
     """Yield the temporary folder to fill; when the block succeeds, the main process checks that
     meta.json is there and renames the folder onto `target` (replacing an older one). On failure the
     temporary folder goes away and `target` is untouched. Other processes may write into the
-    temporary folder (a collective save) but never rename or remove it."""
-    target = Path(target)
+    temporary folder (a collective save) but never rename or remove it. A symlink is followed: the
+    folder it names is replaced, beside itself, and the link stays."""
+    target = Path(os.path.realpath(target))
     partial = partial_path(target)
     if main_process:
         shutil.rmtree(partial, ignore_errors=True)

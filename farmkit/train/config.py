@@ -107,7 +107,8 @@ SHARED_HELP = {
 # and the config fields (shared_field) take them from here, so a flag and a --config key are checked
 # alike (farmkit.core.values).
 SHARED_NUMBERS = {
-    "seed": Number(int),
+    # numpy's seeding (transformers' set_seed, the bootstrap's generators) takes 32 bits, no sign
+    "seed": Number(int, Bounds(0, 2**32 - 1)),
     "num_samples": DECODING_NUMBERS["n"],
     "temperature": DECODING_NUMBERS["temperature"],
     "top_p": DECODING_NUMBERS["top_p"],

@@ -582,3 +582,17 @@ def test_a_pool_files_numbers_are_checked_like_the_flags_that_override_them(chan
     with pytest.raises(FarmError) as refused:
         pool_from_dict(data, "my_pool.yaml")
     assert str(refused.value).startswith(f"my_pool.yaml: {message}")
+
+
+@pytest.mark.parametrize("pool", ["{tmp}/missing.yaml", "sim_annn"])
+def test_a_pool_that_is_not_there_is_a_usage_error_naming_it(tmp_path, pool):
+    """--pool /missing.yaml was exit 1, where every other missing input is exit 2 (issue 44)."""
+    pool = pool.format(tmp=tmp_path)
+    result = run_tool("farm-annotate", "--pool", pool, "--no-cache", input=_jsonl(_pairs(2)))
+    err = result.stderr.decode()
+    assert result.returncode == 2 and result.stdout == b"", err
+    assert f"farm-annotate: error: no pool {pool!r}" in err
+    if "/" in pool:
+        assert f"{pool}: no such file" in err
+    else:
+        assert "not a shipped pool (gold, " in err and "--list-pools" in err

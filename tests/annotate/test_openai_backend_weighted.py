@@ -244,3 +244,42 @@ def test_a_key_the_endpoint_echoes_as_a_token_is_not_in_the_records(tmp_path):
     assert [r["preference"] for r in records] == [None, None]
     assert all("neither verdict token" in r["preference_reason"] for r in records)
     assert KEY.encode() not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("logprob", [1000.0, 0.5, float("inf"), float("nan")])
+def test_a_log_probability_above_zero_is_no_verdict_not_a_crash(logprob):
+    """A log-probability is at most 0: 1000 ended the run with an OverflowError (issue 44)."""
+    from farmkit.annotate.openai_backend import weighted_verdict
+
+    logprobs = _top(("A", 0.5), ("B", 0.4))
+    logprobs["content"][0]["top_logprobs"][1]["logprob"] = logprob
+    verdict = weighted_verdict(logprobs)
+    assert verdict.choice is None and verdict.soft is None
+    assert f"'B' has log-probability {logprob}" in verdict.reason
+    assert "a log-probability is at most 0" in verdict.reason
+
+
+def test_a_reply_with_a_log_probability_of_1000_is_a_pair_without_a_verdict(tmp_path, monkeypatch):
+    import openai_server
+
+    listed = openai_server._logprobs
+
+    def absurd(distribution, text, top):
+        logprobs = listed(distribution, text, top)
+        for entry in logprobs["content"][0]["top_logprobs"]:
+            if entry["token"] == "B":
+                entry["logprob"] = 1000.0
+        return logprobs
+
+    monkeypatch.setattr(openai_server, "_logprobs", absurd)
+    pairs = _pairs(4)
+    with OpenAIServer(respond=_pick, top_logprobs=weigh_longer) as server:
+        result = _annotate(
+            "--pool", _pool(tmp_path), "--no-cache", input=_jsonl(pairs), env=_env(server)
+        )
+    assert result.returncode == 0, result.stderr.decode()
+    records = _records(result.stdout)
+    assert [r["instruction"] for r in records] == [p["instruction"] for p in pairs]
+    for record in records:
+        assert record["preference"] is None
+        assert "'B' has log-probability 1000.0" in record["preference_reason"]

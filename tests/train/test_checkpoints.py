@@ -6,6 +6,7 @@ random moment of its saves; and the guard that stops a diverging run before it s
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import re
@@ -106,7 +107,11 @@ def test_the_guard_names_the_step_of_a_non_finite_loss_or_weight():
     layer = torch.nn.Linear(2, 2)
     with torch.no_grad():
         layer.weight[0, 0] = float("inf")
-    with pytest.raises(FarmError, match=r"^step 4: a weight is not finite; nothing was saved"):
+    with pytest.raises(
+        FarmError,
+        match=r"^step 4: a weight is not finite or past 1e\+06 in size \(the largest is inf\); "
+        "nothing was saved",
+    ):
         C.check_finite(4, 0.1, layer)
     # half precision: finite weights whose sum passes 65504 are still finite
     wide = torch.nn.Linear(1000, 100).half()
@@ -117,6 +122,25 @@ def test_the_guard_names_the_step_of_a_non_finite_loss_or_weight():
         wide.weight[7, 7] = float("nan")
     with pytest.raises(FarmError, match=r"^step 6: a weight is not finite"):
         C.check_finite(6, 0.1, wide)
+
+
+def test_the_guard_stops_a_finite_but_absurd_weight():
+    """One step at --learning-rate 1e30 leaves weights of 1e30: finite, and their sum too (issue
+    44: the run saved them and exited 0; only a second step turned them into NaN)."""
+    import torch
+
+    from farmkit.core.io import FarmError
+
+    layer = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        layer.weight.fill_(1e30)
+        layer.weight[0] = -1e30  # the sum is finite, and no weight is NaN or infinite
+    assert math.isfinite(float(layer.weight.sum()))
+    with pytest.raises(FarmError, match=r"^step 1: a weight is not finite or past 1e\+06 in size"):
+        C.check_finite(1, 0.5, layer)
+    with torch.no_grad():
+        layer.weight.fill_(-9.25)  # a trained model's largest weights pass
+    C.check_finite(1, 0.5, layer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,3 +430,16 @@ def test_a_diverging_run_stops_naming_the_step_and_saves_nothing(trainer, inputs
     # a checkpoint written before the divergence holds finite weights; none from its step on
     complete = C.latest_checkpoint(Path(f"{output}-checkpoints"))
     assert complete is None or C.step_of(complete) < int(found.group(2) or found.group(3))
+
+
+@pytest.mark.parametrize("trainer", ["farm-sft", "farm-dpo", "farm-rm-train"])
+def test_one_step_at_an_absurd_learning_rate_saves_nothing(trainer, inputs, tmp_path, run_farm):
+    """farm-sft and farm-dpo saved a model of weights near 1e30 and exited 0 (issue 44)."""
+    output = tmp_path / "out"
+    argv = command(trainer, inputs, output, "--learning-rate", "1e30", "--max-steps", "1")
+    done = run_farm(*argv)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err[-3000:]
+    assert f"{trainer}: error: step 1: a weight is not finite or past 1e+06 in size" in err
+    assert "nothing was saved: lower --learning-rate" in err
+    assert not output.exists() and C.latest_checkpoint(Path(f"{output}-checkpoints")) is None
