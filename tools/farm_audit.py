@@ -80,6 +80,7 @@ def cli(
     farm-audit outputs.jsonl --reference ref.jsonl --pool judge.yaml --fail-on 'flip_rate>0.2'
     farm-audit pairs.jsonl --pool weighted_gpt4_turbo --humans labels.jsonl --max-cost 2
     """
+    from farmkit.annotate import audit as asking
     from farmkit.annotate import pools as pool_module
     from farmkit.annotate.pairs import read_items
     from farmkit.evaluate import audit as audit_module
@@ -109,10 +110,10 @@ def cli(
             log.warning(
                 f"farm-audit: {unmatched} record(s) of {humans} match no audited pair and were left out"
             )
-    runs = repeats if audit_module.samples(chosen) else 1
+    runs = repeats if asking.samples(chosen) else 1
     if runs < repeats:
         log.info(f"farm-audit: pool {chosen.name} does not sample: asked once, not {repeats} times")
-    asked = audit_module.ask(
+    asked = asking.ask(
         chosen,
         items,
         runs,

@@ -25,6 +25,16 @@ def preference_target(preference: float | None) -> float | None:
     return float(preference) - 1.0
 
 
+def mirrored_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A pair record with its outputs (and their per-output fields) swapped."""
+    swapped = dict(record)
+    for name in ("output", "generator", "family", "sample_index", "len"):
+        first, second = f"{name}_1", f"{name}_2"
+        if first in record or second in record:
+            swapped[first], swapped[second] = record.get(second), record.get(first)
+    return swapped
+
+
 def pair_texts(record: dict[str, Any], source: str, number: int) -> tuple[str, str, str, str]:
     """A preference record's instruction, input ("" when absent) and two output texts; a RecordError
     naming line `number` of `source` when it lacks the outputs (AlpacaEval's compact annotations keep

@@ -59,9 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from farmkit.annotate.pairs import Item
 from farmkit.core.fields import EXISTING_FILE, help_field
-from farmkit.core.io import FarmError
+from farmkit.core.records import mirrored_record
 from farmkit.core.values import FRACTION, NON_NEGATIVE, Bounds
 from farmkit.evaluate.correlate import (
     TIE,
@@ -207,74 +206,6 @@ class AuditConfig:
     )
 
 
-# ---------------------------------------------------------------- asking the judge
-
-
-def mirrored(item: Item) -> Item:
-    """The pair with its outputs (and their per-output fields) swapped."""
-    record = dict(item.record)
-    for name in ("output", "generator", "family", "sample_index", "len"):
-        first, second = f"{name}_1", f"{name}_2"
-        if first in record or second in record:
-            record[first], record[second] = item.record.get(second), item.record.get(first)
-    return Item(record)
-
-
-def samples(pool: Any) -> bool:
-    """Whether any judge of the pool (or its label noise) draws its verdicts at random."""
-    return pool.flip_rate > 0 or any(judge.temperature > 0 for judge in pool.judges)
-
-
-def ask(
-    pool: Any,
-    items: list[Item],
-    repeats: int,
-    *,
-    seed: int,
-    cache: str | None,
-    prices: str | None,
-    max_cost: float | None,
-    device: str,
-) -> list[list[dict[str, Any]]]:
-    """Every pair as given and mirrored (shown in that order), in `repeats` runs (seeds seed,
-    seed + 1...): per run, the records of `items` then of their mirror images. In a pool of several
-    judges, the judge is drawn per instruction, so that a pair and its mirror image meet the same one. The whole audit's
-    expected price is checked against `max_cost` before anything is asked."""
-    from farmkit.annotate.run import Run
-
-    batch = items + [mirrored(item) for item in items]
-    runs = []
-    if max_cost is not None:
-        expected = 0.0
-        for r in range(repeats):
-            with Run(
-                pool, seed=seed + r, cache_path=cache, prices_path=prices, as_given=True
-            ) as run:
-                expected += run.estimate(batch)["price"]
-        if expected > max_cost:
-            raise FarmError(
-                f"the audit's expected price ${expected:.4f} ({repeats} run(s) of {len(items)} pairs in both "
-                f"orders) exceeds --max-cost ${max_cost:.4f}; nothing was asked"
-            )
-    spent = 0.0
-    for r in range(repeats):
-        records: list[dict[str, Any]] = []
-        with Run(
-            pool,
-            seed=seed + r,
-            cache_path=cache,
-            prices_path=prices,
-            max_cost=None if max_cost is None else max(max_cost - spent, 0.0),
-            device=device,
-            as_given=True,
-            assign_by="instruction",  # a pair and its mirror image meet the same judge of the pool
-        ) as run:
-            run.annotate(batch, records.extend)
-            spent += run.annotator.stats.price
-        runs.append(records)
-    return runs
-
-
 # ---------------------------------------------------------------- the figures
 
 
@@ -330,7 +261,7 @@ class Verdicts:
     """The audit's verdicts by pair: given[i][r] and shown_mirrored[i][r] (None: no verdict), the
     pair's texts, and the judge's confidence in output_2 where it said one."""
 
-    items: list[Item]
+    items: list[Any]
     given: list[list[float | None]]
     swapped: list[
         list[float | None]
@@ -338,7 +269,7 @@ class Verdicts:
     confidence: list[list[float | None]]  # P(given output_2 better), per run, as given
 
     @classmethod
-    def from_runs(cls, items: list[Item], runs: list[list[dict[str, Any]]]) -> Verdicts:
+    def from_runs(cls, items: list[Any], runs: list[list[dict[str, Any]]]) -> Verdicts:
         n = len(items)
         given = [[_value(run[i]) for run in runs] for i in range(n)]
         swapped = [[_value(run[n + i]) for run in runs] for i in range(n)]
@@ -505,7 +436,7 @@ def variance_figure(verdicts: Verdicts, boot: Bootstrap) -> Figure:
     return boot.ratio("variance", top, bottom)
 
 
-def family_of(item: Item, side: int, families: dict[str, str]) -> str | None:
+def family_of(item: Any, side: int, families: dict[str, str]) -> str | None:
     family = item.record.get(f"family_{side}")
     if isinstance(family, str):
         return family
@@ -548,7 +479,7 @@ def _wins(value: float, side: float) -> float:
     return (2 - value) if side == 1 else (value - 1)
 
 
-def read_humans(path: str, items: list[Item]) -> tuple[list[list[float]], list[list[str]], int]:
+def read_humans(path: str, items: list[Any]) -> tuple[list[list[float]], list[list[str]], int]:
     """The human labels of each audited pair (as given; a label of the mirrored pair is mirrored),
     who gave each (the record's `annotator`, else its place among the pair's labels), and how many
     human records matched no audited pair."""
@@ -557,7 +488,7 @@ def read_humans(path: str, items: list[Item]) -> tuple[list[list[float]], list[l
     index: dict[Any, tuple[int, bool]] = {}
     for i, item in enumerate(items):
         index[pair_key(item.record, None, ("output_1", "output_2"))] = (i, False)
-        index[pair_key(mirrored(item).record, None, ("output_1", "output_2"))] = (i, True)
+        index[pair_key(mirrored_record(item.record), None, ("output_1", "output_2"))] = (i, True)
     labels: list[list[float]] = [[] for _ in items]
     names: list[list[str]] = [[] for _ in items]
     unmatched = 0
@@ -765,7 +696,7 @@ class Audit:
 
 
 def audit(
-    items: list[Item],
+    items: list[Any],
     runs: list[list[dict[str, Any]]],
     judge: str,
     *,
