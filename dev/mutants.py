@@ -328,6 +328,25 @@ MUTATIONS = [
         ("tests/methods/test_sft.py::test_prompt_tokens_carry_no_loss_in_the_trainer",),
         fast=True,
     ),
+    # --- effects that tests once checked by spying on a library function (issue 43)
+    Mutation(
+        "Quark: gradients no longer clipped at --max-grad-norm",
+        "farmkit/methods/quark.py",
+        "accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)",
+        "pass",
+        ("tests/methods/test_quark.py::test_gradients_are_clipped_at_the_configured_norm",),
+    ),
+    Mutation(
+        "-q: library warnings no longer silenced",
+        "farmkit/cli.py",
+        '        warnings.simplefilter("ignore")',
+        "        pass",
+        (
+            "tests/tools/test_contract.py::test_quiet_silences_library_warnings",
+            "tests/tools/test_contract.py::test_quiet_silences_a_warning_raised_while_a_real_tool_trains",
+        ),
+        fast=True,
+    ),
 ]
 
 

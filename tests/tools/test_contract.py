@@ -5,6 +5,7 @@ closed stdout pipe that ends quietly."""
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -252,20 +253,44 @@ def test_quiet_silences_library_warnings(tmp_path):
     assert quiet.stderr == b""
 
 
-def test_quiet_silences_a_real_transformers_future_warning(tiny_model_path, tmp_path):
-    """farm-sft --lora makes transformers warn (a FutureWarning about gradient checkpointing's old
-    name, as in issue reports): shown without -q, and -q leaves stderr empty."""
+def test_quiet_silences_a_warning_raised_while_a_real_tool_trains(tiny_model_path, tmp_path):
+    """A library warning raised mid-run (here a FutureWarning that the test itself makes farm-sft's
+    training raise, through a sitecustomize on PYTHONPATH, so that no library release can take it
+    away) is shown without -q; with -q a real `farm-sft --lora` run leaves stderr empty: no warning,
+    no progress bar, no log line."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import warnings\n"
+        "import farmkit.methods.sft as sft\n"
+        "_train = sft.train_sft\n"
+        "def train_sft(*args, **kwargs):\n"
+        "    warnings.warn('`old_name` is deprecated: use `new_name`', FutureWarning)\n"
+        "    return _train(*args, **kwargs)\n"
+        "sft.train_sft = train_sft\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])}
     data = tmp_path / "demos.jsonl"
     data.write_text('{"instruction": "Colour?", "input": "", "output": "Blue."}\n' * 4)
     common = ["--lora", "--lora-rank", "2", "--max-steps", "1", "--batch-size", "2"]
-    loud = run_tool("farm-sft", str(tiny_model_path), str(data), "-o", str(tmp_path / "a"), *common)
+    loud = run_tool(
+        "farm-sft", str(tiny_model_path), str(data), "-o", str(tmp_path / "a"), *common, env=env
+    )
     assert loud.returncode == 0, loud.stderr.decode()[-2000:]
-    assert b"FutureWarning" in loud.stderr  # the library does warn
+    assert b"FutureWarning: `old_name` is deprecated" in loud.stderr  # the run does warn
     quiet = run_tool(
-        "farm-sft", str(tiny_model_path), str(data), "-o", str(tmp_path / "b"), *common, "-q"
+        "farm-sft",
+        str(tiny_model_path),
+        str(data),
+        "-o",
+        str(tmp_path / "b"),
+        *common,
+        "-q",
+        env=env,
     )
     assert quiet.returncode == 0, quiet.stderr.decode()[-2000:]
     assert quiet.stderr == b"", quiet.stderr.decode()[-2000:]
+    assert (tmp_path / "b" / "meta.json").is_file()  # it did train
 
 
 def test_option_lists_are_generated_from_help():
