@@ -73,6 +73,7 @@ def cli(pairs, reference, seed, **values):
             f"{display_name(pairs)}: no pairs to label; expected pair records (instruction, output_1, "
             "output_2), or output records with --reference"
         )
+    items = _merge_repeats(items, display_name(pairs))
     checks = read_checks(config.checks) if config.checks else []
     guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
     if config.status:
@@ -95,6 +96,28 @@ def cli(pairs, reference, seed, **values):
         server.serve(app, listener)
         for line in server.summary(store):
             log.info("farm-label: %s", line)
+
+
+def _merge_repeats(items: list[dict], name: str) -> list[dict]:
+    """Each pair once: a pair given again (the same instruction, input and outputs, in either order)
+    is left out and said, since one annotator's two labels of it would count as two humans agreeing."""
+    first: dict[tuple, int] = {}
+    kept, repeats = [], []
+    for position, item in enumerate(items, 1):
+        outputs = sorted((str(item.get("output_1")), str(item.get("output_2"))))
+        key = (item.get("instruction"), item.get("input") or "", *outputs)
+        if key in first:
+            repeats.append(f"pair {position} repeats pair {first[key]}")
+            continue
+        first[key] = position
+        kept.append(item)
+    if repeats:
+        shown = "; ".join(repeats[:3]) + ("; ..." if len(repeats) > 3 else "")
+        log.warning(
+            f"farm-label: {name}: {len(repeats)} pair{'s' if len(repeats) > 1 else ''} given again, "
+            f"labelled once ({shown})"
+        )
+    return kept
 
 
 main = entry_point(cli)

@@ -386,3 +386,21 @@ def test_status_says_whether_labels_is_complete_without_serving(tmp_path):
     server.stop()
     after = label(*command, "--status")
     assert after.returncode == 0 and json.loads(after.stdout)["complete"] is True
+
+
+def test_the_same_pair_twice_in_pairs_is_labelled_once(tmp_path):
+    """A pair given twice (also with its outputs swapped) is merged, said on stderr: one annotator
+    labelling it twice would be counted as two humans agreeing."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
+    lines = pairs.read_text().splitlines()
+    swapped = json.loads(lines[0])
+    swapped["output_1"], swapped["output_2"] = swapped["output_2"], swapped["output_1"]
+    pairs.write_text("\n".join([*lines, lines[1], json.dumps(swapped)]) + "\n")
+    result = label(str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--status")
+    assert result.returncode == 75, result.stderr.decode()
+    assert [row["total"] for row in json.loads(result.stdout)["annotators"]] == [3]
+    stderr = result.stderr.decode()
+    assert (
+        f"{pairs}: 2 pairs given again, labelled once (pair 4 repeats pair 2; pair 5 repeats pair 1)"
+        in stderr
+    )

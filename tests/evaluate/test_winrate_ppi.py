@@ -37,7 +37,8 @@ def test_ppi_mean_by_hand():
     se = float(variance / 4 + scaled**2 * Fraction(15, 56) / 4) ** 0.5
     assert figures["standard_error"] == pytest.approx(se, rel=1e-12)
     assert figures["low"] == pytest.approx(figures["estimate"] - Z95 * se, rel=1e-12)
-    assert figures["high"] == pytest.approx(figures["estimate"] + Z95 * se, rel=1e-12)
+    # the normal interval reaches 1.27: a win rate's is clipped to its bounds
+    assert figures["estimate"] + Z95 * se > 1 and figures["high"] == 1
 
 
 def test_a_judge_that_disagrees_is_not_used():
@@ -137,18 +138,20 @@ def invoke(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
+LABELS = [
+    {**pair("A", 0, 2), "annotator": "alice"},
+    {**pair("A", 0, 1), "annotator": "bob"},  # two humans on pair 0: Y = 0.5
+    swapped(pair("A", 1, 2)) | {"preference": 1},  # shown the other way round: A won
+    {"id": "q2", "generator_1": "ref", "generator_2": "A", "preference": 2},  # no texts
+    pair("A", 3, None),  # skipped and counted
+    pair("B", 0, 2),
+    pair("B", 2, 1),
+    pair("B", 5, 1.5),
+]
+
+
 def test_humans_add_prediction_powered_columns(tmp_path, simulated):
-    labels = [
-        {**pair("A", 0, 2), "annotator": "alice"},
-        {**pair("A", 0, 1), "annotator": "bob"},  # two humans on pair 0: Y = 0.5
-        swapped(pair("A", 1, 2)) | {"preference": 1},  # shown the other way round: A won
-        {"id": "q2", "generator_1": "ref", "generator_2": "A", "preference": 2},  # no texts
-        pair("A", 3, None),  # skipped and counted
-        pair("B", 0, 2),
-        pair("B", 2, 1),
-        pair("B", 5, 1.5),
-    ]
-    path = write_jsonl(tmp_path / "labels.jsonl", labels)
+    path = write_jsonl(tmp_path / "labels.jsonl", LABELS)
     result = invoke(
         str(simulated), "--humans", str(path), "--reference-generator", "ref", "--no-length-control"
     )
@@ -175,7 +178,8 @@ def test_humans_add_prediction_powered_columns(tmp_path, simulated):
         str(simulated), "--humans", str(path), "--reference-generator", "ref", "--format", "table"
     )
     shown = "n_human human_win_rate ppi_win_rate ppi_standard_error ppi_ci_low ppi_ci_high"
-    assert table.stdout.splitlines()[0].split()[-6:] == shown.split()
+    shown += " ppi_rank_low ppi_rank_high small_sample"
+    assert table.stdout.splitlines()[0].split()[-9:] == shown.split()
 
 
 @pytest.mark.parametrize(
@@ -196,8 +200,55 @@ def test_labels_on_other_pairs_are_refused(tmp_path, simulated, run_farm, label,
     assert result.stdout == b""
 
 
-def test_humans_with_compare_is_a_usage_error(tmp_path, simulated):
-    path = write_jsonl(tmp_path / "labels.jsonl", [pair("A", 0, 2)])
-    result = invoke(str(simulated), "--humans", str(path), "--compare", "A", "B")
-    assert result.exit_code == 2
-    assert "--humans" in result.stderr
+def test_humans_with_compare_gives_the_paired_prediction_powered_difference(tmp_path, simulated):
+    """A - B on the items both were judged on: the judge's differences on all 6, corrected by the
+    humans' on q0 and q2, the two items where both pairs were labelled."""
+    path = write_jsonl(tmp_path / "labels.jsonl", LABELS)
+    result = invoke(
+        str(simulated), "--humans", str(path), "--compare", "A", "B", "--reference-generator", "ref"
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = map(orjson.loads, result.stdout.splitlines())
+    judge = np.array([0.5, 1, -1, 1, 0.5, -1])  # f_A - f_B on q0..q5
+    expected = ppi_mean(np.array([0.5 - 1, 1 - 0]), judge[[0, 2]], judge)
+    assert row["model_a"] == "A" and row["n_items"] == 6 and row["n_human"] == 2
+    assert row["difference"] == pytest.approx(100 * judge.mean())  # the judge's own, as before
+    assert row["ppi_difference"] == pytest.approx(100 * expected["estimate"])
+    assert row["ppi_standard_error"] == pytest.approx(100 * expected["standard_error"])
+    assert -100 <= row["ppi_ci_low"] < row["ppi_difference"] < row["ppi_ci_high"] <= 100
+    assert row["small_sample"] is True and "A - B: 2 human labels, fewer than" in result.stderr
+
+
+def test_small_samples_stay_inside_0_100_and_are_flagged_with_a_warning(tmp_path):
+    """Three human labels (1, 1, tie) on a judge that calls every pair a win: the normal interval
+    was 83.3 +- 32.7, up to 116; both intervals stay in [0, 100] (Wilson for the humans, the PPI one
+    clipped), the row is flagged and stderr says the sample is too small."""
+    simulated = write_jsonl(tmp_path / "sim.jsonl", [pair("A", i, 2) for i in range(10)])
+    labels = write_jsonl(
+        tmp_path / "labels.jsonl", [pair("A", 0, 2), pair("A", 1, 2), pair("A", 2, 1.5)]
+    )
+    result = invoke(str(simulated), "--humans", str(labels), "--no-length-control")
+    assert result.exit_code == 0, result.output
+    (row,) = map(orjson.loads, result.stdout.splitlines())
+    assert row["ppi_win_rate"] == pytest.approx(250 / 3)
+    assert 0 <= row["ppi_ci_low"] < row["ppi_win_rate"] < row["ppi_ci_high"] == 100
+    # Wilson's score interval at n = 3, p = 5/6
+    z = Z95
+    centre = (5 / 6 + z * z / 6) / (1 + z * z / 3)
+    half = z / (1 + z * z / 3) * np.sqrt(5 / 36 / 3 + z * z / 36)
+    assert row["human_ci_low"] == pytest.approx(100 * (centre - half))
+    assert row["human_ci_high"] == pytest.approx(100 * (centre + half))
+    assert row["human_ci_high"] < 100
+    assert row["small_sample"] is True
+    assert "A: 3 human labels, fewer than 40" in result.stderr
+
+
+def test_enough_labels_are_not_flagged(tmp_path):
+    simulated = write_jsonl(tmp_path / "sim.jsonl", [pair("A", i, 2) for i in range(60)])
+    labels = write_jsonl(
+        tmp_path / "labels.jsonl", [pair("A", i, 2 if i % 3 else 1) for i in range(40)]
+    )
+    result = invoke(str(simulated), "--humans", str(labels), "--no-length-control")
+    (row,) = map(orjson.loads, result.stdout.splitlines())
+    assert row["n_human"] == 40 and row["small_sample"] is False
+    assert "fewer than" not in result.stderr
