@@ -78,18 +78,19 @@ def ppi_mean(
 
 def ppi_mean_ipw(
     human: np.ndarray,
-    judge_labelled: np.ndarray,
+    judge: np.ndarray,
     probability: np.ndarray,
-    judge_unlabelled: np.ndarray,
+    labelled: np.ndarray,
     confidence: float = 0.95,
     bounds: tuple[float, float] = (0.0, 1.0),
 ) -> dict[str, np.ndarray]:
     """The inverse-probability weighted PPI estimate of a mean along the last axis (see the module's
-    docstring): human labels Y (..., n) with their sampling probabilities pi (..., n), the judge's f
-    on those pairs (..., n) and on the unlabelled ones (..., N - n). The interval is clipped to
-    `bounds`. Returns what ppi_mean does."""
-    a = np.concatenate([human / probability, np.zeros_like(judge_unlabelled)], axis=-1)
-    b = np.concatenate([judge_labelled * (1 - 1 / probability), judge_unlabelled], axis=-1)
+    docstring), over all N pairs: human labels Y (..., N; read where `labelled`), the judge's f
+    (..., N), each pair's sampling probability pi (..., N; read where `labelled`) and whether it was
+    drawn and labelled (..., N). The interval is clipped to `bounds`. Returns what ppi_mean does."""
+    weight = np.where(labelled, 1 / np.where(labelled, probability, 1.0), 0.0)
+    a = np.where(labelled, human, 0.0) * weight
+    b = judge * (1 - weight)
     total = a.shape[-1]
     a_centred = a - a.mean(axis=-1, keepdims=True)
     b_centred = b - b.mean(axis=-1, keepdims=True)
@@ -108,6 +109,30 @@ def ppi_mean_ipw(
         "high": np.clip(estimate + z * standard_error, *bounds),
         "lambda": lam,
     }
+
+
+def active_probabilities(
+    uncertainty: np.ndarray, budget: float, uniform: float = 0.2
+) -> np.ndarray:
+    """Each pair's probability of being labelled, for an expected `budget` labels (active
+    statistical inference, Zrnic and Candes 2024): proportional to the square root of the expected
+    squared residual of its human label given the judge (`uncertainty`, e.g. f (1 - f) of a soft
+    verdict or of the pool's mean), mixed with the uniform n/N at the share `uniform`, so no weight
+    1 / pi exceeds N / (uniform n); capped at 1, the rest of the budget spread over the others."""
+    count = len(uncertainty)
+    root = np.sqrt(np.clip(np.asarray(uncertainty, dtype=np.float64), 0.0, None))
+    shape = root / root.sum() if root.sum() > 0 else np.full(count, 1 / count)
+    shape = (1 - uniform) * shape + uniform / count
+    probability = np.zeros(count)
+    capped = np.zeros(count, dtype=bool)
+    for _ in range(count):
+        rest = budget - capped.sum()
+        probability = np.where(capped, 1.0, rest * shape / shape[~capped].sum())
+        over = ~capped & (probability >= 1)
+        if not over.any():
+            break
+        capped |= over
+    return np.minimum(probability, 1.0)
 
 
 def wilson(mean: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
@@ -360,8 +385,8 @@ class PairLedger:
             figures = ppi_mean(y[both], f[both], f, confidence)
             figures["low"], figures["high"] = _bounded(figures, confidence, (-1.0, 1.0))
         else:
-            pi = probability[first[both]] * probability[second[both]]
-            figures = ppi_mean_ipw(y[both], f[both], pi, f[~both], confidence, (-1.0, 1.0))
+            pi = np.where(both, probability[first] * probability[second], 1.0)
+            figures = ppi_mean_ipw(y, f, pi, both, confidence, (-1.0, 1.0))
         row.update(
             ppi_difference=100 * float(figures["estimate"]),
             ppi_standard_error=100 * float(figures["standard_error"]),
@@ -431,7 +456,13 @@ def _row(
         figures = ppi_mean(human, judge_labelled, judge, confidence)
         row["human_standard_error"] = 100 * float(human.std(ddof=1) / np.sqrt(len(human)))
     else:
-        figures = ppi_mean_ipw(human, judge_labelled, probability, judge_unlabelled, confidence)
+        figures = ppi_mean_ipw(
+            np.concatenate([human, np.zeros(len(judge_unlabelled))]),
+            np.concatenate([judge_labelled, judge_unlabelled]),
+            np.concatenate([probability, np.ones(len(judge_unlabelled))]),
+            np.arange(len(human) + len(judge_unlabelled)) < len(human),
+            confidence,
+        )
         deviations = weights * (human - mean) / weights.sum()
         row["human_standard_error"] = 100 * float(
             np.sqrt((deviations**2).sum() * len(human) / (len(human) - 1))
