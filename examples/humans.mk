@@ -2,19 +2,23 @@
 # -------------------------------------------------------------------------------------------
 # Your own annotators on the demo's evaluation (docs/humans.md):
 #
-#   make humans                serves HUMAN_N of the evaluation pairs the simulated pool judged (every
-#                              system against the reference) with farm-label and prints each
+#   make humans                serves HUMAN_PER_SYSTEM of each system's evaluation pairs the simulated
+#                              pool judged (against the reference) with farm-label and prints each
 #                              annotator's link; Ctrl-C stops it and the same command resumes. Once
 #                              every pair is labelled, the same command prints the report instead.
 #   make humans-report         the agreement table (farm-correlate --judge --humans) and the
 #                              prediction-powered board (farm-winrate --humans) on the labels so far
 #   make humans HUMAN_ANNOTATORS=alice,bob,carol HUMAN_OVERLAP=0.25 HUMAN_HOST=0.0.0.0 HUMAN_PORT=8000
 #
-# The pairs are a seeded uniform sample of the judged ones (human_sample.py), as prediction-powered
-# inference assumes. LABELS is complete when every annotator has labelled their whole queue, as
+# The pairs are a seeded uniform sample of each system's judged ones (human_sample.py), as
+# prediction-powered inference assumes: 40 a system by default, where farm-winrate's interval is
+# checked to hold (below it the board flags small_sample and says so). At SIZE=demo each system has
+# only N_VAL = 20 judged pairs: all 20 of each are labelled (160 for the 8 systems) and flagged;
+# from SIZE=small (200 prompts) each system gets its 40 (320 labels). HUMAN_N=N draws N in all instead. LABELS is complete when every annotator has labelled their whole queue, as
 # `farm-label ... --status` says.
 
-HUMAN_N ?= 40
+HUMAN_PER_SYSTEM ?= 40
+HUMAN_N ?=
 HUMAN_ANNOTATORS ?= 3
 HUMAN_OVERLAP ?= 0.25
 HUMAN_HOST ?= 127.0.0.1
@@ -35,7 +39,7 @@ $(HUMAN_SIM): $(SIM_EVALS)
 	cat $^ > $@
 
 $(HUMAN_PAIRS): $(HUMAN_SIM)
-	$(PYTHON) human_sample.py $< -n $(HUMAN_N) --seed $(SEED) -o $@
+	$(PYTHON) human_sample.py $< $(if $(HUMAN_N),-n $(HUMAN_N),--per-system $(HUMAN_PER_SYSTEM)) --seed $(SEED) -o $@
 
 # farm-label's own command, and its --status (exit 0 once LABELS is complete, 75 before; 1 while a
 # server holds LABELS): the recipe asks farm-label rather than counting lines itself

@@ -24,9 +24,10 @@ weighted estimate instead, over all N judged pairs (xi_i = 1 for a labelled pair
 E[z_i] = Y_i whatever lambda, so the estimate is unbiased for the mean of Y (lambda estimated from the
 same data leaves an O(1/N) bias); with pi_i = n/N it is PPI on a Bernoulli sample.
 
-Below MIN_HUMAN_LABELS human labels a row is flagged (small_sample): the normal interval's coverage was
-checked by simulation (bench/bench_active_labels.py --small) to be at least 0.9 at 95% for win rates
-between 20% and 80% from 40 labels up, and falls to 0.57-0.68 at 5 labels.
+Below MIN_HUMAN_LABELS human labels a row is flagged (small_sample): the normal interval's coverage
+was checked by simulation (bench/bench_active_labels.py --small, 4000 draws a cell) to be at least
+0.91 at 95% for win rates between 20% and 80% from 40 labels up; it falls to 0.86-0.89 at 20 labels
+and 0.31-0.69 at 5 (bench/results/active-labels-2026-12-07.jsonl).
 
 The authors' library (ppi-python) computes the same for means, but depends on numba, statsmodels,
 scikit-learn and gdown; the mean case is these few lines of numpy.
