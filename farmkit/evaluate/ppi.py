@@ -147,18 +147,19 @@ def wilson(mean: float, n: float, confidence: float = 0.95) -> tuple[float, floa
 
 def rank_sets(
     estimates: np.ndarray, standard_errors: np.ndarray, confidence: float = 0.95
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, ...]:
     """Rank sets of K systems (1 the best) that hold together at `confidence` (prediction-powered
     ranking, Chatzi et al. 2024): from simultaneous intervals (each at 1 - (1 - confidence) / K,
     Bonferroni), a system ranks below every one whose interval lies wholly above its own and above
     every one wholly below it. When every interval covers its system's truth, every true rank is
-    in its set. Returns (best rank, worst rank) of each."""
+    in its set. Returns each one's best rank, worst rank, and the simultaneous interval's low and
+    high."""
     count = len(estimates)
     z = NormalDist().inv_cdf(1 - (1 - confidence) / (2 * count))
     low, high = estimates - z * standard_errors, estimates + z * standard_errors
     above = (low[None, :] > high[:, None]).sum(axis=1)  # j surely better than i
     below = (high[None, :] < low[:, None]).sum(axis=1)  # j surely worse than i
-    return 1 + above, count - below
+    return 1 + above, count - below, low, high
 
 
 def _digest(instruction: str, input: str, first: str, second: str) -> bytes:

@@ -507,7 +507,7 @@ def _rank_sets(rows: list[dict[str, Any]], confidence: float) -> None:
     for group in groups.values():
         estimates = np.array([row["ppi_win_rate"] for row in group])
         errors = np.array([row["ppi_standard_error"] for row in group])
-        best, worst = rank_sets(estimates, errors, confidence)
+        best, worst, _, _ = rank_sets(estimates, errors, confidence)
         for row, low, high in zip(group, best.tolist(), worst.tolist(), strict=True):
             row["ppi_rank_low"], row["ppi_rank_high"] = low, high
 

@@ -299,11 +299,13 @@ def test_active_labels_are_unbiased_and_narrower_than_uniform_at_the_same_budget
 
 
 def test_rank_sets_hold_together_at_their_level():
-    """Six systems, two of them tied, each with PPI++ from 200 human labels of 1000 judged pairs:
-    in at least 95% of 1000 draws (measured: all 1000) every system's true rank (any of the ranks a tie
-    allows) is in its rank set; Bonferroni's intervals are conservative, so the measured share is
-    well above 0.95 and its Monte Carlo standard error is under 0.007. In at least half the draws
-    some set is a single rank (measured: 907): they are informative."""
+    """Six systems, two of them tied, each with PPI++ from 200 human labels of 1000 judged pairs, 1000
+    draws. The simultaneous intervals the rank sets come from cover all six true win rates together
+    in at least 93% of the draws at 95% (measured 0.944; Monte Carlo standard error 0.007, so 0.93 is
+    3 of them below the level; six plain 95% intervals would cover together about 0.95^6 = 0.74 of
+    the time). Every system's true rank (any a tie allows) is then in its rank set: measured in all
+    1000 draws, asserted in 95%. In at least half some set is a single rank (measured 907): they
+    are informative."""
     from farmkit.evaluate.ppi import rank_sets
 
     rng = np.random.default_rng(7)
@@ -314,11 +316,13 @@ def test_rank_sets_hold_together_at_their_level():
     figures = ppi_mean(human[..., :labelled], judge[..., :labelled], judge.astype(float))
     better = (rates[None, :] > rates[:, None]).sum(axis=1)  # true rank: 1 + the better ones
     ties = (rates[None, :] == rates[:, None]).sum(axis=1) - 1
-    held, single = 0, 0
+    held, covered, single = 0, 0, 0
     for estimate, error in zip(figures["estimate"], figures["standard_error"], strict=True):
-        low, high = rank_sets(estimate, error, 0.95)
-        held += np.all((low <= 1 + better + ties) & (high >= 1 + better))
-        single += np.any(low == high)
+        best, worst, low, high = rank_sets(estimate, error, 0.95)
+        held += np.all((best <= 1 + better + ties) & (worst >= 1 + better))
+        covered += np.all((low <= rates) & (rates <= high))
+        single += np.any(best == worst)
+    assert covered / draws >= 0.93
     assert held / draws >= 0.95
     assert single / draws >= 0.5
 
