@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("uvicorn")
@@ -455,6 +456,16 @@ def test_with_judge_people_label_where_it_is_least_sure_and_the_labels_carry_the
     assert board.returncode == 0, board.stderr.decode()
     (row,) = map(json.loads, board.stdout.splitlines())
     assert row["n_human"] == len(answers) and row["small_sample"] is True
+    from farmkit.evaluate.ppi import ppi_mean_ipw
+
+    f = [(0.02 if i % 2 else 0.98) if i < 20 else 0.5 for i in range(40)]
+    y, pi, drawn = [0.0] * 40, [1.0] * 40, [False] * 40
+    for record in answers:
+        i = int(record["instruction"].split()[1])
+        y[i], pi[i], drawn[i] = record["preference"] - 1, record["sampling_probability"], True
+    expected = ppi_mean_ipw(*map(np.array, (y, f, pi, drawn)))  # weighted by 1 / pi
+    assert row["ppi_win_rate"] == pytest.approx(100 * expected["estimate"])
+    assert row["ppi_standard_error"] == pytest.approx(100 * expected["standard_error"])
     assert 0 <= row["ppi_ci_low"] <= row["ppi_win_rate"] <= row["ppi_ci_high"] <= 100
 
 
