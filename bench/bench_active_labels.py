@@ -6,7 +6,7 @@ flag (farmkit/evaluate/ppi.py MIN_HUMAN_LABELS).
 
     python bench/bench_active_labels.py [--draws 2000] [--budget 150] [--small]
 
-Active: pair i drawn with probability pi_i (farmkit.evaluate.ppi.active_probabilities of the judge's
+Active: pair i drawn with probability pi_i (farmkit.annotate.label.active.active_probabilities of the judge's
 f (1 - f), 20% uniform), the IPW estimate (ppi_mean_ipw). Uniform: the same expected budget drawn
 uniformly, PPI++ as farm-winrate computed it before (ppi_mean on a fixed-size uniform sample), and the
 same IPW estimate on a Bernoulli(n/N) sample (pi = n/N), so both sides of the comparison use the same
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from farmkit.evaluate.ppi import active_probabilities, ppi_mean, ppi_mean_ipw
+from farmkit.annotate.label.active import active_probabilities
+from farmkit.evaluate.ppi import ppi_mean, ppi_mean_ipw
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -112,30 +112,6 @@ def ppi_mean_ipw(
     }
 
 
-def active_probabilities(
-    uncertainty: np.ndarray, budget: float, uniform: float = 0.2
-) -> np.ndarray:
-    """Each pair's probability of being labelled, for an expected `budget` labels (active
-    statistical inference, Zrnic and Candes 2024): proportional to the square root of the expected
-    squared residual of its human label given the judge (`uncertainty`, e.g. f (1 - f) of a soft
-    verdict or of the pool's mean), mixed with the uniform n/N at the share `uniform`, so no weight
-    1 / pi exceeds N / (uniform n); capped at 1, the rest of the budget spread over the others."""
-    count = len(uncertainty)
-    root = np.sqrt(np.clip(np.asarray(uncertainty, dtype=np.float64), 0.0, None))
-    shape = root / root.sum() if root.sum() > 0 else np.full(count, 1 / count)
-    shape = (1 - uniform) * shape + uniform / count
-    probability = np.zeros(count)
-    capped = np.zeros(count, dtype=bool)
-    for _ in range(count):
-        rest = budget - capped.sum()
-        probability = np.where(capped, 1.0, rest * shape / shape[~capped].sum())
-        over = ~capped & (probability >= 1)
-        if not over.any():
-            break
-        capped |= over
-    return np.minimum(probability, 1.0)
-
-
 def wilson(mean: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson's score interval of a proportion `mean` observed over `n` labels (a tie counts half,
     as in the win rate), inside [0, 1] by construction."""

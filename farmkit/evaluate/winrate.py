@@ -729,11 +729,16 @@ class WinrateConfig:
     humans: str | None = help_field(
         None,
         "Human labels (preference records, farm-label's for instance) on a uniformly random subset "
-        "of the pairs in PREFS. Each row adds the humans' own win rate on its labelled pairs "
-        "(human_win_rate, n_human) and the prediction-powered one (PPI++: the simulated verdicts on "
-        "every pair, their bias corrected by the human labels): ppi_win_rate, ppi_standard_error, "
-        "ppi_ci_low and ppi_ci_high at --confidence, ppi_lambda. A label finds its pair by the texts "
-        "(in either order), else by id and generators; a label on no simulated pair is an error.",
+        "of the pairs in PREFS, or drawn with the sampling_probability each records (farm-label "
+        "--judge; weighted by its inverse). Each row adds the humans' own win rate on its labelled "
+        "pairs (human_win_rate, n_human, Wilson's human_ci_low and human_ci_high) and the "
+        "prediction-powered one (PPI++: the simulated verdicts on every pair, their bias corrected by "
+        "the human labels): ppi_win_rate, ppi_standard_error, ppi_ci_low and ppi_ci_high at "
+        "--confidence (inside [0, 100]), ppi_lambda, the rank set ppi_rank_low..ppi_rank_high, and "
+        "small_sample (below 40 labels, also said on stderr). With --compare, the paired "
+        "prediction-powered difference (ppi_difference and its interval). A label finds its pair by "
+        "the texts (in either order), else by id and generators; a label on no simulated pair is an "
+        "error.",
         path={"dir_okay": False},
         metavar="LABELS",
     )

@@ -275,7 +275,8 @@ def test_active_labels_are_unbiased_and_narrower_than_uniform_at_the_same_budget
     and the Monte Carlo error of the mean is 0.0005), both intervals cover the truth at least 93%
     of the time at 95% (measured 0.9475 and 0.9425; Monte Carlo standard error 0.005), and the active
     interval is at least 8% narrower (measured 0.0927 against 0.1046: 11%)."""
-    from farmkit.evaluate.ppi import active_probabilities, ppi_mean_ipw
+    from farmkit.annotate.label.active import active_probabilities
+    from farmkit.evaluate.ppi import ppi_mean_ipw
 
     rng = np.random.default_rng(46)
     draws, pairs, budget = 2000, 1000, 150
