@@ -47,6 +47,14 @@ with open(acked, "a") as out:
 """
 
 
+def invoke(*args: str):
+    """farm-label in this process (a refusal or --status: nothing is served)."""
+    from click.testing import CliRunner
+    from farmkit.tools.farm_label import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
 def label(*args: str) -> subprocess.CompletedProcess:
     """farm-label run to its end (a refusal): a plain process, since it loads no model."""
     return subprocess.run([TOOL, *args], capture_output=True, timeout=120)
@@ -397,10 +405,10 @@ def test_the_same_pair_twice_in_pairs_is_labelled_once(tmp_path):
     swapped = json.loads(lines[0])
     swapped["output_1"], swapped["output_2"] = swapped["output_2"], swapped["output_1"]
     pairs.write_text("\n".join([*lines, lines[1], json.dumps(swapped)]) + "\n")
-    result = label(str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--status")
-    assert result.returncode == 75, result.stderr.decode()
+    result = invoke(str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--status")
+    assert result.exit_code == 75, result.output
     assert [row["total"] for row in json.loads(result.stdout)["annotators"]] == [3]
-    stderr = result.stderr.decode()
+    stderr = result.stderr
     assert (
         f"{pairs}: 2 pairs given again, labelled once (pair 4 repeats pair 2; pair 5 repeats pair 1)"
         in stderr
@@ -425,6 +433,7 @@ def simulated_verdicts(path: Path) -> Path:
     return path
 
 
+@pytest.mark.heavy  # a server, a client and farm-winrate, each a process
 def test_with_judge_people_label_where_it_is_least_sure_and_the_labels_carry_the_probability(
     tmp_path,
 ):
@@ -469,14 +478,18 @@ def test_with_judge_people_label_where_it_is_least_sure_and_the_labels_carry_the
     assert 0 <= row["ppi_ci_low"] <= row["ppi_win_rate"] <= row["ppi_ci_high"] <= 100
 
 
-def test_judge_needs_every_pair_and_a_budget(tmp_path):
+def test_judge_needs_every_pair_and_a_budget(tmp_path, capsys):
+    from farmkit.tools.farm_label import main
+
     sim = simulated_verdicts(tmp_path / "sim.jsonl")
     some = tmp_path / "some.jsonl"
     some.write_text("".join(sim.read_text().splitlines(keepends=True)[:5]))
     out = str(tmp_path / "labels.jsonl")
-    lacks = label(str(some), "--judge", str(sim), "--budget", "3", "-o", out, "--status")
-    assert lacks.returncode == 1
-    assert "judges 35 pair(s) that PAIRS lacks" in lacks.stderr.decode()
-    alone = label(str(sim), "--judge", str(sim), "-o", out, "--status")
-    assert alone.returncode == 2 and "--judge and --budget go together" in alone.stderr.decode()
+    for args, code, message in (
+        ([str(some), "--budget", "3"], 1, "judges 35 pair(s) that PAIRS lacks"),
+        ([str(sim)], 2, "--judge and --budget go together"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main([*args, "--judge", str(sim), "-o", out])
+        assert exited.value.code == code and message in capsys.readouterr().err
     assert not (tmp_path / "labels.jsonl").exists()
