@@ -104,6 +104,13 @@ def cli(
             annotations.require_judge_labels(judges, judge_label)
         for path in humans:
             annotations.add_humans(path, human_label)
+        for name, (count, where, first) in annotations.repeated.items():
+            log.warning(
+                f"farm-correlate: {name} labelled the same pair twice ({count} label"
+                f"{'s' if count > 1 else ''} repeat one of theirs, the first at {where}, of the pair "
+                f"labelled at {first}); only each human's first label of a pair counts (one human "
+                "is not two who agree)"
+            )
         for name, (count, first) in annotations.missing.items():
             log.warning(
                 f"farm-correlate: {count} records have no {name!r} field and were left out (the first at {first})"

@@ -30,6 +30,8 @@ from farmkit.core.io import PENDING_EXIT, FarmError, display_name, records_stdou
     "annotators",
     "overlap",
     "checks",
+    "judge",
+    "budget",
     "guidelines",
     "host",
     "port",
@@ -52,6 +54,7 @@ def cli(pairs, reference, seed, **values):
     \b
     farm-label pairs.jsonl -o labels.jsonl --annotators alice,bob,carol --overlap 0.2
     farm-label outputs.jsonl --reference ref.jsonl -o labels.jsonl --annotators 3 --checks known.jsonl
+    farm-label sim_prefs.jsonl --judge sim_prefs.jsonl --budget 200 -o labels.jsonl --annotators 2
     """
     config = tool_config(LabelConfig, values)
     if config.output == "-" or config.output.endswith(".gz"):
@@ -73,11 +76,30 @@ def cli(pairs, reference, seed, **values):
             f"{display_name(pairs)}: no pairs to label; expected pair records (instruction, output_1, "
             "output_2), or output records with --reference"
         )
+    items = _merge_repeats(items, display_name(pairs))
+    if (config.judge is None) != (config.budget is None):
+        raise click.UsageError(
+            "--judge and --budget go together: the verdicts, and how many labels"
+        )
+    if config.judge:
+        from farmkit.annotate.label.active import draw
+
+        items = draw(items, config.judge, config.budget, seed)
+        log.info(
+            f"farm-label: {len(items)} pairs drawn where {display_name(config.judge)} is least sure "
+            f"(--budget {config.budget} expected)"
+        )
     checks = read_checks(config.checks) if config.checks else []
     guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
     if config.status:
         with open_store(
-            config.output, items, checks, config.annotators, config.overlap, seed
+            config.output,
+            items,
+            checks,
+            config.annotators,
+            config.overlap,
+            seed,
+            config.judge is not None,
         ) as store:
             report = server.status(store)
         records_stdout().write(orjson.dumps(report) + b"\n")
@@ -87,7 +109,15 @@ def cli(pairs, reference, seed, **values):
     if config.public_url:  # the proxy's address is the annotators'
         click.echo(f"farm-label: serving {url} as {config.public_url}", err=True)
         url = config.public_url
-    with open_store(config.output, items, checks, config.annotators, config.overlap, seed) as store:
+    with open_store(
+        config.output,
+        items,
+        checks,
+        config.annotators,
+        config.overlap,
+        seed,
+        config.judge is not None,
+    ) as store:
         for name, token in store.tokens.items():
             click.echo(f"farm-label: {name} {url}/a/{token}", err=True)
         click.echo(f"farm-label: status {url}/status/{store.admin}", err=True)
@@ -95,6 +125,28 @@ def cli(pairs, reference, seed, **values):
         server.serve(app, listener)
         for line in server.summary(store):
             log.info("farm-label: %s", line)
+
+
+def _merge_repeats(items: list[dict], name: str) -> list[dict]:
+    """Each pair once: a pair given again (the same instruction, input and outputs, in either order)
+    is left out and said, since one annotator's two labels of it would count as two humans agreeing."""
+    first: dict[tuple, int] = {}
+    kept, repeats = [], []
+    for position, item in enumerate(items, 1):
+        outputs = sorted((str(item.get("output_1")), str(item.get("output_2"))))
+        key = (item.get("instruction"), item.get("input") or "", *outputs)
+        if key in first:
+            repeats.append(f"pair {position} repeats pair {first[key]}")
+            continue
+        first[key] = position
+        kept.append(item)
+    if repeats:
+        shown = "; ".join(repeats[:3]) + ("; ..." if len(repeats) > 3 else "")
+        log.warning(
+            f"farm-label: {name}: {len(repeats)} pair{'s' if len(repeats) > 1 else ''} given again, "
+            f"labelled once ({shown})"
+        )
+    return kept
 
 
 main = entry_point(cli)

@@ -84,9 +84,9 @@ def cli(prefs, output, seed, **values):
         raise click.UsageError(
             "--sort-by lc orders by the length-controlled win rate; drop --no-length-control"
         )
-    if config.humans and (config.compare or config.fmt == "alpaca-eval"):
+    if config.humans and config.fmt == "alpaca-eval":
         raise click.UsageError(
-            "--humans adds columns to a leaderboard; --compare and --format alpaca-eval have none for them"
+            "--humans adds columns to a leaderboard; --format alpaca-eval has none for them"
         )
     if config.fmt == "alpaca-eval" and config.compare:
         raise click.UsageError(
@@ -147,8 +147,9 @@ def cli(prefs, output, seed, **values):
                 raise FarmError(
                     f"--compare: no verdicts on {model!r} in the input; the models are {', '.join(known)}"
                 )
-        rows = [table.comparison(a, b) for a, b in config.compare]
+        rows = [table.comparison(a, b, config.confidence) for a, b in config.compare]
         columns = None
+        _report_small_samples(rows, "model_a")
     elif config.plan:
         rows, columns = _plan(table, config), None
     elif config.baseline:
@@ -174,6 +175,7 @@ def cli(prefs, output, seed, **values):
         if dropped:
             log.warning(f"farm-winrate: {dropped} null verdicts dropped (see n_dropped)")
         _report_ranking(table, rows)
+        _report_small_samples(rows, "generator")
     info = provenance(
         "farm-winrate",
         seed if config.bootstrap else None,
@@ -337,6 +339,20 @@ def _read_humans(table: WinrateTable, path: str) -> None:
             f"farm-winrate: {unjudged} human-labelled pairs have no simulated verdict (all null); "
             "left out of the prediction-powered figures"
         )
+
+
+def _report_small_samples(rows: list[dict], name: str) -> None:
+    """Say which prediction-powered figures rest on too few human labels (small_sample)."""
+    from farmkit.evaluate.ppi import MIN_HUMAN_LABELS
+
+    for row in rows:
+        if row.get("small_sample") and row.get("n_human"):
+            what = row[name] if name == "generator" else f"{row['model_a']} - {row['model_b']}"
+            log.warning(
+                f"farm-winrate: {what}: {row['n_human']} human labels, fewer than "
+                f"{MIN_HUMAN_LABELS}: the prediction-powered interval's coverage falls below its "
+                "level on so few (small_sample); label more pairs"
+            )
 
 
 def _report_guards(table: WinrateTable) -> None:

@@ -525,6 +525,9 @@ class Annotations:
             str, list[Any]
         ] = {}  # label field -> [records without it, the first FILE:LINE]
         self.records_read: Counter = Counter()  # file -> records read from it
+        self._human_labelled: dict[tuple[Any, str], str] = {}  # (pair, human) -> first FILE:LINE
+        # human -> [labels repeating their label of a pair, the first such FILE:LINE, the label's]
+        self.repeated: dict[str, list[Any]] = {}
 
     def _note_missing(
         self, record: dict[str, Any], label_fields: Sequence[str], source: str, number: int
@@ -642,7 +645,14 @@ class Annotations:
             self._note_missing(record, label_fields, source, number)
             pair = self.pairs[key]
             self._note_outputs(pair, record)
-            pair.humans.extend((name, label) for name, label in labels if label is not None)
+            for name, label in labels:
+                if label is None:
+                    continue
+                first = self._human_labelled.setdefault((key, name), f"{source}:{number}")
+                if first != f"{source}:{number}":  # one human's label again: never agreement
+                    self.repeated.setdefault(name, [0, f"{source}:{number}", first])[0] += 1
+                    continue
+                pair.humans.append((name, label))
 
 
 def _per_1000(values: list[float]) -> float | None:

@@ -12,6 +12,23 @@ Definitions (PPI++, Angelopoulos, Duchi and Zrnic 2023, the mean with power tuni
     se^2 = var(Y - lambda' f over the n) / n + lambda'^2 var(f over the N) / (N - n)
     which lambda minimises; at lambda = 0 it is the humans' own var(Y) / n, so the interval
     theta +- z se is never (asymptotically) wider than theirs. Variances are sample ones (ddof 1).
+    The interval is clipped to [0, 1] (a win rate's bounds); the humans' own interval is Wilson's
+    score interval, which respects them by construction.
+
+Labels sampled with known probabilities (farm-label --judge: active statistical inference, Zrnic and
+Candes 2024), each label carrying its pair's `sampling_probability` pi_i, use the inverse-probability
+weighted estimate instead, over all N judged pairs (xi_i = 1 for a labelled pair):
+    z_i = lambda f_i + xi_i (Y_i - lambda f_i) / pi_i,  theta = mean(z),  se^2 = var(z) / N
+    lambda = -cov(a, b) / var(b), a_i = xi_i Y_i / pi_i, b_i = f_i (1 - xi_i / pi_i) (z = a + lambda b:
+    the lambda that minimises var(z)), clipped to [0, 1]
+E[z_i] = Y_i whatever lambda, so the estimate is unbiased for the mean of Y (lambda estimated from the
+same data leaves an O(1/N) bias); with pi_i = n/N it is PPI on a Bernoulli sample.
+
+Below MIN_HUMAN_LABELS human labels a row is flagged (small_sample): the normal interval's coverage
+was checked by simulation (bench/bench_active_labels.py --small, 4000 draws a cell) to be at least
+0.91 at 95% for win rates between 20% and 80% from 40 labels up; it falls to 0.86-0.89 at 20 labels
+and 0.31-0.69 at 5 (bench/results/active-labels-2026-12-07.jsonl).
+
 The authors' library (ppi-python) computes the same for means, but depends on numba, statsmodels,
 scikit-learn and gdown; the mean case is these few lines of numpy.
 """
@@ -24,6 +41,10 @@ from typing import Any
 
 import numpy as np
 import orjson
+
+from farmkit.core.io import FarmError
+
+MIN_HUMAN_LABELS = 40  # see the module's docstring
 
 
 def ppi_mean(
@@ -50,10 +71,71 @@ def ppi_mean(
     return {
         "estimate": estimate,
         "standard_error": standard_error,
-        "low": estimate - z * standard_error,
-        "high": estimate + z * standard_error,
+        "low": np.clip(estimate - z * standard_error, 0.0, 1.0),
+        "high": np.clip(estimate + z * standard_error, 0.0, 1.0),
         "lambda": lam,
     }
+
+
+def ppi_mean_ipw(
+    human: np.ndarray,
+    judge: np.ndarray,
+    probability: np.ndarray,
+    labelled: np.ndarray,
+    confidence: float = 0.95,
+    bounds: tuple[float, float] = (0.0, 1.0),
+) -> dict[str, np.ndarray]:
+    """The inverse-probability weighted PPI estimate of a mean along the last axis (see the module's
+    docstring), over all N pairs: human labels Y (..., N; read where `labelled`), the judge's f
+    (..., N), each pair's sampling probability pi (..., N; read where `labelled`) and whether it was
+    drawn and labelled (..., N). The interval is clipped to `bounds`. Returns what ppi_mean does."""
+    weight = np.where(labelled, 1 / np.where(labelled, probability, 1.0), 0.0)
+    a = np.where(labelled, human, 0.0) * weight
+    b = judge * (1 - weight)
+    total = a.shape[-1]
+    a_centred = a - a.mean(axis=-1, keepdims=True)
+    b_centred = b - b.mean(axis=-1, keepdims=True)
+    variance = (b_centred**2).sum(axis=-1)
+    safe = np.where(variance > 0, variance, 1.0)
+    lam = np.where(variance > 0, -(a_centred * b_centred).sum(axis=-1) / safe, 0.0)
+    lam = np.clip(lam, 0.0, 1.0)
+    z_values = a + lam[..., None] * b
+    estimate = z_values.mean(axis=-1)
+    standard_error = z_values.std(axis=-1, ddof=1) / np.sqrt(total)
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    return {
+        "estimate": estimate,
+        "standard_error": standard_error,
+        "low": np.clip(estimate - z * standard_error, *bounds),
+        "high": np.clip(estimate + z * standard_error, *bounds),
+        "lambda": lam,
+    }
+
+
+def wilson(mean: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval of a proportion `mean` observed over `n` labels (a tie counts half,
+    as in the win rate), inside [0, 1] by construction."""
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n))
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
+def rank_sets(
+    estimates: np.ndarray, standard_errors: np.ndarray, confidence: float = 0.95
+) -> tuple[np.ndarray, ...]:
+    """Rank sets of K systems (1 the best) that hold together at `confidence` (prediction-powered
+    ranking, Chatzi et al. 2024): from simultaneous intervals (each at 1 - (1 - confidence) / K,
+    Bonferroni), a system ranks below every one whose interval lies wholly above its own and above
+    every one wholly below it. When every interval covers its system's truth, every true rank is
+    in its set. Returns each one's best rank, worst rank, and the simultaneous interval's low and
+    high."""
+    count = len(estimates)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / (2 * count))
+    low, high = estimates - z * standard_errors, estimates + z * standard_errors
+    above = (low[None, :] > high[:, None]).sum(axis=1)  # j surely better than i
+    below = (high[None, :] < low[:, None]).sum(axis=1)  # j surely worse than i
+    return 1 + above, count - below, low, high
 
 
 def _digest(instruction: str, input: str, first: str, second: str) -> bytes:
@@ -86,6 +168,8 @@ class PairLedger:
         self.slot: list[int] = []
         self.simulated: list[list[float]] = []  # per pair: count, sum of the simulated verdicts
         self.human: list[list[float]] = []  # per pair: count, sum of the human labels
+        self.item: list[Any] = []  # per pair: its item key (None: none), for paired differences
+        self.probability: list[float | None] = []  # per pair: its labels' sampling probability
         self.null_labels = 0
 
     def add_simulated(
@@ -118,6 +202,8 @@ class PairLedger:
                 self.slot.append(slot)
                 self.simulated.append([0, 0.0])
                 self.human.append([0, 0.0])
+                self.item.append(item)
+                self.probability.append(None)
                 self._has_texts.append(digest is not None)
                 if digest is not None:
                     self._by_texts.setdefault(digest, []).append(pair)
@@ -133,10 +219,26 @@ class PairLedger:
         """One human label (its win value for position 2, NaN: no verdict) on its pair; ValueError
         says why when it has no pair among the simulated ones."""
         matches = self._matches(record)
+        probability = record.get("sampling_probability")
+        if probability is not None and (
+            isinstance(probability, bool)
+            or not isinstance(probability, (int, float))
+            or not 0 < probability <= 1
+        ):
+            raise ValueError(
+                f"sampling_probability is {probability!r}; expected the probability its pair was "
+                "drawn with, in (0, 1] (farm-label --judge writes it)"
+            )
         if value != value:
             self.null_labels += 1
             return
         for pair, mirrored in matches:
+            if self.human[pair][0] and self.probability[pair] != probability:
+                raise ValueError(
+                    f"its sampling_probability ({probability!r}) is not that of the pair's other "
+                    f"labels ({self.probability[pair]!r}); a pair is drawn once, with one probability"
+                )
+            self.probability[pair] = probability
             self.human[pair][0] += 1
             self.human[pair][1] += 1 - value if mirrored else value
 
@@ -193,8 +295,9 @@ class PairLedger:
             if labelled and not judged
         )
 
-    def figures(self, confidence: float) -> dict[int, dict[str, Any]]:
-        """Each (reference, model) slot's human-only and prediction-powered figures, in percent."""
+    def _values(self) -> tuple[np.ndarray, ...]:
+        """Per pair: slot, whether judged, whether labelled, judge mean, human mean, probability
+        (NaN: none recorded)."""
         slots = np.array(self.slot, dtype=np.int64)
         simulated = np.array(self.simulated, dtype=np.float64).reshape(-1, 2)
         human = np.array(self.human, dtype=np.float64).reshape(-1, 2)
@@ -202,32 +305,146 @@ class PairLedger:
         labelled = judged & (human[:, 0] > 0)
         judge = np.divide(simulated[:, 1], simulated[:, 0], where=judged, out=np.zeros(len(slots)))
         label = np.divide(human[:, 1], human[:, 0], where=labelled, out=np.zeros(len(slots)))
+        probability = np.array(
+            [np.nan if p is None else p for p in self.probability], dtype=np.float64
+        )
+        return slots, judged, labelled, judge, label, probability
+
+    def figures(self, confidence: float, names: list[Any]) -> dict[int, dict[str, Any]]:
+        """Each (reference, model) slot's human-only and prediction-powered figures, in percent
+        (`names`: each slot's (reference, model), for the messages)."""
+        slots, judged, labelled, judge, label, probability = self._values()
         rows = {}
         for slot in np.unique(slots).tolist():
             mine = slots == slot
+            weights = _probabilities(probability[labelled & mine], names[slot][1])
             rows[slot] = _row(
-                label[labelled & mine], judge[labelled & mine], judge[judged & mine], confidence
+                label[labelled & mine],
+                judge[labelled & mine],
+                judge[judged & mine],
+                confidence,
+                weights,
+                judge[judged & ~labelled & mine],
             )
         return rows
 
+    def difference(self, slot_a: int, slot_b: int, confidence: float) -> dict[str, Any]:
+        """The prediction-powered difference of two slots' win rates (a - b) on the items both were
+        judged on, paired by item: the mean of f_a - f_b corrected by Y_a - Y_b on the items both
+        pairs of which were labelled (drawn with probability pi_a pi_b: farm-label draws each pair
+        independently), in percent."""
+        slots, judged, labelled, judge, label, probability = self._values()
+        by_item: list[dict[Any, int]] = [{}, {}]
+        for side, slot in enumerate((slot_a, slot_b)):
+            for pair in np.flatnonzero((slots == slot) & judged).tolist():
+                if self.item[pair] is not None:
+                    by_item[side].setdefault(self.item[pair], pair)
+        common = [(a, by_item[1][key]) for key, a in by_item[0].items() if key in by_item[1]]
+        first = np.array([a for a, _ in common], dtype=np.int64)
+        second = np.array([b for _, b in common], dtype=np.int64)
+        both = labelled[first] & labelled[second]
+        f = judge[first] - judge[second]
+        y = label[first] - label[second]
+        row: dict[str, Any] = {
+            "n_human": int(both.sum()),
+            "ppi_difference": None,
+            "ppi_standard_error": None,
+            "ppi_ci_low": None,
+            "ppi_ci_high": None,
+            "ppi_lambda": None,
+            "small_sample": bool(both.sum() < MIN_HUMAN_LABELS),
+        }
+        if both.sum() < 2:
+            return row
+        weights = _probabilities(
+            np.concatenate([probability[first[both]], probability[second[both]]]), "the comparison"
+        )
+        if weights is None:
+            figures = ppi_mean(y[both], f[both], f, confidence)
+            figures["low"], figures["high"] = _bounded(figures, confidence, (-1.0, 1.0))
+        else:
+            pi = np.where(both, probability[first] * probability[second], 1.0)
+            figures = ppi_mean_ipw(y, f, pi, both, confidence, (-1.0, 1.0))
+        row.update(
+            ppi_difference=100 * float(figures["estimate"]),
+            ppi_standard_error=100 * float(figures["standard_error"]),
+            ppi_ci_low=100 * float(figures["low"]),
+            ppi_ci_high=100 * float(figures["high"]),
+            ppi_lambda=float(figures["lambda"]),
+        )
+        return row
+
+
+def _bounded(figures: dict[str, Any], confidence: float, bounds: tuple[float, float]):
+    """ppi_mean's interval again, clipped to `bounds` instead of [0, 1] (a difference)."""
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    estimate, se = figures["estimate"], figures["standard_error"]
+    return np.clip(estimate - z * se, *bounds), np.clip(estimate + z * se, *bounds)
+
+
+def _probabilities(probability: np.ndarray, what: Any) -> np.ndarray | None:
+    """The sampling probabilities of a set of labelled pairs: None when none was recorded (a uniform
+    sample), all of them otherwise; a mixture is an error."""
+    recorded = ~np.isnan(probability)
+    if not recorded.any():
+        return None
+    if not recorded.all():
+        raise FarmError(
+            f"{what}: {int(recorded.sum())} labelled pairs carry a sampling_probability and "
+            f"{int((~recorded).sum())} do not; expected the labels of one farm-label session "
+            "(all drawn with known probabilities, or none: a uniform sample)"
+        )
+    return probability
+
 
 def _row(
-    human: np.ndarray, judge_labelled: np.ndarray, judge: np.ndarray, confidence: float
+    human: np.ndarray,
+    judge_labelled: np.ndarray,
+    judge: np.ndarray,
+    confidence: float,
+    probability: np.ndarray | None = None,
+    judge_unlabelled: np.ndarray | None = None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         "n_human": len(human),
-        "human_win_rate": 100 * float(human.mean()) if len(human) else None,
+        "human_win_rate": None,
         "human_standard_error": None,
+        "human_ci_low": None,
+        "human_ci_high": None,
         "ppi_win_rate": None,
         "ppi_standard_error": None,
         "ppi_ci_low": None,
         "ppi_ci_high": None,
         "ppi_lambda": None,
+        "small_sample": len(human) < MIN_HUMAN_LABELS,
     }
+    if not len(human):
+        return row
+    # the humans alone: their mean (weighted by 1 / pi when the pairs were drawn unequally, with
+    # Kish's effective sample size), Wilson's interval
+    weights = np.ones(len(human)) if probability is None else 1 / probability
+    mean = float(np.average(human, weights=weights))
+    effective = float(weights.sum() ** 2 / (weights**2).sum())
+    row["human_win_rate"] = 100 * mean
+    low, high = wilson(mean, effective, confidence)
+    row["human_ci_low"], row["human_ci_high"] = 100 * low, 100 * high
     if len(human) < 2:  # no variance, nor a covariance with the judge
         return row
-    figures = ppi_mean(human, judge_labelled, judge, confidence)
-    row["human_standard_error"] = 100 * float(human.std(ddof=1) / np.sqrt(len(human)))
+    if probability is None:
+        figures = ppi_mean(human, judge_labelled, judge, confidence)
+        row["human_standard_error"] = 100 * float(human.std(ddof=1) / np.sqrt(len(human)))
+    else:
+        figures = ppi_mean_ipw(
+            np.concatenate([human, np.zeros(len(judge_unlabelled))]),
+            np.concatenate([judge_labelled, judge_unlabelled]),
+            np.concatenate([probability, np.ones(len(judge_unlabelled))]),
+            np.arange(len(human) + len(judge_unlabelled)) < len(human),
+            confidence,
+        )
+        deviations = weights * (human - mean) / weights.sum()
+        row["human_standard_error"] = 100 * float(
+            np.sqrt((deviations**2).sum() * len(human) / (len(human) - 1))
+        )
     row["ppi_win_rate"] = 100 * float(figures["estimate"])
     row["ppi_standard_error"] = 100 * float(figures["standard_error"])
     row["ppi_ci_low"] = 100 * float(figures["low"])

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from farmkit.core.fields import help_field
-from farmkit.core.io import RecordError, bad_records, display_name, iter_json_chunks
+from farmkit.core.io import FarmError, RecordError, bad_records, display_name, iter_json_chunks
 from farmkit.core.validate import first_invalid, problems
 from farmkit.core.values import NON_NEGATIVE, Bounds
 from farmkit.evaluate.boards import BOARD_FORMATS
 from farmkit.evaluate.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
-from farmkit.evaluate.ppi import PairLedger, labels_for_se, slot_values
+from farmkit.evaluate.ppi import PairLedger, labels_for_se, rank_sets, slot_values
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
@@ -409,7 +409,7 @@ class WinrateTable:
         rng = np.random.default_rng(seed)
         controlled = self._length_controlled() if self.length_control else {}
         slots = {key: slot for slot, key in enumerate(self.tallies)}
-        human = self.pairs.figures(confidence) if self.pairs is not None else {}
+        human = self.pairs.figures(confidence, list(self._slots)) if self.pairs is not None else {}
         if self.pairs is not None and target_se is not None:
             for slot, values in slot_values(self.pairs).items():
                 human[slot]["ppi_labels_for_target_se"] = labels_for_se(*values, target_se / 100)
@@ -429,6 +429,8 @@ class WinrateTable:
             if self.pairs is not None:
                 row.update(human[slots[(reference, model)]])
             rows.append(row)
+        if self.pairs is not None:
+            _rank_sets(rows, confidence)
         sizes = Counter(row["reference"] for row in rows)
         order = {
             reference: i for i, (reference, _) in enumerate(reversed(self.tallies))
@@ -475,9 +477,47 @@ class WinrateTable:
             results.update({names[slot]: row for slot, row in zip(group, figures, strict=True)})
         return results
 
-    def comparison(self, model_a: str, model_b: str) -> dict[str, Any]:
-        """Paired comparison of two models on the items both were judged on (see `paired`)."""
-        return paired(model_a, model_b, self.items.get(model_a, {}), self.items.get(model_b, {}))
+    def comparison(self, model_a: str, model_b: str, confidence: float = 0.95) -> dict[str, Any]:
+        """Paired comparison of two models on the items both were judged on (see `paired`); with
+        human labels, the prediction-powered difference beside it (PairLedger.difference)."""
+        row = paired(model_a, model_b, self.items.get(model_a, {}), self.items.get(model_b, {}))
+        if self.pairs is not None:
+            references = [
+                reference
+                for reference, model in self._slots
+                if model == model_a and (reference, model_b) in self._slots
+            ]
+            if len(references) != 1:
+                raise FarmError(
+                    f"--compare {model_a} {model_b} --humans: the two models are judged against "
+                    f"{len(references) or 'no'} common references; expected one (choose it with "
+                    "--reference-generator)"
+                )
+            row.update(
+                self.pairs.difference(
+                    self._slots[(references[0], model_a)],
+                    self._slots[(references[0], model_b)],
+                    confidence,
+                )
+            )
+        return row
+
+
+def _rank_sets(rows: list[dict[str, Any]], confidence: float) -> None:
+    """ppi_rank_low and ppi_rank_high of each row with a prediction-powered win rate: its rank sets
+    among the rows against the same reference that have one (farmkit/evaluate/ppi.py rank_sets),
+    holding together at `confidence`."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for row in rows:
+        row["ppi_rank_low"] = row["ppi_rank_high"] = None
+        if row.get("ppi_win_rate") is not None:
+            groups.setdefault(row["reference"], []).append(row)
+    for group in groups.values():
+        estimates = np.array([row["ppi_win_rate"] for row in group])
+        errors = np.array([row["ppi_standard_error"] for row in group])
+        best, worst, _, _ = rank_sets(estimates, errors, confidence)
+        for row, low, high in zip(group, best.tolist(), worst.tolist(), strict=True):
+            row["ppi_rank_low"], row["ppi_rank_high"] = low, high
 
 
 def _checked_chunks(path: str, name: str) -> Iterator[tuple[list[int], list[dict[str, Any]]]]:
@@ -620,6 +660,9 @@ TABLE_COLUMNS = (
     # with --old-judge: the old judge's verdicts on a subset in place of the humans'
     "n_old_judge",
     "old_judge_win_rate",
+    "ppi_rank_low",
+    "ppi_rank_high",
+    "small_sample",
 )
 
 
@@ -698,11 +741,16 @@ class WinrateConfig:
     humans: str | None = help_field(
         None,
         "Human labels (preference records, farm-label's for instance) on a uniformly random subset "
-        "of the pairs in PREFS. Each row adds the humans' own win rate on its labelled pairs "
-        "(human_win_rate, n_human) and the prediction-powered one (PPI++: the simulated verdicts on "
-        "every pair, their bias corrected by the human labels): ppi_win_rate, ppi_standard_error, "
-        "ppi_ci_low and ppi_ci_high at --confidence, ppi_lambda. A label finds its pair by the texts "
-        "(in either order), else by id and generators; a label on no simulated pair is an error.",
+        "of the pairs in PREFS, or drawn with the sampling_probability each records (farm-label "
+        "--judge; weighted by its inverse). Each row adds the humans' own win rate on its labelled "
+        "pairs (human_win_rate, n_human, Wilson's human_ci_low and human_ci_high) and the "
+        "prediction-powered one (PPI++: the simulated verdicts on every pair, their bias corrected by "
+        "the human labels): ppi_win_rate, ppi_standard_error, ppi_ci_low and ppi_ci_high at "
+        "--confidence (inside [0, 100]), ppi_lambda, the rank set ppi_rank_low..ppi_rank_high, and "
+        "small_sample (below 40 labels, also said on stderr). With --compare, the paired "
+        "prediction-powered difference (ppi_difference and its interval). A label finds its pair by "
+        "the texts (in either order), else by id and generators; a label on no simulated pair is an "
+        "error.",
         path={"dir_okay": False},
         metavar="LABELS",
     )

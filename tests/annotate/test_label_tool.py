@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("uvicorn")
@@ -44,6 +45,14 @@ with open(acked, "a") as out:
         out.write(item + "\n")
         out.flush()
 """
+
+
+def invoke(*args: str):
+    """farm-label in this process (a refusal or --status: nothing is served)."""
+    from click.testing import CliRunner
+    from farmkit.tools.farm_label import cli
+
+    return CliRunner().invoke(cli, list(args))
 
 
 def label(*args: str) -> subprocess.CompletedProcess:
@@ -386,3 +395,101 @@ def test_status_says_whether_labels_is_complete_without_serving(tmp_path):
     server.stop()
     after = label(*command, "--status")
     assert after.returncode == 0 and json.loads(after.stdout)["complete"] is True
+
+
+def test_the_same_pair_twice_in_pairs_is_labelled_once(tmp_path):
+    """A pair given twice (also with its outputs swapped) is merged, said on stderr: one annotator
+    labelling it twice would be counted as two humans agreeing."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 3)
+    lines = pairs.read_text().splitlines()
+    swapped = json.loads(lines[0])
+    swapped["output_1"], swapped["output_2"] = swapped["output_2"], swapped["output_1"]
+    pairs.write_text("\n".join([*lines, lines[1], json.dumps(swapped)]) + "\n")
+    result = invoke(str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--status")
+    assert result.exit_code == 75, result.output
+    assert [row["total"] for row in json.loads(result.stdout)["annotators"]] == [3]
+    stderr = result.stderr
+    assert (
+        f"{pairs}: 2 pairs given again, labelled once (pair 4 repeats pair 2; pair 5 repeats pair 1)"
+        in stderr
+    )
+
+
+def simulated_verdicts(path: Path) -> Path:
+    """40 judged pairs: the judge sure of the first 20 (soft preference 1.02 or 1.98) and unsure of
+    the last 20 (two judges of the pool disagree: 1 and 2)."""
+    lines = []
+    for i in range(40):
+        pair = {
+            "instruction": f"task {i}",
+            "output_1": f"ref {i}",
+            "output_2": f"model {i}",
+            "generator_1": "ref",
+            "generator_2": "model",
+        }
+        verdicts = [1.02 if i % 2 else 1.98] if i < 20 else [1, 2]
+        lines += [json.dumps({**pair, "preference": v, "annotator": "pool"}) for v in verdicts]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.heavy  # a server, a client and farm-winrate, each a process
+def test_with_judge_people_label_where_it_is_least_sure_and_the_labels_carry_the_probability(
+    tmp_path,
+):
+    sim = simulated_verdicts(tmp_path / "sim.jsonl")
+    labels = tmp_path / "labels.jsonl"
+    command = [str(sim), "--judge", str(sim), "--budget", "10", "-o", str(labels)]
+    server = Server(tmp_path, *command, "--port", "0")
+    assert client(server.links["annotator-1"], tmp_path / "acked.txt").wait(timeout=120) == 0
+    stderr = server.stop()
+    assert "20 pairs given again, labelled once" in stderr  # the pool's second verdicts
+    answers = records(labels)
+    probability = [record["sampling_probability"] for record in answers]
+    unsure = [record for record in answers if int(record["instruction"].split()[1]) >= 20]
+    # pi proportional to sqrt(f (1 - f)) (0.14 sure, 0.5 unsure) mixed with 20% uniform, 10 expected
+    sure_pi = 10 * (0.8 * 0.14 / (20 * 0.14 + 20 * 0.5) + 0.2 / 40)
+    unsure_pi = 10 * (0.8 * 0.5 / (20 * 0.14 + 20 * 0.5) + 0.2 / 40)
+    assert all(p == pytest.approx(sure_pi) or p == pytest.approx(unsure_pi) for p in probability)
+    assert probability == sorted(probability, reverse=True)  # the most informative first
+    assert len(unsure) > len(answers) - len(unsure)
+    assert all(
+        "preference" in record and record["annotator"] == "annotator-1" for record in answers
+    )
+    # farm-winrate weighs them by 1 / pi
+    board = subprocess.run(
+        [str(Path(TOOL).parent / "farm-winrate"), str(sim), "--humans", str(labels)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert board.returncode == 0, board.stderr.decode()
+    (row,) = map(json.loads, board.stdout.splitlines())
+    assert row["n_human"] == len(answers) and row["small_sample"] is True
+    from farmkit.evaluate.ppi import ppi_mean_ipw
+
+    f = [(0.02 if i % 2 else 0.98) if i < 20 else 0.5 for i in range(40)]
+    y, pi, drawn = [0.0] * 40, [1.0] * 40, [False] * 40
+    for record in answers:
+        i = int(record["instruction"].split()[1])
+        y[i], pi[i], drawn[i] = record["preference"] - 1, record["sampling_probability"], True
+    expected = ppi_mean_ipw(*map(np.array, (y, f, pi, drawn)))  # weighted by 1 / pi
+    assert row["ppi_win_rate"] == pytest.approx(100 * expected["estimate"])
+    assert row["ppi_standard_error"] == pytest.approx(100 * expected["standard_error"])
+    assert 0 <= row["ppi_ci_low"] <= row["ppi_win_rate"] <= row["ppi_ci_high"] <= 100
+
+
+def test_judge_needs_every_pair_and_a_budget(tmp_path, capsys):
+    from farmkit.tools.farm_label import main
+
+    sim = simulated_verdicts(tmp_path / "sim.jsonl")
+    some = tmp_path / "some.jsonl"
+    some.write_text("".join(sim.read_text().splitlines(keepends=True)[:5]))
+    out = str(tmp_path / "labels.jsonl")
+    for args, code, message in (
+        ([str(some), "--budget", "3"], 1, "judges 35 pair(s) that PAIRS lacks"),
+        ([str(sim)], 2, "--judge and --budget go together"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main([*args, "--judge", str(sim), "-o", out])
+        assert exited.value.code == code and message in capsys.readouterr().err
+    assert not (tmp_path / "labels.jsonl").exists()

@@ -262,3 +262,24 @@ def test_fewer_than_three_humans_is_a_null_with_its_reason(tmp_path):
     assert judge_row["alt_test_pass"] is None
     assert "three" in judge_row["alt_test_note"]
     assert judge_row["held_out_agreement"] is not None  # the held-out figure needs two humans only
+
+
+def test_one_annotators_two_labels_of_one_pair_are_not_agreement(tmp_path):
+    """PAIRS held the same pair twice, so alice labelled it twice: that is one human, not two who
+    agree. Her second label is left out (with a warning), so the pair has no agreement to count."""
+    pair = {"instruction": "task", "output_1": "first", "output_2": "second"}
+    other = {"instruction": "other", "output_1": "one", "output_2": "two"}
+    humans = write_jsonl(
+        tmp_path / "humans.jsonl",
+        [
+            {**pair, "preference": 1, "annotator": "alice"},
+            {**pair, "preference": 1, "annotator": "alice"},
+            {**other, "preference": 1, "annotator": "alice"},
+            {**other, "preference": 2, "annotator": "bob"},
+        ],
+    )
+    result = CliRunner().invoke(cli, ["--humans", str(humans)])
+    rows = rows_of(result)
+    people = next(row for row in rows if row.get("pairwise_agreement") is not None)
+    assert people["pairwise_agreement"] == 0  # only the pair alice and bob both labelled
+    assert "alice labelled the same pair twice" in result.stderr

@@ -37,7 +37,8 @@ def test_ppi_mean_by_hand():
     se = float(variance / 4 + scaled**2 * Fraction(15, 56) / 4) ** 0.5
     assert figures["standard_error"] == pytest.approx(se, rel=1e-12)
     assert figures["low"] == pytest.approx(figures["estimate"] - Z95 * se, rel=1e-12)
-    assert figures["high"] == pytest.approx(figures["estimate"] + Z95 * se, rel=1e-12)
+    # the normal interval reaches 1.27: a win rate's is clipped to its bounds
+    assert figures["estimate"] + Z95 * se > 1 and figures["high"] == 1
 
 
 def test_a_judge_that_disagrees_is_not_used():
@@ -137,18 +138,20 @@ def invoke(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
+LABELS = [
+    {**pair("A", 0, 2), "annotator": "alice"},
+    {**pair("A", 0, 1), "annotator": "bob"},  # two humans on pair 0: Y = 0.5
+    swapped(pair("A", 1, 2)) | {"preference": 1},  # shown the other way round: A won
+    {"id": "q2", "generator_1": "ref", "generator_2": "A", "preference": 2},  # no texts
+    pair("A", 3, None),  # skipped and counted
+    pair("B", 0, 2),
+    pair("B", 2, 1),
+    pair("B", 5, 1.5),
+]
+
+
 def test_humans_add_prediction_powered_columns(tmp_path, simulated):
-    labels = [
-        {**pair("A", 0, 2), "annotator": "alice"},
-        {**pair("A", 0, 1), "annotator": "bob"},  # two humans on pair 0: Y = 0.5
-        swapped(pair("A", 1, 2)) | {"preference": 1},  # shown the other way round: A won
-        {"id": "q2", "generator_1": "ref", "generator_2": "A", "preference": 2},  # no texts
-        pair("A", 3, None),  # skipped and counted
-        pair("B", 0, 2),
-        pair("B", 2, 1),
-        pair("B", 5, 1.5),
-    ]
-    path = write_jsonl(tmp_path / "labels.jsonl", labels)
+    path = write_jsonl(tmp_path / "labels.jsonl", LABELS)
     result = invoke(
         str(simulated), "--humans", str(path), "--reference-generator", "ref", "--no-length-control"
     )
@@ -175,7 +178,8 @@ def test_humans_add_prediction_powered_columns(tmp_path, simulated):
         str(simulated), "--humans", str(path), "--reference-generator", "ref", "--format", "table"
     )
     shown = "n_human human_win_rate ppi_win_rate ppi_standard_error ppi_ci_low ppi_ci_high"
-    assert table.stdout.splitlines()[0].split()[-6:] == shown.split()
+    shown += " ppi_rank_low ppi_rank_high small_sample"
+    assert table.stdout.splitlines()[0].split()[-9:] == shown.split()
 
 
 @pytest.mark.parametrize(
@@ -196,8 +200,178 @@ def test_labels_on_other_pairs_are_refused(tmp_path, simulated, run_farm, label,
     assert result.stdout == b""
 
 
-def test_humans_with_compare_is_a_usage_error(tmp_path, simulated):
-    path = write_jsonl(tmp_path / "labels.jsonl", [pair("A", 0, 2)])
-    result = invoke(str(simulated), "--humans", str(path), "--compare", "A", "B")
-    assert result.exit_code == 2
-    assert "--humans" in result.stderr
+def test_humans_with_compare_gives_the_paired_prediction_powered_difference(tmp_path, simulated):
+    """A - B on the items both were judged on: the judge's differences on all 6, corrected by the
+    humans' on q0 and q2, the two items where both pairs were labelled."""
+    path = write_jsonl(tmp_path / "labels.jsonl", LABELS)
+    result = invoke(
+        str(simulated), "--humans", str(path), "--compare", "A", "B", "--reference-generator", "ref"
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = map(orjson.loads, result.stdout.splitlines())
+    judge = np.array([0.5, 1, -1, 1, 0.5, -1])  # f_A - f_B on q0..q5
+    expected = ppi_mean(np.array([0.5 - 1, 1 - 0]), judge[[0, 2]], judge)
+    assert row["model_a"] == "A" and row["n_items"] == 6 and row["n_human"] == 2
+    assert row["difference"] == pytest.approx(100 * judge.mean())  # the judge's own, as before
+    assert row["ppi_difference"] == pytest.approx(100 * expected["estimate"])
+    assert row["ppi_standard_error"] == pytest.approx(100 * expected["standard_error"])
+    assert -100 <= row["ppi_ci_low"] < row["ppi_difference"] < row["ppi_ci_high"] <= 100
+    assert row["small_sample"] is True and "A - B: 2 human labels, fewer than" in result.stderr
+
+
+def test_small_samples_stay_inside_0_100_and_are_flagged_with_a_warning(tmp_path):
+    """Three human labels (1, 1, tie) on a judge that calls every pair a win: the normal interval
+    was 83.3 +- 32.7, up to 116; both intervals stay in [0, 100] (Wilson for the humans, the PPI one
+    clipped), the row is flagged and stderr says the sample is too small."""
+    simulated = write_jsonl(tmp_path / "sim.jsonl", [pair("A", i, 2) for i in range(10)])
+    labels = write_jsonl(
+        tmp_path / "labels.jsonl", [pair("A", 0, 2), pair("A", 1, 2), pair("A", 2, 1.5)]
+    )
+    result = invoke(str(simulated), "--humans", str(labels), "--no-length-control")
+    assert result.exit_code == 0, result.output
+    (row,) = map(orjson.loads, result.stdout.splitlines())
+    assert row["ppi_win_rate"] == pytest.approx(250 / 3)
+    assert 0 <= row["ppi_ci_low"] < row["ppi_win_rate"] < row["ppi_ci_high"] == 100
+    # Wilson's score interval at n = 3, p = 5/6
+    z = Z95
+    centre = (5 / 6 + z * z / 6) / (1 + z * z / 3)
+    half = z / (1 + z * z / 3) * np.sqrt(5 / 36 / 3 + z * z / 36)
+    assert row["human_ci_low"] == pytest.approx(100 * (centre - half))
+    assert row["human_ci_high"] == pytest.approx(100 * (centre + half))
+    assert row["human_ci_high"] < 100
+    assert row["small_sample"] is True
+    assert "A: 3 human labels, fewer than 40" in result.stderr
+
+
+def test_enough_labels_are_not_flagged(tmp_path):
+    simulated = write_jsonl(tmp_path / "sim.jsonl", [pair("A", i, 2) for i in range(60)])
+    labels = write_jsonl(
+        tmp_path / "labels.jsonl", [pair("A", i, 2 if i % 3 else 1) for i in range(40)]
+    )
+    result = invoke(str(simulated), "--humans", str(labels), "--no-length-control")
+    (row,) = map(orjson.loads, result.stdout.splitlines())
+    assert row["n_human"] == 40 and row["small_sample"] is False
+    assert "fewer than" not in result.stderr
+
+
+def biased_soft_judge(rng, draws, pairs):
+    """A judge sure of 70% of the pairs (soft verdict 0.02 or 0.98, right as often as it says) and
+    unsure of the rest (0.35-0.65), where it is biased: the humans prefer the model 0.2 less often
+    than it says. Returns the judge's f, the humans' Y and the true mean of Y."""
+    sure = rng.random((draws, pairs)) < 0.7
+    f = np.where(sure, np.where(rng.random((draws, pairs)) < 0.5, 0.02, 0.98), 0.0)
+    f = np.where(sure, f, rng.uniform(0.35, 0.65, (draws, pairs)))
+    q = np.where(sure, f, f - 0.2)
+    truth = 0.7 * 0.5 + 0.3 * (0.5 - 0.2)
+    return f, (rng.random((draws, pairs)) < q).astype(float), truth
+
+
+def test_active_labels_are_unbiased_and_narrower_than_uniform_at_the_same_budget():
+    """2000 draws of N = 1000 pairs, 150 human labels expected: drawn with probability proportional to
+    sqrt(f (1 - f)) mixed with uniform (farm-label --judge), weighted by 1 / pi, against the same
+    budget drawn uniformly (PPI++ as before). Seeded, so the figures are fixed; the tolerances say
+    how far they may be from the claim by Monte Carlo error alone. The IPW estimate's mean is within
+    0.004 of the truth (measured -0.0013; its standard error is 0.024, so 0.004 is a sixth of it,
+    and the Monte Carlo error of the mean is 0.0005), both intervals cover the truth at least 93%
+    of the time at 95% (measured 0.9475 and 0.9425; Monte Carlo standard error 0.005), and the active
+    interval is at least 8% narrower (measured 0.0927 against 0.1046: 11%)."""
+    from farmkit.annotate.label.active import active_probabilities
+    from farmkit.evaluate.ppi import ppi_mean_ipw
+
+    rng = np.random.default_rng(46)
+    draws, pairs, budget = 2000, 1000, 150
+    f, y, truth = biased_soft_judge(rng, draws, pairs)
+    probability = np.stack([active_probabilities(row * (1 - row), budget) for row in f])
+    assert probability.sum(axis=1) == pytest.approx(budget)
+    assert probability.min() >= 0.2 * budget / pairs * 0.999  # the uniform share bounds 1 / pi
+    drawn = rng.random((draws, pairs)) < probability
+    active = ppi_mean_ipw(y, f, probability, drawn)
+    uniform = ppi_mean(y[:, :budget], f[:, :budget], f)  # the first 150: a uniform subset
+
+    def coverage(figures):
+        return np.mean((figures["low"] <= truth) & (truth <= figures["high"]))
+
+    def width(figures):
+        return np.mean(figures["high"] - figures["low"])
+
+    assert abs(active["estimate"].mean() - truth) < 0.004
+    assert coverage(active) >= 0.93 and coverage(uniform) >= 0.93
+    assert width(active) < 0.92 * width(uniform)
+
+
+def test_rank_sets_hold_together_at_their_level():
+    """Six systems, two of them tied, each with PPI++ from 200 human labels of 1000 judged pairs, 1000
+    draws. The simultaneous intervals the rank sets come from cover all six true win rates together
+    in at least 93% of the draws at 95% (measured 0.944; Monte Carlo standard error 0.007, so 0.93 is
+    3 of them below the level; six plain 95% intervals would cover together about 0.95^6 = 0.74 of
+    the time). Every system's true rank (any a tie allows) is then in its rank set: measured in all
+    1000 draws, asserted in 95%. In at least half some set is a single rank (measured 907): they
+    are informative."""
+    from farmkit.evaluate.ppi import rank_sets
+
+    rng = np.random.default_rng(7)
+    draws, pairs, labelled = 1000, 1000, 200
+    rates = np.array([0.2, 0.35, 0.5, 0.5, 0.65, 0.8])
+    human = (rng.random((draws, len(rates), pairs)) < rates[:, None]).astype(float)
+    judge = np.where(rng.random(human.shape) < 0.7, human, rng.random(human.shape) < 0.7)
+    figures = ppi_mean(human[..., :labelled], judge[..., :labelled], judge.astype(float))
+    better = (rates[None, :] > rates[:, None]).sum(axis=1)  # true rank: 1 + the better ones
+    ties = (rates[None, :] == rates[:, None]).sum(axis=1) - 1
+    held, covered, single = 0, 0, 0
+    for estimate, error in zip(figures["estimate"], figures["standard_error"], strict=True):
+        best, worst, low, high = rank_sets(estimate, error, 0.95)
+        held += np.all((best <= 1 + better + ties) & (worst >= 1 + better))
+        covered += np.all((low <= rates) & (rates <= high))
+        single += np.any(best == worst)
+    assert covered / draws >= 0.93
+    assert held / draws >= 0.95
+    assert single / draws >= 0.5
+
+
+def test_the_paired_difference_covers_at_its_level():
+    """Two systems on the same 1000 prompts (their verdicts correlated through the prompt), 200
+    labelled prompts; the difference's interval covers the true 0.1 in at least 93% of 3000 draws
+    (Monte Carlo standard error 0.004), and is narrower than the humans' paired difference alone."""
+    rng = np.random.default_rng(11)
+    draws, prompts, labelled = 3000, 1000, 200
+    hard = rng.random((draws, prompts)) < 0.5  # a hard prompt: both systems lose more often
+    u = rng.random((draws, prompts))
+    a = (u < np.where(hard, 0.4, 0.8)).astype(float)
+    b = (u < np.where(hard, 0.3, 0.7)).astype(float)
+    judge_a = np.where(rng.random(a.shape) < 0.8, a, 1.0)  # a judge biased to the model
+    judge_b = np.where(rng.random(b.shape) < 0.8, b, 1.0)
+    y, f = a - b, judge_a - judge_b
+    figures = ppi_mean(y[:, :labelled], f[:, :labelled], f)
+    alone = y[:, :labelled].std(axis=1, ddof=1) / np.sqrt(labelled)
+    truth = 0.1
+    assert np.mean((figures["low"] <= truth) & (truth <= figures["high"])) >= 0.93
+    assert np.mean(figures["standard_error"]) < np.mean(alone)
+
+
+def test_active_labels_keep_their_coverage_on_pandalm():
+    """Real data (PandaLM: 999 pairs, three humans each, gpt-3.5-turbo's verdicts; skipped without
+    ../shared/data): labels drawn by farm-label --judge's rule and weighted by 1 / pi cover the
+    humans' mean over the 999 pairs in at least 93% of 1000 draws at 95% (measured 0.964; Monte Carlo
+    standard error 0.007). Narrower they are not, here: the judge's hard verdicts do not say where
+    it errs (docs/evaluation.md; bench/bench_active_labels.py has the widths)."""
+    import json
+
+    from conftest import shared_data
+
+    from farmkit.annotate.label.active import active_probabilities
+    from farmkit.evaluate.ppi import ppi_mean_ipw
+
+    folder = shared_data("human_prefs")
+    pairs = json.loads((folder / "pandalm_testset_v1.json").read_text())
+    judged = json.loads((folder / "pandalm_gpt35_judgments_v1.json").read_text())
+    win = {0: 0.5, 1: 0.0, 2: 1.0}
+    y = np.array([np.mean([win[p[f"annotator{k}"]] for k in (1, 2, 3)]) for p in pairs])
+    f = np.array([{"1": 0.0, "2": 1.0}.get(j["gpt_result"], 0.5) for j in judged])
+    rng = np.random.default_rng(5)
+    draws = 1000
+    probability = np.tile(active_probabilities(f * (1 - f), 150), (draws, 1))
+    drawn = rng.random(probability.shape) < probability
+    figures = ppi_mean_ipw(np.tile(y, (draws, 1)), np.tile(f, (draws, 1)), probability, drawn)
+    truth = y.mean()
+    assert np.mean((figures["low"] <= truth) & (truth <= figures["high"])) >= 0.93
+    assert abs(figures["estimate"].mean() - truth) < 0.01  # measured -0.0015; its sd is 0.039

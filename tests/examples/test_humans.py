@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -111,8 +112,19 @@ def serve(args: list[str], env: dict[str, str] | None = None) -> tuple[subproces
 
 
 def stop(serving: subprocess.Popen) -> None:
+    """SIGTERM to make and farm-label, then wait until every process of the group has ended: make
+    ends at once, farm-label only once it has written LABELS and let go of its lock (a command run
+    before then finds LABELS held by a server)."""
     os.killpg(serving.pid, signal.SIGTERM)
     serving.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(serving.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("farm-label outlived its SIGTERM by 30 s")
 
 
 def answer(link: str, most: int | None = None) -> int:
@@ -173,3 +185,42 @@ def test_humans_serves_a_sample_of_the_judged_pairs_then_reports_once_complete(t
     assert len(labels.read_text().splitlines()) == 12
     # the real report: the agreement table, then the board with its prediction-powered columns
     assert "human_agreement" in done.stdout and "ppi_win_rate" in done.stdout
+    # 5 or so labels a system: said, and flagged (issue 46: its intervals reached 108 before)
+    assert "human labels, fewer than 40" in done.stderr and "small_sample" in done.stdout
+
+
+def test_by_default_each_system_gets_enough_labels_for_its_interval(tmp_path):
+    """The recipe's default draws 40 pairs of each system (farm-winrate's small_sample threshold),
+    not 40 in all spread over the systems; a system with fewer judged pairs gives them all."""
+    args = [arg for arg in make_args(tmp_path) if not arg.startswith("SIM_EVALS=")]
+    (tmp_path / "few").mkdir()
+    evals = sim_evals(tmp_path, ("sft", "ppo"), 50) + sim_evals(tmp_path / "few", ("dpo",), 12)
+    made = subprocess.run(
+        [
+            *args,
+            f"SIM_EVALS={' '.join(map(str, evals))}",
+            str(tmp_path / "run" / "humans" / "pairs.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    pairs = (tmp_path / "run" / "humans" / "pairs.jsonl").read_text().splitlines()
+    systems = Counter(json.loads(line)["generator_2"] for line in pairs)
+    assert systems == {"sft": 40, "ppo": 40, "dpo": 12}
+
+
+@pytest.mark.heavy  # make and farm-label, served once
+def test_a_second_make_humans_while_one_serves_stops_and_says_why(tmp_path):
+    """While a server holds LABELS, `make humans` neither reports nor starts a second server (which
+    would serve on until killed): farm-label --status exits 1 naming the server, and so does make."""
+    args = make_args(tmp_path, "HUMAN_N=4", "HUMAN_ANNOTATORS=1")
+    serving, _ = serve(args)
+    try:
+        again = subprocess.run([*args, "humans"], capture_output=True, text=True, timeout=60)
+    finally:
+        stop(serving)
+    assert again.returncode != 0
+    assert "another farm-label server is using it" in again.stderr
+    assert "serving it" not in again.stdout and "human_agreement" not in again.stdout

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from farmkit.core.fields import EXISTING_FILE, help_field
-from farmkit.core.values import FRACTION, Bounds
+from farmkit.core.values import AT_LEAST_ONE, FRACTION, Bounds
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -106,6 +106,25 @@ class LabelConfig:
         "places; their answers go to LABELS.checks.jsonl, never to LABELS, and each annotator's "
         "score is on the status page and in the summary.",
         path=EXISTING_FILE,
+        show_default=False,
+    )
+    judge: str | None = help_field(
+        None,
+        "The simulated verdicts on every pair of PAIRS (SIM: preference records, a pool's several "
+        "verdicts or soft preferences in [1, 2]): with --budget, people label a sample drawn where "
+        "the judge is least sure, with known probabilities (each label's sampling_probability, which "
+        "farm-winrate --humans weighs by), the most informative first. PAIRS must be every pair SIM "
+        "judged (farm-label SIM --judge SIM).",
+        path=EXISTING_FILE,
+        metavar="SIM",
+        show_default=False,
+    )
+    budget: int | None = help_field(
+        None,
+        "With --judge: how many pairs to label, in expectation (each pair is drawn by a coin of its "
+        "own).",
+        bounds=AT_LEAST_ONE,
+        metavar="N",
         show_default=False,
     )
     guidelines: str | None = help_field(

@@ -30,13 +30,21 @@ class Assignment:
 
 
 def assign(
-    n_pairs: int, n_checks: int, annotators: tuple[str, ...], overlap: float, seed: int
+    n_pairs: int,
+    n_checks: int,
+    annotators: tuple[str, ...],
+    overlap: float,
+    seed: int,
+    ordered: bool = False,
 ) -> Assignment:
     """Deal `n_pairs` pairs: round(overlap * n_pairs) of them, drawn at random, to every annotator,
     the others dealt out so that queue sizes differ by at most one; then each queue is shuffled and
-    every check is put in it at a seeded place."""
+    every check is put in it at a seeded place. `ordered`: the pairs are in the order they should be
+    labelled (farm-label --judge: the most informative first), so nothing is shuffled and the first
+    round(overlap * n_pairs) are the shared ones."""
     order = list(range(n_pairs))
-    random.Random(derive_seed(seed, "farm-label pairs")).shuffle(order)
+    if not ordered:
+        random.Random(derive_seed(seed, "farm-label pairs")).shuffle(order)
     shared = order[: round(overlap * n_pairs)]
     own: dict[str, list[int]] = {name: list(shared) for name in annotators}
     for position, index in enumerate(order[len(shared) :]):
@@ -45,7 +53,8 @@ def assign(
     for name in annotators:
         draw = random.Random(derive_seed(seed, "farm-label queue", name))
         queue = [pair_id(index) for index in own[name]]
-        draw.shuffle(queue)
+        if not ordered:
+            draw.shuffle(queue)
         for index in range(n_checks):
             queue.insert(draw.randint(0, len(queue)), check_id(index))
         queues[name] = queue

@@ -396,6 +396,7 @@ def open_store(
     annotators: tuple[str, ...],
     overlap: float,
     seed: int,
+    ordered: bool = False,
 ) -> Store:
     """The store of the session that labels `pairs` (with `checks` mixed in), opened: locked, its
     tokens read or made, its journal replayed (see Store.open)."""
@@ -408,11 +409,13 @@ def open_store(
         "overlap": overlap,
         "seed": seed,
     }
+    if ordered:  # farm-label --judge (left out otherwise: sessions before it resume as they were)
+        made_from["ordered"] = True
     store = Store(
         Path(output),
         items,
         {check_id(index) for index in range(len(checks))},
-        assign(len(pairs), len(checks), annotators, overlap, seed),
+        assign(len(pairs), len(checks), annotators, overlap, seed, ordered),
         seed,
     )
     return store.open(made_from)
