@@ -201,6 +201,17 @@ MUTATIONS = [
         (f"{T_LOOP}::test_dynamic_sampling_replaces_groups_without_signal",),
     ),
     Mutation(
+        "loss counts: each process divides by its own tokens (no reduction over processes)",
+        "farmkit/train/onpolicy.py",
+        "world, responses, tokens = reduce_sum(local)",
+        "world, responses, tokens = local",
+        (
+            f"{T_LOOP}::test_two_processes_share_of_a_minibatch_update_each_loss_as_one_process",
+            f"{T_LOOP}::test_two_processes_update_each_loss_as_one_process_does",
+        ),
+        fast=True,
+    ),
+    Mutation(
         "overlong penalty: falls over the whole length, not the cache",
         "farmkit/train/rl_common.py",
         "return ((expected - lengths.float()) / cache).clamp(min=-1.0, max=0.0)",

@@ -62,7 +62,7 @@ class MicroBatch:
     mask: Any  # [rows, tokens] response mask
     old_logprobs: Any  # [rows, tokens] under the sampling policy (recomputed by the trainer)
     ref_logprobs: Any  # [rows, tokens] under the frozen reference
-    responses: int  # rows in the whole minibatch (what per-response losses divide by)
+    responses: Any  # rows in the whole minibatch (what per-response losses divide by)
     tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
     weights: Any = None  # these rows' weights: rollout correction, overlong filter (None: off)
     sampling_logprobs: Any = None  # [rows, tokens] the engine's, where it has its own (else None)
@@ -106,6 +106,19 @@ class MicroBatch:
             weights=weights,
         )
         return loss, {**figures, **dropped}
+
+
+def minibatch_counts(mask: Any, reduce_sum: Any) -> tuple[Any, Any]:
+    """(responses, response tokens) that a minibatch's losses divide by, from this process's rows
+    of it (`mask`, all its micro-batches): the minibatch's counts over every process, divided by
+    the number of processes, as TRL's GRPOTrainer does, since DDP (and DeepSpeed) average the
+    processes' gradients. So every token (and response) of the minibatch weighs the same however
+    many processes share it (tests/train/gradient_parity.py)."""
+    import torch
+
+    local = torch.tensor([1.0, mask.shape[0], float(mask.sum())], device=mask.device)
+    world, responses, tokens = reduce_sum(local)
+    return responses / world, tokens.clamp(min=1) / world
 
 
 def combined_weights(first: Any, second: Any) -> Any:
@@ -805,8 +818,7 @@ class OnPolicyTrainer:
             permutation = torch.randperm(len(step.rows), generator=generator)
             for start in range(0, len(step.rows), self.local_minibatch):
                 rows = permutation[start : start + self.local_minibatch]
-                responses = len(rows)
-                tokens = mask[rows].sum().clamp(min=1)
+                responses, tokens = minibatch_counts(mask[rows], self.reduce_sum)
                 for micro in range(0, len(rows), config.micro_batch_size):
                     index = rows[micro : micro + config.micro_batch_size].to(mask.device)
                     chunk = rollout.rows(index)

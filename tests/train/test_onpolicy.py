@@ -545,3 +545,52 @@ def test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out
     cut = round(filtered["unfinished_fraction"] * 8)
     assert rows_seen.shape == (8,) and 0 < cut < 8
     assert (int((rows_seen == 0).sum()), int((rows_seen == 1).sum())) == (cut, 8 - cut)
+
+
+def assert_same_update(result: dict) -> None:
+    assert set(result["max_abs_diff"]) == set(E.POLICY_LOSSES)
+    for name, difference in result["max_abs_diff"].items():
+        moved = result["moved"][name]
+        assert moved > 1e-4  # something to compare
+        # float32 sums in another order: 1e-5 of the step, where a process's own count moves it
+        # 4e-2 to 8e-2 of it (token-mean, dapo, cispo)
+        assert difference < 1e-5 * moved, (name, result)
+
+
+def test_two_processes_share_of_a_minibatch_update_each_loss_as_one_process():
+    """The same minibatch (8 responses, 16 tokens on one process and 19 on the other, micro-batches
+    of 2), split between two stand-in processes (threads whose counts are reduced between them, the
+    gradients averaged as DDP does) and whole in one: every registered loss, its KL term (--kl-in
+    loss) and PPO's value loss move their weights alike, because the token and response counts
+    that divide them are the minibatch's over every process (tests/train/gradient_parity.py; under
+    torchrun: the next test; under ZeRO-2: test_launch_deepspeed.py)."""
+    import gradient_parity
+
+    assert_same_update(gradient_parity.in_threads(2))
+
+
+@pytest.mark.slow
+def test_two_processes_update_each_loss_as_one_process_does(tmp_path):
+    """The check above with two real processes: torchrun, DDP over gloo."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "parity.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    script = Path(__file__).with_name("gradient_parity.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc_per_node", "2", str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["processes"] == 2
+    assert_same_update(result)
