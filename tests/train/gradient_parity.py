@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-from farmkit.methods.group import GRPOConfig, GroupMethod
+from farmkit.methods.group import GroupMethod, GRPOConfig
 from farmkit.methods.ppo import PPOConfig, PPOMethod
 from farmkit.train import estimators as E
 from farmkit.train import onpolicy

@@ -226,7 +226,7 @@ def test_the_off_policy_mask_is_trls():
 def group_loss(name: str, data: dict[str, torch.Tensor], **config) -> tuple[float, torch.Tensor]:
     """(loss, gradient) of farm-grpo's method (surrogate and KL term) over the same two
     micro-batches, the trainer's MicroBatch built from `data`."""
-    from farmkit.methods.group import GRPOConfig, GroupMethod
+    from farmkit.methods.group import GroupMethod, GRPOConfig
     from farmkit.train.onpolicy import MicroBatch, Prepared
 
     method = GroupMethod(
