@@ -212,6 +212,48 @@ MUTATIONS = [
         fast=True,
     ),
     Mutation(
+        "overlong filter: cut responses kept in the loss's mask, its count and the KL term",
+        "farmkit/train/onpolicy.py",
+        "step.loss_mask = step.mask * finished[:, None]",
+        "step.loss_mask = step.mask",
+        (
+            f"{T_LOOP}::test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out",
+        ),
+    ),
+    Mutation(
+        "importance-sampling cap with the hf backend: the single pass turned off",
+        "farmkit/train/onpolicy.py",
+        "            correcting = False\n",
+        "",
+        (
+            f"{T_LOOP}::test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out",
+        ),
+    ),
+    Mutation(
+        "KL in the loss: always a token mean, whatever the loss's weighing",
+        "farmkit/methods/group.py",
+        "kl_loss = policy_loss(config.policy_loss).aggregate(",
+        "kl_loss = __import__('farmkit.train.estimators', fromlist=['E']).token_mean(",
+        (f"{T_TRL}::test_the_kl_term_in_the_loss_is_weighed_as_trls",),
+        fast=True,
+    ),
+    Mutation(
+        "KL bias correction ignored",
+        "farmkit/methods/group.py",
+        "kl = kl * importance_ratio(micro, policy_loss(config.policy_loss))",
+        "kl = kl + 0 * importance_ratio(micro, policy_loss(config.policy_loss))",
+        (f"{T_TRL}::test_the_kl_term_in_the_loss_is_weighed_as_trls",),
+        fast=True,
+    ),
+    Mutation(
+        "GSPO: a response without tokens counts -advantage in the loss",
+        "farmkit/train/estimators.py",
+        "else (mask.sum(dim=1, keepdim=True) > 0).to(terms.dtype)",
+        "else mask.new_ones(terms.shape).to(terms.dtype)",
+        (f"{T_TRL}::test_gspo_counts_an_empty_response_as_trl_does",),
+        fast=True,
+    ),
+    Mutation(
         "overlong penalty: falls over the whole length, not the cache",
         "farmkit/train/rl_common.py",
         "return ((expected - lengths.float()) / cache).clamp(min=-1.0, max=0.0)",

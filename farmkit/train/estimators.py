@@ -28,7 +28,7 @@ its own way (checked against TRL's GRPOTrainer in tests/train/test_estimators_tr
   aggregated as dapo (CISPO, MiniMax-M1, 2025).
 
 Each term may be multiplied by a weight (farmkit.train.rollout_backends.rollout_correction's
-correction of the rollout engine's mismatch, the overlong filter, the off-policy mask): per token,
+correction of the rollout engine's mismatch, the off-policy mask): per token,
 or per response; None leaves it as it is.
 
 Each entry declares what it fits, and the methods ask it (never its name): an estimator the kind of

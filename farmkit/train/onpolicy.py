@@ -64,7 +64,7 @@ class MicroBatch:
     ref_logprobs: Any  # [rows, tokens] under the frozen reference
     responses: Any  # rows in the whole minibatch (what per-response losses divide by)
     tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
-    weights: Any = None  # these rows' weights: rollout correction, overlong filter (None: off)
+    weights: Any = None  # these rows' weights: the rollout correction (None: off)
     sampling_logprobs: Any = None  # [rows, tokens] the engine's, where it has its own (else None)
     off_policy_threshold: float | None = None  # --off-policy-mask-threshold
 
@@ -419,7 +419,8 @@ class Step:
     engine_figures: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)  # the rollout's own (dynamic sampling)
     discarded_tokens: float = 0.0  # sampled, then left out of the batch (dynamic sampling)
-    weights: Any = None  # the rollout correction's and the overlong filter's (None: off)
+    weights: Any = None  # the rollout correction's (None: off)
+    loss_mask: Any = None  # the response mask of the loss (--overlong filter: unfinished rows 0)
     totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
     row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
 
@@ -524,6 +525,13 @@ class OnPolicyTrainer:
         self.order = prompt_order(len(prompts), config.steps * method.prompts_per_step, seed)
         # the engine starts from the SFT folder: it needs the policy's weights once they differ
         self.stale = resume_from is not None or state is not None
+        correcting = bool(config.importance_sampling_cap)
+        if correcting and self.backend.name == "hf":
+            log.warning(
+                "--importance-sampling-cap does nothing with the hf rollout backend: the policy "
+                "samples itself, so there is no engine mismatch to correct (it acts with vllm)"
+            )
+            correcting = False
         # one epoch of one minibatch: the update's forward runs before any weight changes, so it
         # gives the old log-probabilities (the ratio's denominator, detached) and no pass of their
         # own is needed, as TRL's GRPOTrainer does. PPO's value model and truncated importance
@@ -531,7 +539,7 @@ class OnPolicyTrainer:
         self.fused = (
             self.updates_per_step == 1
             and value_model is None
-            and not config.importance_sampling_cap
+            and not correcting
             and not method.advantages_use_old_logprobs()
         )
         self.started = self.step_began = time.time()
@@ -796,9 +804,12 @@ class OnPolicyTrainer:
                     self.reduce_sum,
                 )
                 step.engine_figures, step.weights = self.engine_mismatch(step)
-            if self.config.overlong == "filter":  # unfinished responses leave the loss
+            step.loss_mask = step.mask
+            if self.config.overlong == "filter":
+                # unfinished responses leave the loss, the token count that divides it and the KL
+                # term (TRL's mask_truncated_completions)
                 finished = step.batch.rollout.finished.to(step.mask.device, step.mask.dtype)
-                step.weights = combined_weights(step.weights, finished)
+                step.loss_mask = step.mask * finished[:, None]
 
     def update(self, step: Step) -> None:
         """ppo_epochs passes over the batch in minibatches of micro-batches; the weights checked."""
@@ -808,7 +819,8 @@ class OnPolicyTrainer:
         from farmkit.train import policy as P
 
         config, accelerator, method = self.config, self.accelerator, self.method
-        mask, rollout = step.mask, step.batch.rollout
+        mask = step.mask if step.loss_mask is None else step.loss_mask
+        rollout = step.batch.rollout
         engine = step.batch.engine_logprobs
         engine = None if engine is None else engine.to(mask.device)
         for epoch in range(config.ppo_epochs):
@@ -833,7 +845,7 @@ class OnPolicyTrainer:
                             logprobs,
                             values,
                             index,
-                            chunk.response_mask,
+                            mask[index],
                             step.old_logprobs[index],
                             step.ref_logprobs[index],
                             responses,

@@ -509,42 +509,59 @@ def test_dynamic_sampling_keeps_the_informative_groups_of_extra_draws(tmp_path):
 
 
 def test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out(
-    models, tmp_path, monkeypatch
+    models, tmp_path, monkeypatch, caplog
 ):
     """Answers of at most 2 tokens: --overlong penalty (cache 1) takes 1 from the score of each
     answer of 2 tokens (its length, the end token included), nothing from those of 1; --overlong
-    filter gives the cut answers weight 0 in every update."""
-    from farmkit.train import onpolicy
+    filter leaves the cut answers out of the loss, of the token count that divides it and of the KL
+    term (TRL's mask_truncated_completions): their rows of the loss's mask are empty. The filter's
+    run also asks for --importance-sampling-cap, which the hf backend has nothing to correct with:
+    one warning, and the update's forward still gives the old log-probabilities (one policy pass
+    per micro-batch, as without the cap)."""
+    from farmkit.methods.group import GroupMethod
+    from farmkit.train import policy as P
 
     sft, rm = models
-    weights = []
-    surrogate = onpolicy.MicroBatch.surrogate
+    seen, calls = [], {"n": 0}
+    loss, forward = GroupMethod.loss, P.PolicyOnly.forward
 
-    def spy(self, *args, **kwargs):
-        weights.append(self.weights)
-        return surrogate(self, *args, **kwargs)
+    def spy(self, micro, prepared):
+        seen.append((micro.mask.clone(), micro.weights, float(micro.tokens)))
+        return loss(self, micro, prepared)
 
-    monkeypatch.setattr(onpolicy.MicroBatch, "surrogate", spy)
-    small = {**TINY, "max_new_tokens": 2}
-    rows = {}
-    for overlong in ("penalty", "filter"):
-        weights.clear()
-        config = GRPOConfig(steps=1, kl_coef=0.0, overlong=overlong, overlong_cache=1, **small)
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupMethod, "loss", spy)
+    monkeypatch.setattr(P.PolicyOnly, "forward", counting)
+    small = {**TINY, "max_new_tokens": 2, "kl_coef": 0.1, "kl_in": "loss"}
+    rows, passes = {}, {}
+    for overlong, cap in (("penalty", 0.0), ("filter", 2.0)):
+        seen.clear()
+        calls["n"] = 0
+        config = GRPOConfig(
+            steps=1, overlong=overlong, overlong_cache=1, importance_sampling_cap=cap, **small
+        )
         train_group(str(sft), str(rm), prompt_records(8), str(tmp_path / overlong), config)
         (rows[overlong],) = [
             json.loads(line)
             for line in (tmp_path / overlong / "metrics.jsonl").read_text().splitlines()
         ]
+        passes[overlong] = calls["n"]
     penalty, filtered = rows["penalty"], rows["filter"]
     long_share = penalty["response_length"] - 1  # the share of answers of 2 tokens
     assert 0 < long_share < 1
     # the score is the reward model's (--unfinished truncate) less the penalty
     assert penalty["score"] == pytest.approx(penalty["reward"] - long_share)
-    # each row once (one pass): the cut ones weigh 0, the others 1
-    rows_seen = torch.cat(weights)
-    cut = round(filtered["unfinished_fraction"] * 8)
-    assert rows_seen.shape == (8,) and 0 < cut < 8
-    assert (int((rows_seen == 0).sum()), int((rows_seen == 1).sum())) == (cut, 8 - cut)
+    # each row once (one pass): the cut ones have no tokens in the loss, nor in its count
+    (mask, weights, tokens), cut = seen[0], round(filtered["unfinished_fraction"] * 8)
+    assert len(seen) == 1 and mask.shape[0] == 8 and 0 < cut < 8
+    assert int((mask.sum(dim=1) == 0).sum()) == cut and weights is None
+    assert tokens == float(mask.sum()) < filtered["response_length"] * 8
+    warnings = [r for r in caplog.records if "--importance-sampling-cap" in r.getMessage()]
+    assert len(warnings) == 1 and "hf" in warnings[0].getMessage()
+    assert passes["filter"] == passes["penalty"]  # the single pass kept
 
 
 def assert_same_update(result: dict) -> None:
