@@ -62,8 +62,10 @@ class MicroBatch:
     mask: Any  # [rows, tokens] response mask
     old_logprobs: Any  # [rows, tokens] under the sampling policy (recomputed by the trainer)
     ref_logprobs: Any  # [rows, tokens] under the frozen reference
-    responses: Any  # rows in the whole minibatch (what per-response losses divide by)
-    tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
+    # the whole minibatch's rows and response tokens (what per-response and per-token losses
+    # divide by), over every process and divided by their number (minibatch_counts)
+    responses: Any
+    tokens: Any
     weights: Any = None  # these rows' weights: the rollout correction (None: off)
     sampling_logprobs: Any = None  # [rows, tokens] the engine's, where it has its own (else None)
     off_policy_threshold: float | None = None  # --off-policy-mask-threshold
@@ -855,8 +857,9 @@ class OnPolicyTrainer:
                             config.off_policy_mask_threshold,
                         )
                         loss, figures = method.loss(micro_batch, step.prepared)
-                        # the loss is already divided by the whole minibatch: undo the launcher's
-                        # division by the number of micro-batches
+                        # the loss is already divided by the whole minibatch (and multiplied by the
+                        # processes, whose gradients are averaged: minibatch_counts): undo the
+                        # launcher's division by the number of micro-batches
                         accelerator.backward(loss * self.accumulation)
                         if accelerator.sync_gradients:
                             accelerator.clip_grad_norm_(self.parameters, config.max_grad_norm)
