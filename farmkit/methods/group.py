@@ -112,6 +112,14 @@ class GroupConfig(OnPolicyConfig):
     kl_coef: float = help_field(0.05, KL_COEF_HELP, bounds=NON_NEGATIVE)
     kl_in: str = help_field("reward", KL_IN_HELP, KL_IN)
     kl_estimator: str = help_field("k1", KL_ESTIMATOR_HELP, KL_ESTIMATORS)
+    kl_bias_correction: bool = help_field(
+        False,
+        "With --kl-in loss: each token's KL estimate multiplied by its importance ratio pi / "
+        "pi_sampling (for a loss with one ratio per response, exp of the mean of its token "
+        "log-ratios), as TRL's use_bias_correction_kl (TRL's default; farmkit's is off, TRL's "
+        "use_bias_correction_kl=False). It matters only where the policy has moved from the "
+        "sampling policy (several updates per batch).",
+    )
     pool: str | None = help_field(
         None,
         "Score with this farm-annotate pool (a name, farm-annotate --list-pools, or a pool YAML "
@@ -331,6 +339,8 @@ class GroupMethod(OnPolicyMethod):
         )
         if config.kl_in == "loss" and config.kl_coef > 0:
             kl = rl_common.kl_estimate(micro.logprobs, micro.ref_logprobs, config.kl_estimator)
+            if config.kl_bias_correction:  # TRL's use_bias_correction_kl
+                kl = kl * importance_ratio(micro, policy_loss(config.policy_loss))
             # weighed as the policy loss weighs its tokens
             kl_loss = policy_loss(config.policy_loss).aggregate(
                 kl,
@@ -353,6 +363,19 @@ class GroupMethod(OnPolicyMethod):
 
     def message_figures(self, row: dict[str, Any]) -> str:
         return f"group std {row['group_score_std']:.3f}"
+
+
+def importance_ratio(micro: MicroBatch, loss: Any) -> Any:
+    """pi / pi_sampling of each token [rows, tokens], or, for a loss with one ratio per response,
+    exp of the mean of its token log-ratios [rows, 1] (TRL's importance_sampling_level
+    "sequence"); with gradient, as TRL's."""
+    import torch
+
+    log_ratio = micro.logprobs - micro.old_logprobs
+    if loss.per_response_weights:
+        length = micro.mask.sum(dim=1, keepdim=True).clamp(min=1)
+        log_ratio = (log_ratio * micro.mask).sum(dim=1, keepdim=True) / length
+    return torch.exp(log_ratio)
 
 
 def train_group(*args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -342,7 +342,8 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         0.0,
         "The cap of the rollout correction (--rollout-correction) of the rollout engine's "
         "mismatch (vllm): pi_trainer / pi_engine of the sampled token, or of the whole response. "
-        "0: off (TRL caps at 3, verl at 2).",
+        "0: off (TRL caps at 3, verl at 2). With the hf backend, where the policy samples itself, "
+        "there is no mismatch: it does nothing, and a warning says so.",
         bounds=NON_NEGATIVE,
     )
     rollout_correction: str | None = help_field(

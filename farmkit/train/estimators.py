@@ -28,7 +28,7 @@ its own way (checked against TRL's GRPOTrainer in tests/train/test_estimators_tr
   aggregated as dapo (CISPO, MiniMax-M1, 2025).
 
 Each term may be multiplied by a weight (farmkit.train.rollout_backends.rollout_correction's
-correction of the rollout engine's mismatch, the overlong filter, the off-policy mask): per token,
+correction of the rollout engine's mismatch, the off-policy mask): per token,
 or per response; None leaves it as it is.
 
 Each entry declares what it fits, and the methods ask it (never its name): an estimator the kind of
@@ -118,10 +118,12 @@ class PolicyLoss:
         if weights is not None:
             # a non-negative weight scales the term after its clipping decision, as TRL and verl do
             terms = terms * (weights[:, None] if weights.dim() == 1 else weights)
-        # per-response terms [rows, 1] count once each; per-token terms over the response mask
-        entries = mask if terms.shape == mask.shape else mask.new_ones(terms.shape)
+        # per-response terms [rows, 1] count once each, a response without tokens 0 (as TRL's
+        # mean over its tokens); per-token terms over the response mask
+        per_token = terms.shape == mask.shape
+        entries = mask if per_token else (mask.sum(dim=1, keepdim=True) > 0).to(terms.dtype)
         loss = self.aggregate(terms, entries, responses=responses, tokens=tokens, norm=norm)
-        count = tokens if entries is mask else responses
+        count = tokens if per_token else responses
         import torch
 
         with torch.no_grad():

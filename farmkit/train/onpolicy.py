@@ -62,9 +62,11 @@ class MicroBatch:
     mask: Any  # [rows, tokens] response mask
     old_logprobs: Any  # [rows, tokens] under the sampling policy (recomputed by the trainer)
     ref_logprobs: Any  # [rows, tokens] under the frozen reference
-    responses: int  # rows in the whole minibatch (what per-response losses divide by)
-    tokens: Any  # response tokens in the whole minibatch (what per-token losses divide by)
-    weights: Any = None  # these rows' weights: rollout correction, overlong filter (None: off)
+    # the whole minibatch's rows and response tokens (what per-response and per-token losses
+    # divide by), over every process and divided by their number (minibatch_counts)
+    responses: Any
+    tokens: Any
+    weights: Any = None  # these rows' weights: the rollout correction (None: off)
     sampling_logprobs: Any = None  # [rows, tokens] the engine's, where it has its own (else None)
     off_policy_threshold: float | None = None  # --off-policy-mask-threshold
 
@@ -106,6 +108,19 @@ class MicroBatch:
             weights=weights,
         )
         return loss, {**figures, **dropped}
+
+
+def minibatch_counts(mask: Any, reduce_sum: Any) -> tuple[Any, Any]:
+    """(responses, response tokens) that a minibatch's losses divide by, from this process's rows
+    of it (`mask`, all its micro-batches): the minibatch's counts over every process, divided by
+    the number of processes, as TRL's GRPOTrainer does, since DDP (and DeepSpeed) average the
+    processes' gradients. So every token (and response) of the minibatch weighs the same however
+    many processes share it (tests/train/gradient_parity.py)."""
+    import torch
+
+    local = torch.tensor([1.0, mask.shape[0], float(mask.sum())], device=mask.device)
+    world, responses, tokens = reduce_sum(local)
+    return responses / world, tokens.clamp(min=1) / world
 
 
 def combined_weights(first: Any, second: Any) -> Any:
@@ -406,7 +421,8 @@ class Step:
     engine_figures: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)  # the rollout's own (dynamic sampling)
     discarded_tokens: float = 0.0  # sampled, then left out of the batch (dynamic sampling)
-    weights: Any = None  # the rollout correction's and the overlong filter's (None: off)
+    weights: Any = None  # the rollout correction's (None: off)
+    loss_mask: Any = None  # the response mask of the loss (--overlong filter: unfinished rows 0)
     totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
     row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
 
@@ -511,6 +527,13 @@ class OnPolicyTrainer:
         self.order = prompt_order(len(prompts), config.steps * method.prompts_per_step, seed)
         # the engine starts from the SFT folder: it needs the policy's weights once they differ
         self.stale = resume_from is not None or state is not None
+        correcting = bool(config.importance_sampling_cap)
+        if correcting and self.backend.name == "hf":
+            log.warning(
+                "--importance-sampling-cap does nothing with the hf rollout backend: the policy "
+                "samples itself, so there is no engine mismatch to correct (it acts with vllm)"
+            )
+            correcting = False
         # one epoch of one minibatch: the update's forward runs before any weight changes, so it
         # gives the old log-probabilities (the ratio's denominator, detached) and no pass of their
         # own is needed, as TRL's GRPOTrainer does. PPO's value model and truncated importance
@@ -518,7 +541,7 @@ class OnPolicyTrainer:
         self.fused = (
             self.updates_per_step == 1
             and value_model is None
-            and not config.importance_sampling_cap
+            and not correcting
             and not method.advantages_use_old_logprobs()
         )
         self.started = self.step_began = time.time()
@@ -783,9 +806,12 @@ class OnPolicyTrainer:
                     self.reduce_sum,
                 )
                 step.engine_figures, step.weights = self.engine_mismatch(step)
-            if self.config.overlong == "filter":  # unfinished responses leave the loss
+            step.loss_mask = step.mask
+            if self.config.overlong == "filter":
+                # unfinished responses leave the loss, the token count that divides it and the KL
+                # term (TRL's mask_truncated_completions)
                 finished = step.batch.rollout.finished.to(step.mask.device, step.mask.dtype)
-                step.weights = combined_weights(step.weights, finished)
+                step.loss_mask = step.mask * finished[:, None]
 
     def update(self, step: Step) -> None:
         """ppo_epochs passes over the batch in minibatches of micro-batches; the weights checked."""
@@ -795,7 +821,8 @@ class OnPolicyTrainer:
         from farmkit.train import policy as P
 
         config, accelerator, method = self.config, self.accelerator, self.method
-        mask, rollout = step.mask, step.batch.rollout
+        mask = step.mask if step.loss_mask is None else step.loss_mask
+        rollout = step.batch.rollout
         engine = step.batch.engine_logprobs
         engine = None if engine is None else engine.to(mask.device)
         for epoch in range(config.ppo_epochs):
@@ -805,8 +832,7 @@ class OnPolicyTrainer:
             permutation = torch.randperm(len(step.rows), generator=generator)
             for start in range(0, len(step.rows), self.local_minibatch):
                 rows = permutation[start : start + self.local_minibatch]
-                responses = len(rows)
-                tokens = mask[rows].sum().clamp(min=1)
+                responses, tokens = minibatch_counts(mask[rows], self.reduce_sum)
                 for micro in range(0, len(rows), config.micro_batch_size):
                     index = rows[micro : micro + config.micro_batch_size].to(mask.device)
                     chunk = rollout.rows(index)
@@ -821,7 +847,7 @@ class OnPolicyTrainer:
                             logprobs,
                             values,
                             index,
-                            chunk.response_mask,
+                            mask[index],
                             step.old_logprobs[index],
                             step.ref_logprobs[index],
                             responses,
@@ -831,8 +857,9 @@ class OnPolicyTrainer:
                             config.off_policy_mask_threshold,
                         )
                         loss, figures = method.loss(micro_batch, step.prepared)
-                        # the loss is already divided by the whole minibatch: undo the launcher's
-                        # division by the number of micro-batches
+                        # the loss is already divided by the whole minibatch (and multiplied by the
+                        # processes, whose gradients are averaged: minibatch_counts): undo the
+                        # launcher's division by the number of micro-batches
                         accelerator.backward(loss * self.accumulation)
                         if accelerator.sync_gradients:
                             accelerator.clip_grad_norm_(self.parameters, config.max_grad_norm)

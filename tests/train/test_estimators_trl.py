@@ -45,8 +45,11 @@ def trl_loss(
     high: float,
     extra: dict[str, torch.Tensor] | None = None,
     off_policy: float | None = None,
+    beta: float = 0.0,
+    bias_correction: bool = False,
 ) -> tuple[float, torch.Tensor]:
-    """(loss, gradient) of TRL's _compute_loss summed over two accumulation steps of two rows."""
+    """(loss, gradient) of TRL's _compute_loss summed over two accumulation steps of two rows;
+    with `beta`, its KL term to data["ref"] (use_bias_correction_kl: `bias_correction`)."""
     logprobs = data["logprobs"].clone().requires_grad_()
     total = 0.0
     for rows in (slice(0, 2), slice(2, 4)):
@@ -62,11 +65,13 @@ def trl_loss(
             off_policy_mask_threshold=off_policy,
             get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
             importance_sampling_level=level,
-            beta=0.0,
+            beta=beta,
             loss_type=loss_type,
             epsilon_low=low,
             epsilon_high=high,
-            args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=2),
+            args=SimpleNamespace(
+                delta=None, use_bias_correction_kl=bias_correction, steps_per_generation=2
+            ),
             use_vllm=extra is not None and "importance_sampling_ratio" in extra,
             vllm_importance_sampling_correction=True,
             model=SimpleNamespace(training=True),
@@ -87,6 +92,7 @@ def trl_loss(
             "advantages": data["advantages"][rows],
             "old_per_token_logps": data["old"][rows],
             "num_items_in_batch": data["mask"].sum(),  # the whole minibatch's tokens
+            **({"ref_per_token_logps": data["ref"][rows]} if beta else {}),
             **{name: value[rows] for name, value in (extra or {}).items()},
         }
         total = total + GRPOTrainer._compute_loss(trainer, None, inputs)
@@ -214,4 +220,87 @@ def test_the_off_policy_mask_is_trls():
         trl_loss(
             "dapo", "token", data, LOW, HIGH, {"sampling_per_token_logps": sampling}, off_policy=0.5
         ),
+    )
+
+
+def group_loss(name: str, data: dict[str, torch.Tensor], **config) -> tuple[float, torch.Tensor]:
+    """(loss, gradient) of farm-grpo's method (surrogate and KL term) over the same two
+    micro-batches, the trainer's MicroBatch built from `data`."""
+    from farmkit.methods.group import GroupMethod, GRPOConfig
+    from farmkit.train.onpolicy import MicroBatch, Prepared
+
+    method = GroupMethod(
+        GRPOConfig(policy_loss=name, max_new_tokens=WIDTH, kl_estimator="k3", **config)
+    )
+    logprobs = data["logprobs"].clone().requires_grad_()
+    prepared = Prepared(data["advantages"], None)
+    total = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        index = torch.arange(ROWS)[rows]
+        micro = MicroBatch(
+            logprobs[rows],
+            None,
+            index,
+            data["mask"][rows],
+            data["old"][rows],
+            data["ref"][rows],
+            ROWS,
+            data["mask"].sum(),
+        )
+        part, _ = method.loss(micro, prepared)
+        total = total + part
+    total.backward()
+    return float(total.detach()), logprobs.grad
+
+
+def with_reference(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    noise = torch.randn(ROWS, WIDTH, generator=generator, dtype=torch.float64)
+    return {**data, "ref": data["logprobs"] + 0.4 * noise}
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+@pytest.mark.parametrize("name", sorted(FAMILY))
+def test_the_kl_term_in_the_loss_is_weighed_as_trls(name, bias_correction):
+    """--kl-in loss: the KL term (k3, beta 0.1) of each loss is weighed over uneven lengths as that
+    loss weighs its tokens (GRPO: per response, then over responses; dapo: every token alike...), as
+    TRL adds it to each token's term before the loss's aggregation; with --kl-bias-correction
+    multiplied by the importance ratio, as TRL's use_bias_correction_kl (its default)."""
+    loss_type, level, trl_high = FAMILY[name]
+    data = with_reference(batch())
+    ours = group_loss(
+        name,
+        data,
+        clip_range_low=LOW,
+        clip_range_high=HIGH,
+        kl_in="loss",
+        kl_coef=0.1,
+        kl_bias_correction=bias_correction,
+    )
+    theirs = trl_loss(
+        loss_type, level, data, LOW, trl_high, beta=0.1, bias_correction=bias_correction
+    )
+    assert_same(ours, theirs)
+    without = group_loss(name, data, clip_range_low=LOW, clip_range_high=HIGH, kl_coef=0.0)
+    assert abs(ours[0] - without[0]) > 1e-3  # the KL term counts
+
+
+def test_the_bias_corrected_kl_differs_from_the_plain_one_off_policy():
+    """Where the policy has moved from the sampling one (ratios not 1), TRL's bias-corrected KL
+    and farmkit's default (TRL's use_bias_correction_kl=False) differ; the option says which."""
+    data = with_reference(batch())
+    options = dict(kl_in="loss", kl_coef=0.1, clip_range_low=LOW, clip_range_high=HIGH)
+    plain = group_loss("dapo", data, **options)
+    corrected = group_loss("dapo", data, kl_bias_correction=True, **options)
+    assert abs(plain[0] - corrected[0]) > 1e-4
+    assert float((plain[1] - corrected[1]).abs().max()) > 1e-3
+
+
+def test_gspo_counts_an_empty_response_as_trl_does():
+    """A response without tokens has no ratio to clip: GSPO's loss counts it 0 (TRL's average over
+    its tokens), not -advantage; the gradient was already the same."""
+    data = batch()
+    data["mask"][1] = 0
+    assert_same(
+        farmkit_loss("gspo", data, (LOW, HIGH)), trl_loss("grpo", "sequence", data, LOW, HIGH)
     )

@@ -341,3 +341,23 @@ def test_accelerate_alone_takes_each_cpu_process_for_the_only_one(tmp_path):
     assert [row["torch"] for row in counts] == [[2, 0], [2, 1]]
     assert [row["accelerate"] for row in counts] == [[1, 0, True], [1, 0, True]]
     assert [row["farmkit"] for row in counts] == [[2, 0, True], [2, 1, False]]
+
+
+def test_two_zero2_processes_update_each_loss_as_one_process_does(tmp_path):
+    """tests/train/gradient_parity.py under the shipped ZeRO-2 config with two processes: the same
+    minibatch (16 tokens on one process, 19 on the other) moves every registered loss's weights as
+    the whole minibatch does in one process (one SGD step: the gradients compared), because the
+    counts that divide the losses are reduced over the processes (test_onpolicy.py has the DDP
+    run and the cheap in-process check)."""
+    out = tmp_path / "parity.json"
+    script = Path(__file__).with_name("gradient_parity.py")
+    command = [sys.executable, *launcher("zero2"), str(script), str(out)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=TIMEOUT, env=environment()
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["processes"] == 2
+    assert set(result["max_abs_diff"]) >= {"dapo", "cispo", "token-mean"}
+    for name, difference in result["max_abs_diff"].items():
+        assert difference < 1e-5 * result["moved"][name], (name, result)

@@ -509,39 +509,105 @@ def test_dynamic_sampling_keeps_the_informative_groups_of_extra_draws(tmp_path):
 
 
 def test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out(
-    models, tmp_path, monkeypatch
+    models, tmp_path, monkeypatch, caplog
 ):
     """Answers of at most 2 tokens: --overlong penalty (cache 1) takes 1 from the score of each
     answer of 2 tokens (its length, the end token included), nothing from those of 1; --overlong
-    filter gives the cut answers weight 0 in every update."""
-    from farmkit.train import onpolicy
+    filter leaves the cut answers out of the loss, of the token count that divides it and of the KL
+    term (TRL's mask_truncated_completions): their rows of the loss's mask are empty. The filter's
+    run also asks for --importance-sampling-cap, which the hf backend has nothing to correct with:
+    one warning, and the update's forward still gives the old log-probabilities (one policy pass
+    per micro-batch, as without the cap)."""
+    from farmkit.methods.group import GroupMethod
+    from farmkit.train import policy as P
 
     sft, rm = models
-    weights = []
-    surrogate = onpolicy.MicroBatch.surrogate
+    seen, calls = [], {"n": 0}
+    loss, forward = GroupMethod.loss, P.PolicyOnly.forward
 
-    def spy(self, *args, **kwargs):
-        weights.append(self.weights)
-        return surrogate(self, *args, **kwargs)
+    def spy(self, micro, prepared):
+        seen.append((micro.mask.clone(), micro.weights, float(micro.tokens)))
+        return loss(self, micro, prepared)
 
-    monkeypatch.setattr(onpolicy.MicroBatch, "surrogate", spy)
-    small = {**TINY, "max_new_tokens": 2}
-    rows = {}
-    for overlong in ("penalty", "filter"):
-        weights.clear()
-        config = GRPOConfig(steps=1, kl_coef=0.0, overlong=overlong, overlong_cache=1, **small)
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupMethod, "loss", spy)
+    monkeypatch.setattr(P.PolicyOnly, "forward", counting)
+    small = {**TINY, "max_new_tokens": 2, "kl_coef": 0.1, "kl_in": "loss"}
+    rows, passes = {}, {}
+    for overlong, cap in (("penalty", 0.0), ("filter", 2.0)):
+        seen.clear()
+        calls["n"] = 0
+        config = GRPOConfig(
+            steps=1, overlong=overlong, overlong_cache=1, importance_sampling_cap=cap, **small
+        )
         train_group(str(sft), str(rm), prompt_records(8), str(tmp_path / overlong), config)
         (rows[overlong],) = [
             json.loads(line)
             for line in (tmp_path / overlong / "metrics.jsonl").read_text().splitlines()
         ]
+        passes[overlong] = calls["n"]
     penalty, filtered = rows["penalty"], rows["filter"]
     long_share = penalty["response_length"] - 1  # the share of answers of 2 tokens
     assert 0 < long_share < 1
     # the score is the reward model's (--unfinished truncate) less the penalty
     assert penalty["score"] == pytest.approx(penalty["reward"] - long_share)
-    # each row once (one pass): the cut ones weigh 0, the others 1
-    rows_seen = torch.cat(weights)
-    cut = round(filtered["unfinished_fraction"] * 8)
-    assert rows_seen.shape == (8,) and 0 < cut < 8
-    assert (int((rows_seen == 0).sum()), int((rows_seen == 1).sum())) == (cut, 8 - cut)
+    # each row once (one pass): the cut ones have no tokens in the loss, nor in its count
+    (mask, weights, tokens), cut = seen[0], round(filtered["unfinished_fraction"] * 8)
+    assert len(seen) == 1 and mask.shape[0] == 8 and 0 < cut < 8
+    assert int((mask.sum(dim=1) == 0).sum()) == cut and weights is None
+    assert tokens == float(mask.sum()) < filtered["response_length"] * 8
+    warnings = [r for r in caplog.records if "--importance-sampling-cap" in r.getMessage()]
+    assert len(warnings) == 1 and "hf" in warnings[0].getMessage()
+    assert passes["filter"] == passes["penalty"]  # the single pass kept
+
+
+def assert_same_update(result: dict) -> None:
+    assert set(result["max_abs_diff"]) == set(E.POLICY_LOSSES)
+    for name, difference in result["max_abs_diff"].items():
+        moved = result["moved"][name]
+        assert moved > 1e-4  # something to compare
+        # float32 sums in another order: 1e-5 of the step, where a process's own count moves it
+        # 8e-2 to 1e-1 of it (token-mean, dapo, cispo)
+        assert difference < 1e-5 * moved, (name, result)
+
+
+def test_two_processes_share_of_a_minibatch_update_each_loss_as_one_process():
+    """The same minibatch (8 responses, 16 tokens on one process and 19 on the other, micro-batches
+    of 2), split between two stand-in processes (threads whose counts are reduced between them, the
+    gradients averaged as DDP does) and whole in one: every registered loss, its KL term (--kl-in
+    loss) and PPO's value loss move their weights alike, because the token and response counts
+    that divide them are the minibatch's over every process (tests/train/gradient_parity.py; under
+    torchrun: the next test; under ZeRO-2: test_launch_deepspeed.py)."""
+    import gradient_parity
+
+    assert_same_update(gradient_parity.in_threads(2))
+
+
+@pytest.mark.slow
+def test_two_processes_update_each_loss_as_one_process_does(tmp_path):
+    """The check above with two real processes: torchrun, DDP over gloo."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "parity.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    script = Path(__file__).with_name("gradient_parity.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc_per_node", "2", str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["processes"] == 2
+    assert_same_update(result)
