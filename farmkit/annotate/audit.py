@@ -9,6 +9,7 @@ from typing import Any
 from farmkit.annotate.pairs import Item
 from farmkit.core.io import FarmError
 from farmkit.core.records import mirrored_record
+from farmkit.core.seeds import derive_seed
 
 
 def mirrored(item: Item) -> Item:
@@ -19,6 +20,11 @@ def mirrored(item: Item) -> Item:
 def samples(pool: Any) -> bool:
     """Whether any judge of the pool (or its label noise) draws its verdicts at random."""
     return pool.flip_rate > 0 or any(judge.temperature > 0 for judge in pool.judges)
+
+
+def run_seed(seed: int, run: int) -> int:
+    """The seed of the audit's run `run`: the first is farm-annotate's own `--seed`."""
+    return seed if run == 0 else derive_seed(seed, "audit run", run)
 
 
 def ask(
@@ -32,8 +38,8 @@ def ask(
     max_cost: float | None,
     device: str,
 ) -> list[list[dict[str, Any]]]:
-    """Every pair as given and mirrored (shown in that order), in `repeats` runs (seeds seed,
-    seed + 1...): per run, the records of `items` then of their mirror images. In a pool of several
+    """Every pair as given and mirrored (shown in that order), in `repeats` runs (the first
+    with `seed`, the others with seeds derived from it): per run, the records of `items` then of their mirror images. In a pool of several
     judges, the judge is drawn per instruction, so that a pair and its mirror image meet the same one. The whole audit's
     expected price is checked against `max_cost` before anything is asked."""
     from farmkit.annotate.run import Run
@@ -44,7 +50,7 @@ def ask(
         expected = 0.0
         for r in range(repeats):
             with Run(
-                pool, seed=seed + r, cache_path=cache, prices_path=prices, as_given=True
+                pool, seed=run_seed(seed, r), cache_path=cache, prices_path=prices, as_given=True
             ) as run:
                 expected += run.estimate(batch)["price"]
         if expected > max_cost:
@@ -57,7 +63,7 @@ def ask(
         records: list[dict[str, Any]] = []
         with Run(
             pool,
-            seed=seed + r,
+            seed=run_seed(seed, r),
             cache_path=cache,
             prices_path=prices,
             max_cost=None if max_cost is None else max(max_cost - spent, 0.0),
