@@ -133,7 +133,7 @@ class AuditConfig:
     repeats: int = help_field(
         3,
         "Runs per pair and order where the judge samples (temperature > 0), each with its own seed "
-        "(--seed, --seed + 1...), for the variance; a judge that does not sample is asked once.",
+        "(the first with --seed, the others with seeds derived from it), for the variance; a judge that does not sample is asked once.",
         bounds=Bounds(min=1),
         metavar="R",
     )
