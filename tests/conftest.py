@@ -120,27 +120,48 @@ def tiny_model_path(tmp_path_factory, embedded_path) -> Path:
 MODEL_FIXTURES = {"embedded_path", "tiny_model_path"}
 
 
-# seconds each file took in one run of the suite under two workers (2026-11-26), for the order above
+# seconds each file's tests took (their --durations summed) in a clean clone's `make test` under three
+# workers (2026-12-07, issue 43), for the order above; the recipes' files go first whatever they say
 LONGEST_FILES = {
-    "test_checkpoints.py": 67,  # measured alone (2026-11-28)
-    "test_config.py": 58,  # 78 before issue 38 cut a quarter of its CPU time (docs/tests.md)
-    "test_ppo.py": 56,
-    "test_quark.py": 52,
-    "test_online_dpo.py": 47,
-    "test_gold.py": 46,
-    "test_generation.py": 42,
-    "test_openai_backend.py": 42,
-    "test_distributed.py": 35,
-    "test_modelio.py": 30,
-    "test_contract.py": 29,
-    "test_endpoint.py": 25,
-    "test_gpu_check.py": 25,
-    "test_onpolicy.py": 24,
-    "test_group.py": 22,
-    "test_online_dpo_continuity.py": 21,
-    "test_engine.py": 20,
-    "test_dpo.py": 17,
-    "test_learned.py": 16,
+    "test_demo.py": 132,
+    "test_ppo.py": 100,
+    "test_quark.py": 81,
+    "test_checkpoints.py": 78,
+    "test_openai_backend.py": 68,
+    "test_config.py": 63,
+    "test_online_dpo.py": 60,
+    "test_overopt.py": 53,
+    "test_onpolicy.py": 47,
+    "test_group.py": 45,
+    "test_gpu_check.py": 43,
+    "test_distributed.py": 40,
+    "test_gold.py": 34,
+    "test_endpoint.py": 33,
+    "test_modelio.py": 32,
+    "test_nightly.py": 32,
+    "test_contract.py": 32,
+    "test_cli.py": 24,
+    "test_learned.py": 22,
+    "test_online_dpo_continuity.py": 20,
+    "test_forkserver.py": 20,
+    "test_sft.py": 19,
+    "test_formats_datasets.py": 18,
+    "test_engine.py": 17,
+    "test_dpo.py": 14,
+    "test_bon.py": 12,
+    "test_winrate.py": 12,
+    "test_tracking.py": 11,
+    "test_evaluate_run.py": 11,
+    "test_group_pool.py": 11,
+    "test_generation.py": 11,
+    "test_humans.py": 10,
+    "test_sampling.py": 10,
+    "test_label_tool.py": 10,
+    "test_schedule.py": 10,
+    "test_batch_faults.py": 9,
+    "test_expiter.py": 9,
+    "test_reward.py": 9,
+    "test_models_prompt_format.py": 8,
 }
 
 
