@@ -137,7 +137,6 @@ LONGEST_FILES = {
     "test_distributed.py": 40,
     "test_gold.py": 34,
     "test_endpoint.py": 33,
-    "test_modelio.py": 32,
     "test_nightly.py": 32,
     "test_contract.py": 32,
     "test_cli.py": 24,

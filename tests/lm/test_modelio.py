@@ -136,6 +136,26 @@ def test_policy_folders_go_through_the_one_writer(tmp_path):
     assert json.loads((target / "meta.json").read_text())["provenance"] == meta["provenance"]
 
 
+def _check_converted(folder):
+    meta = json.loads((folder / "meta.json").read_text())
+    assert set(META_KEYS) <= set(meta) and meta["kind"] == "base_model"
+    assert meta["converted_from"] == "gguf" and meta["prompt_template"] == "auto"
+    assert (folder / "config.json").is_file() and not partial_path(folder).exists()
+    assert not any(path.name.endswith(".partial") for path in folder.parent.iterdir())
+
+
+@pytest.mark.model
+def test_the_embedded_models_cached_folder_has_the_one_writers_layout():
+    """The folder `make install` converted the embedded model's GGUF into (resolve('embedded'), the
+    same call every tool makes; converted here, once, where it is not cached yet): the common
+    meta.json layout, and no partial folder beside it. The conversion from scratch, into a folder of
+    its own, is the slow lane's (about 30 s of dequantizing)."""
+    from farmkit.lm.models import resolve
+
+    _check_converted(Path(resolve("embedded")))
+
+
+@pytest.mark.slow  # about 30 s: the embedded model's GGUF dequantized from scratch
 @pytest.mark.model
 def test_a_converted_gguf_folder_is_written_by_the_one_writer(tmp_path, monkeypatch):
     """The embedded model's GGUF becomes a cached model folder through farmkit.lm.modelio: the common
@@ -143,12 +163,7 @@ def test_a_converted_gguf_folder_is_written_by_the_one_writer(tmp_path, monkeypa
     from farmkit.lm.models import converted_gguf, embedded_gguf
 
     monkeypatch.setenv("FARMKIT_CACHE", str(tmp_path / "cache"))
-    folder = converted_gguf(embedded_gguf(), "embedded-test")
-    meta = json.loads((folder / "meta.json").read_text())
-    assert set(META_KEYS) <= set(meta) and meta["kind"] == "base_model"
-    assert meta["converted_from"] == "gguf" and meta["prompt_template"] == "auto"
-    assert (folder / "config.json").is_file() and not partial_path(folder).exists()
-    assert not any(path.name.endswith(".partial") for path in folder.parent.iterdir())
+    _check_converted(converted_gguf(embedded_gguf(), "embedded-test"))
 
 
 def test_a_copied_folder_replaces_the_old_one_whole_or_not_at_all(tmp_path, monkeypatch):
