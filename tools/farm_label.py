@@ -91,8 +91,9 @@ def cli(pairs, reference, seed, **values):
         )
     checks = read_checks(config.checks) if config.checks else []
     guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
-    if config.status:
-        with open_store(
+
+    def opened():  # LABELS' store, for --status and for serving alike
+        return open_store(
             config.output,
             items,
             checks,
@@ -100,7 +101,10 @@ def cli(pairs, reference, seed, **values):
             config.overlap,
             seed,
             config.judge is not None,
-        ) as store:
+        )
+
+    if config.status:
+        with opened() as store:
             report = server.status(store)
         records_stdout().write(orjson.dumps(report) + b"\n")
         raise click.exceptions.Exit(0 if report["complete"] else PENDING_EXIT)
@@ -109,15 +113,7 @@ def cli(pairs, reference, seed, **values):
     if config.public_url:  # the proxy's address is the annotators'
         click.echo(f"farm-label: serving {url} as {config.public_url}", err=True)
         url = config.public_url
-    with open_store(
-        config.output,
-        items,
-        checks,
-        config.annotators,
-        config.overlap,
-        seed,
-        config.judge is not None,
-    ) as store:
+    with opened() as store:
         for name, token in store.tokens.items():
             click.echo(f"farm-label: {name} {url}/a/{token}", err=True)
         click.echo(f"farm-label: status {url}/status/{store.admin}", err=True)
