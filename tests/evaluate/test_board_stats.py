@@ -11,26 +11,10 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from farmkit.tools.farm_winrate import cli
+from test_winrate_ppi import pair, write_jsonl
 
 from farmkit.evaluate.board_stats import adjust, separability
 from farmkit.evaluate.ppi import labels_for_se, ppi_mean
-
-
-def write_jsonl(path, records):
-    path.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
-    return path
-
-
-def pair(model, i, preference, reference="ref"):
-    return {
-        "id": f"q{i}",
-        "instruction": f"task {i}",
-        "output_1": f"{reference} answer {i}",
-        "output_2": f"{model} answer {i}",
-        "generator_1": reference,
-        "generator_2": model,
-        "preference": preference,
-    }
 
 
 def invoke(*args):
