@@ -44,6 +44,7 @@ def cli(
     max_labels,
     judges,
     humans,
+    include_screened,
     key,
     judge_label,
     human_label,
@@ -103,7 +104,13 @@ def cli(
         if judges:
             annotations.require_judge_labels(judges, judge_label)
         for path in humans:
-            annotations.add_humans(path, human_label)
+            annotations.add_humans(path, human_label, include_screened)
+        for name, count in annotations.screened.items():
+            log.warning(
+                f"farm-correlate: {name} was screened out by their check answers (screened_out: "
+                f"farm-label --min-check-score): {count} label{'s' if count > 1 else ''} left out "
+                "of the agreement figures; --include-screened counts them"
+            )
         for name, (count, where, first) in annotations.repeated.items():
             log.warning(
                 f"farm-correlate: {name} labelled the same pair twice ({count} label"

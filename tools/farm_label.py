@@ -30,6 +30,7 @@ from farmkit.core.io import PENDING_EXIT, FarmError, display_name, records_stdou
     "annotators",
     "overlap",
     "checks",
+    "min_check_score",
     "judge",
     "budget",
     "guidelines",
@@ -89,6 +90,10 @@ def cli(pairs, reference, seed, **values):
             f"farm-label: {len(items)} pairs drawn where {display_name(config.judge)} is least sure "
             f"(--budget {config.budget} expected)"
         )
+    if config.min_check_score is not None and not config.checks:
+        raise click.UsageError(
+            "--min-check-score screens annotators by their answers to --checks: give --checks"
+        )
     checks = read_checks(config.checks) if config.checks else []
     guidelines = Path(config.guidelines or server.GUIDELINES).read_text(encoding="utf-8")
 
@@ -101,6 +106,7 @@ def cli(pairs, reference, seed, **values):
             config.overlap,
             seed,
             config.judge is not None,
+            config.min_check_score,
         )
 
     if config.status:

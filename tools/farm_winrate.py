@@ -133,8 +133,10 @@ def cli(prefs, output, seed, **values):
     )
     for path in prefs or ("-",):
         table.add_file(path)
+    if config.include_screened and not config.humans:
+        raise click.UsageError("--include-screened is about --humans' labels; add --humans")
     if humans:
-        _read_humans(table, humans)
+        _read_humans(table, humans, config.include_screened)
     if table.skipped:
         log.warning(
             f"farm-winrate: skipped {table.skipped} records that do not involve the reference {config.reference!r}"
@@ -325,8 +327,14 @@ def _old_judge_columns(row: dict) -> dict:
     return {names.get(key, key): value for key, value in row.items()}
 
 
-def _read_humans(table: WinrateTable, path: str) -> None:
-    table.add_human_file(path)
+def _read_humans(table: WinrateTable, path: str, include_screened: bool = False) -> None:
+    screened = table.add_human_file(path, include_screened)
+    if screened:
+        log.warning(
+            f"farm-winrate: {screened} human label{'s' if screened > 1 else ''} of annotators "
+            "screened out by their check answers (screened_out: farm-label --min-check-score) left "
+            "out; --include-screened counts them"
+        )
     if table.pairs.null_labels:
         count = table.pairs.null_labels
         log.warning(

@@ -178,6 +178,13 @@ class CorrelateConfig:
         path=FILE_OR_STDIN,
         show_default=False,
     )
+    include_screened: bool = help_field(
+        False,
+        "Annotation mode: count the labels of annotators screened out by their check answers too "
+        "(farm-label --min-check-score marks them screened_out: true); left out by default, and "
+        "said on stderr.",
+        flag=True,
+    )
     key: str | None = help_field(
         None,
         "Field that identifies a pair in all files. Default: pair_id, else the texts.",
@@ -528,6 +535,7 @@ class Annotations:
         self._human_labelled: dict[tuple[Any, str], str] = {}  # (pair, human) -> first FILE:LINE
         # human -> [labels repeating their label of a pair, the first such FILE:LINE, the label's]
         self.repeated: dict[str, list[Any]] = {}
+        self.screened: dict[str, int] = {}  # annotator -> their screened-out labels left out
 
     def _note_missing(
         self, record: dict[str, Any], label_fields: Sequence[str], source: str, number: int
@@ -628,9 +636,17 @@ class Annotations:
             _mirror(label) if swapped else label
         )
 
-    def add_humans(self, path: str, label_fields: Sequence[str] = ("preference",)) -> None:
+    def add_humans(
+        self, path: str, label_fields: Sequence[str] = ("preference",), include_screened=False
+    ) -> None:
+        """Human labels; a record marked screened_out (farm-label --min-check-score) is left out
+        and counted in `screened` (per annotator) unless `include_screened`."""
         wide = len(label_fields) > 1
         for source, number, record in self._records(path):
+            if not include_screened and record.get("screened_out") is True:
+                name = str(record.get("annotator", f"{source}:{number}"))
+                self.screened[name] = self.screened.get(name, 0) + 1
+                continue
             try:
                 key = pair_key(record, self.key_field, self.outputs)
                 labels = [

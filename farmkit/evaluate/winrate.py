@@ -368,11 +368,23 @@ class WinrateTable:
             except InvalidRecord as exc:
                 raise RecordError(name, exc.line, exc.message) from None
 
-    def add_human_file(self, path: str) -> None:
+    def add_human_file(self, path: str, include_screened: bool = False) -> int:
         """Read human labels on pairs of the simulated verdicts already added (humans=True); a label
-        whose pair is not among them is a RecordError naming its line."""
+        whose pair is not among them is a RecordError naming its line. Labels marked screened_out
+        (farm-label --min-check-score) are left out unless `include_screened`; returns how many."""
         name = display_name(path)
+        screened = 0
         for numbers, records in _checked_chunks(path, name):
+            if not include_screened:
+                kept = [
+                    (record, number)
+                    for record, number in zip(records, numbers, strict=True)
+                    if not (isinstance(record, dict) and record.get("screened_out") is True)
+                ]
+                screened += len(records) - len(kept)
+                records, numbers = [r for r, _ in kept], [n for _, n in kept]
+                if not records:
+                    continue
             try:
                 values = win_values(records, numbers).tolist()
             except InvalidRecord as exc:
@@ -384,6 +396,7 @@ class WinrateTable:
                     raise RecordError(
                         name, number, f"a human label on no simulated pair: {exc}"
                     ) from None
+        return screened
 
     def self_judged(self) -> list[tuple[str, Tally]]:
         """(model, tally) of each model judged against itself: no ranking, only position bias."""
@@ -763,6 +776,13 @@ class WinrateConfig:
         "old_judge_standard_error. Not with --humans.",
         path={"dir_okay": False},
         metavar="FILE",
+    )
+    include_screened: bool = help_field(
+        False,
+        "With --humans: count the labels of annotators screened out by their check answers too "
+        "(farm-label --min-check-score marks them screened_out: true); left out by default, and "
+        "said on stderr.",
+        flag=True,
     )
     target_se: float | None = help_field(
         None,

@@ -468,3 +468,38 @@ def test_an_answer_the_disk_cannot_take_is_507_with_the_headers_and_can_be_sent_
     assert post(client, api(store, "alice", route), body).status_code == 200
     done = 3 if route == "answer" else 1
     assert client.get(api(store, "alice", "state")).json()["progress"]["done"] == done
+
+
+def test_an_annotator_below_min_check_score_is_screened_out_and_said(tmp_path):
+    """farm-label --min-check-score 0.8: alice answers every check wrong (0/2), bob right (2/2).
+    Alice's labels in LABELS carry screened_out (bob's do not); the status and the summary say so."""
+    from farmkit.annotate.label.server import status, status_html, summary
+
+    checks = [{**CHECKS[0], "instruction": f"known {k}", "preference": 1.5} for k in range(2)]
+    with open_store(
+        str(tmp_path / "labels.jsonl"),
+        pairs(6),
+        checks,
+        ("alice", "bob"),
+        0.0,
+        0,
+        min_check_score=0.8,
+    ) as store:
+        for name in ("alice", "bob"):
+            while (item := store.current(name)) is not None:
+                right = name == "bob" and item in store.checks  # a tie is each check's answer
+                store.answer(name, item, "tie" if right else "A_much", 1.0)
+        labels = written(store)
+        report = status(store)
+        said = summary(store)
+        page = status_html(report)
+    assert {record["annotator"] for record in labels} == {"alice", "bob"}
+    flagged = [record.get("screened_out", False) for record in labels]
+    assert flagged == [record["annotator"] == "alice" for record in labels]
+    assert [row["screened_out"] for row in report["annotators"]] == [True, False]
+    assert report["min_check_score"] == 0.8
+    assert any(
+        line.startswith("alice: ") and "screened out (checks below 80%" in line for line in said
+    )
+    assert not any(line.startswith("bob: ") and "screened out" in line for line in said)
+    assert page.count("screened out") == 1

@@ -352,6 +352,7 @@ def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
         ("good", ["--annotators", "alice,status"], 2, "'status' names the organiser's link"),
         ("good", ["--annotators", "Status"], 2, "'Status' names the organiser's link"),
         ("good", ["--overlap", "1.5"], 2, "--overlap"),
+        ("good", ["--min-check-score", "0.8"], 2, "--min-check-score screens annotators by their"),
         ("good", ["-o", "{tmp}/labels.jsonl.gz"], 2, "plain JSONL file"),
         ("good", ["--public-url", "labels.example.org"], 2, "expected the page's public address"),
         ("good", ["--public-url", "https://example.org/labels/"], 2, "at the root of its address"),

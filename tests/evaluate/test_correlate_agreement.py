@@ -283,3 +283,27 @@ def test_one_annotators_two_labels_of_one_pair_are_not_agreement(tmp_path):
     people = next(row for row in rows if row.get("pairwise_agreement") is not None)
     assert people["pairwise_agreement"] == 0  # only the pair alice and bob both labelled
     assert "alice labelled the same pair twice" in result.stderr
+
+
+def test_a_screened_out_annotator_is_left_out_of_agreement_unless_asked_for(tmp_path):
+    """farm-label --min-check-score marks the labels of an annotator who failed the checks
+    screened_out: true. Alice and bob agree on both pairs; carol, screened out, disagrees on both:
+    left out, the humans agree fully (said on stderr); with --include-screened, a third of the
+    time."""
+    pairs = [{"instruction": f"task {i}", "output_1": "one", "output_2": "two"} for i in range(2)]
+    labels = [{**p, "preference": 1, "annotator": name} for p in pairs for name in ("alice", "bob")]
+    labels += [{**p, "preference": 2, "annotator": "carol", "screened_out": True} for p in pairs]
+    humans = write_jsonl(tmp_path / "humans.jsonl", labels)
+
+    def agreement(*more):
+        result = CliRunner().invoke(cli, ["--humans", str(humans), *more])
+        people = next(row for row in rows_of(result) if row.get("pairwise_agreement") is not None)
+        return people["pairwise_agreement"], result.stderr
+
+    left_out, said = agreement()
+    assert left_out == 1
+    assert "carol was screened out by their check answers" in said
+    assert "2 labels left out" in said
+    kept, said = agreement("--include-screened")
+    assert kept == pytest.approx(1 / 3)
+    assert "screened out" not in said

@@ -182,6 +182,32 @@ def test_humans_add_prediction_powered_columns(tmp_path, simulated):
     assert table.stdout.splitlines()[0].split()[-9:] == shown.split()
 
 
+def test_labels_of_a_screened_out_annotator_are_left_out_unless_asked_for(tmp_path, simulated):
+    """farm-label --min-check-score marks the labels of an annotator who failed the checks
+    screened_out: true; --humans leaves them out (said on stderr), --include-screened keeps them.
+    Carol, screened out, says A lost pairs 1 and 2 that the others say it won."""
+    carol = [{**pair("A", i, 1), "annotator": "carol", "screened_out": True} for i in (1, 2, 4, 5)]
+    path = write_jsonl(tmp_path / "labels.jsonl", LABELS + carol)
+    common = (str(simulated), "--humans", str(path), "--reference-generator", "ref")
+    common += ("--no-length-control",)
+    left_out, kept = invoke(*common), invoke(*common, "--include-screened")
+    assert left_out.exit_code == 0 and kept.exit_code == 0, left_out.output + kept.output
+    assert "4 human labels of annotators screened out by their check answers" in left_out.stderr
+    assert "screened out" not in kept.stderr
+    a = next(
+        row for row in map(orjson.loads, left_out.stdout.splitlines()) if row["generator"] == "A"
+    )
+    a_all = next(
+        row for row in map(orjson.loads, kept.stdout.splitlines()) if row["generator"] == "A"
+    )
+    judge_a = np.array([0.5, 1, 0, 1, 0.5, 0])
+    expected = ppi_mean(np.array([0.5, 1, 1]), judge_a[:3], judge_a)  # as without carol
+    assert a["n_human"] == 3
+    assert a["ppi_win_rate"] == pytest.approx(100 * expected["estimate"])
+    assert a_all["n_human"] == 5  # pairs 4 and 5 too; pairs 1 and 2 with two labels each
+    assert a_all["human_win_rate"] < a["human_win_rate"]
+
+
 @pytest.mark.parametrize(
     "label, reason",
     [

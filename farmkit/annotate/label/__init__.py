@@ -108,6 +108,16 @@ class LabelConfig:
         path=EXISTING_FILE,
         show_default=False,
     )
+    min_check_score: float | None = help_field(
+        None,
+        "With --checks: an annotator whose share of checks answered right is below this (0.8) is "
+        "screened out: their labels in LABELS carry screened_out: true, which farm-winrate --humans "
+        "and farm-correlate leave out unless given --include-screened; said on the status page, in "
+        "--status and in the summary. An annotator who has answered no check yet is not screened.",
+        bounds=FRACTION,
+        metavar="SHARE",
+        show_default=False,
+    )
     judge: str | None = help_field(
         None,
         "The simulated verdicts on every pair of PAIRS (SIM: preference records, a pool's several "

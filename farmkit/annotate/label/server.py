@@ -322,9 +322,15 @@ def status(store: Store) -> dict[str, Any]:
                 "checks_right": right,
                 "checks_answered": answered,
                 "check_score": right / answered if answered else None,
+                "screened_out": store.screened(name),
             }
         )
-    return {"output": str(store.output), "complete": store.complete(), "annotators": annotators}
+    return {
+        "output": str(store.output),
+        "complete": store.complete(),
+        "min_check_score": store.min_check_score,
+        "annotators": annotators,
+    }
 
 
 def status_html(report: dict[str, Any]) -> str:
@@ -335,7 +341,12 @@ def status_html(report: dict[str, Any]) -> str:
             row["total"],
             "-"
             if row["check_score"] is None
-            else f"{row['checks_right']} / {row['checks_answered']} ({row['check_score']:.0%})",
+            else f"{row['checks_right']} / {row['checks_answered']} ({row['check_score']:.0%})"
+            + (
+                " screened out: their labels are left out of the estimates"
+                if row["screened_out"]
+                else ""
+            ),
         )
         for row in report["annotators"]
     )
@@ -360,6 +371,11 @@ def summary(store: Store) -> list[str]:
             if row["checks_answered"]
             else ""
         )
+        if row["screened_out"]:
+            checks += (
+                f", screened out (checks below {report['min_check_score']:.0%}: their labels carry "
+                "screened_out and are left out of farm-winrate --humans and farm-correlate)"
+            )
         lines.append(f"{row['annotator']}: {row['done']}/{row['total']} labelled{checks}")
     lines.append(
         f"{report['output']} is complete"

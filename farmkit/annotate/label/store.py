@@ -87,6 +87,7 @@ class Store:
     tokens: dict[str, str] = field(default_factory=dict)  # annotator -> token
     admin: str = ""
     answers: dict[str, list[Answer]] = field(default_factory=dict)
+    min_check_score: float | None = None  # below it an annotator's labels are screened out
     _journal: int | None = None
     _sequence: int = 0
     _end: int = 0  # the journal's size up to its last whole line
@@ -327,9 +328,14 @@ class Store:
         targets = [(self.output, False)] + (
             [(self.checks_path, True)] if checks and self.checks else []
         )
+        screened = {name for name in self.answers if self.screened(name)}
         for path, of_checks in targets:
             data = b"".join(
-                dumps(answer.record)
+                dumps(
+                    {**answer.record, "screened_out": True}
+                    if not of_checks and answer.record["annotator"] in screened
+                    else answer.record
+                )
                 for answer in answers
                 if (answer.item_id in self.checks) == of_checks
             )
@@ -348,6 +354,16 @@ class Store:
         ]
         return sum(record["preference"] == record["known_preference"] for record in answered), len(
             answered
+        )
+
+    def screened(self, annotator: str) -> bool:
+        """Whether the annotator's labels are screened out: their share of checks answered right is
+        below min_check_score (an annotator who has answered no check yet is not)."""
+        right, answered = self.check_score(annotator)
+        return (
+            self.min_check_score is not None
+            and answered > 0
+            and (right / answered < self.min_check_score)
         )
 
     def complete(self) -> bool:
@@ -397,6 +413,7 @@ def open_store(
     overlap: float,
     seed: int,
     ordered: bool = False,
+    min_check_score: float | None = None,
 ) -> Store:
     """The store of the session that labels `pairs` (with `checks` mixed in), opened: locked, its
     tokens read or made, its journal replayed (see Store.open)."""
@@ -417,5 +434,6 @@ def open_store(
         {check_id(index) for index in range(len(checks))},
         assign(len(pairs), len(checks), annotators, overlap, seed, ordered),
         seed,
+        min_check_score=min_check_score,
     )
     return store.open(made_from)
