@@ -18,11 +18,16 @@ Definitions (PPI++, Angelopoulos, Duchi and Zrnic 2023, the mean with power tuni
 Labels sampled with known probabilities (farm-label --judge: active statistical inference, Zrnic and
 Candes 2024), each label carrying its pair's `sampling_probability` pi_i, use the inverse-probability
 weighted estimate instead, over all N judged pairs (xi_i = 1 for a labelled pair):
-    z_i = lambda f_i + xi_i (Y_i - lambda f_i) / pi_i,  theta = mean(z),  se^2 = var(z) / N
-    lambda = -cov(a, b) / var(b), a_i = xi_i Y_i / pi_i, b_i = f_i (1 - xi_i / pi_i) (z = a + lambda b:
-    the lambda that minimises var(z)), clipped to [0, 1]
-E[z_i] = Y_i whatever lambda, so the estimate is unbiased for the mean of Y (lambda estimated from the
-same data leaves an O(1/N) bias); with pi_i = n/N it is PPI on a Bernoulli sample.
+    g_i = lambda f_i + c,  z_i = g_i + xi_i (Y_i - g_i) / pi_i,  theta = mean(z),  se^2 = var(z) / N
+    var(z_i) = var(Y_i) + E[(Y_i - g_i)^2 (1 - pi_i) / pi_i], so lambda and c are the weighted least
+    squares of Y on f over the labelled pairs, weights (1 - pi) / pi^2 (lambda clipped to [0, 1]), and
+    the labelled residuals' spread in var(z) is scaled by k / (k - 2) for the two fitted (k: Kish's
+    effective number of those weights, at least 3; under 3 labels with pi < 1, lambda = c = 0)
+E[z_i] = Y_i whatever lambda and c, so the estimate is unbiased for the mean of Y (lambda and c
+estimated from the same data leave an O(1/N) bias); with pi_i = n/N it is PPI on a Bernoulli sample,
+as narrow as PPI++ on a uniform sample of n. Without the intercept c, a judge whose mean is off the
+humans' leaves mean(Y - lambda f)^2 in every label's weighted term (8% wider on PandaLM's 999 pairs,
+13% in tests/evaluate/test_winrate_ppi.py).
 
 Below MIN_HUMAN_LABELS human labels a row is flagged (small_sample): the normal interval's coverage
 was checked by simulation (bench/bench_active_labels.py --small, 4000 draws a cell) to be at least
@@ -89,19 +94,34 @@ def ppi_mean_ipw(
     docstring), over all N pairs: human labels Y (..., N; read where `labelled`), the judge's f
     (..., N), each pair's sampling probability pi (..., N; read where `labelled`) and whether it was
     drawn and labelled (..., N). The interval is clipped to `bounds`. Returns what ppi_mean does."""
-    weight = np.where(labelled, 1 / np.where(labelled, probability, 1.0), 0.0)
-    a = np.where(labelled, human, 0.0) * weight
-    b = judge * (1 - weight)
-    total = a.shape[-1]
-    a_centred = a - a.mean(axis=-1, keepdims=True)
-    b_centred = b - b.mean(axis=-1, keepdims=True)
-    variance = (b_centred**2).sum(axis=-1)
+    pi = np.where(labelled, probability, 1.0)
+    y = np.where(labelled, human, 0.0)
+    # the weighted least squares of Y on (f, 1) over the labelled pairs, weights (1 - pi) / pi^2:
+    # the lambda and c that minimise the estimated mean of (1 - pi) / pi (Y - lambda f - c)^2
+    weight = np.where(labelled, (1 - pi) / pi**2, 0.0)
+    total_weight = weight.sum(axis=-1, keepdims=True)
+    safe_total = np.where(total_weight > 0, total_weight, 1.0)
+    f_mean = (weight * judge).sum(axis=-1, keepdims=True) / safe_total
+    y_mean = (weight * y).sum(axis=-1, keepdims=True) / safe_total
+    covariance = (weight * (judge - f_mean) * (y - y_mean)).sum(axis=-1)
+    variance = (weight * (judge - f_mean) ** 2).sum(axis=-1)
+    # under 3 such labels the line would fit them exactly: the plain weighted mean (lambda = c = 0)
+    count = (weight > 0).sum(axis=-1)
+    fit = count > 2
     safe = np.where(variance > 0, variance, 1.0)
-    lam = np.where(variance > 0, -(a_centred * b_centred).sum(axis=-1) / safe, 0.0)
-    lam = np.clip(lam, 0.0, 1.0)
-    z_values = a + lam[..., None] * b
-    estimate = z_values.mean(axis=-1)
-    standard_error = z_values.std(axis=-1, ddof=1) / np.sqrt(total)
+    lam = np.clip(np.where(fit & (variance > 0), covariance / safe, 0.0), 0.0, 1.0)
+    fitted = lam[..., None] * judge + np.where(
+        fit[..., None], y_mean - lam[..., None] * f_mean, 0.0
+    )
+    residual = np.where(labelled, (y - fitted) / pi, 0.0)
+    estimate = (fitted + residual).mean(axis=-1)
+    # two parameters fitted to the residuals: their spread scaled by k / (k - 2), k the weights'
+    # effective number (Kish's: a few labels of small pi can carry the fit), at least 3
+    squares = np.maximum((weight**2).sum(axis=-1), np.finfo(float).tiny)
+    effective = np.maximum(total_weight[..., 0] ** 2 / squares, 3.0)
+    inflate = np.sqrt(np.where(fit, effective / (effective - 2), 1.0))[..., None]
+    z_values = fitted + residual * np.where(weight > 0, inflate, 1.0)
+    standard_error = z_values.std(axis=-1, ddof=1) / np.sqrt(z_values.shape[-1])
     z = NormalDist().inv_cdf((1 + confidence) / 2)
     return {
         "estimate": estimate,
