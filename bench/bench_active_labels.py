@@ -6,12 +6,21 @@ flag (farmkit/evaluate/ppi.py MIN_HUMAN_LABELS).
 
     python bench/bench_active_labels.py [--draws 2000] [--budget 150] [--small]
 
-Active: pair i drawn with probability pi_i (farmkit.annotate.label.active.active_probabilities of the judge's
-f (1 - f), 20% uniform), the IPW estimate (ppi_mean_ipw). Uniform: the same expected budget drawn
-uniformly, PPI++ as farm-winrate computed it before (ppi_mean on a fixed-size uniform sample), and the
-same IPW estimate on a Bernoulli(n/N) sample (pi = n/N), so both sides of the comparison use the same
-estimator. Each draw draws the labelled pairs again (and, simulated, the data too); coverage is the
-share of draws whose interval holds the truth (simulated: the population mean; PandaLM: the mean human
+Designs, each at the same expected budget, each row with its coverage, mean width, the width's Monte
+Carlo standard error and its difference from uniform's (with that difference's standard error):
+- uniform (PPI++, fixed n): a fixed-size uniform sample, PPI++ as farm-winrate computes it (the peer);
+- uniform, IPW: a Bernoulli(n/N) sample weighted by 1 / pi (ppi_mean_ipw), the estimator of the
+  active designs, so the two sides differ only in the design;
+- active, f (1 - f) (farm-label --judge): pi proportional to sqrt(f (1 - f)), mixed half and half
+  with uniform and at most twice n/N (active_probabilities' defaults: every pair between half and
+  twice as likely as uniformly, chosen on draws of another seed than the one reported);
+- the rule before: the same with 20% uniform and no ceiling but 1;
+- active, learnt from a pilot (pilot_design): a uniform pilot of a quarter of the budget learns how
+  far the humans are from the judge as a function of u, then the rest is drawn accordingly, or
+  uniformly when the pilot finds nothing to learn. Measured here, not in farm-label (which would need
+  two sessions and a combined estimate in farm-winrate).
+Each draw draws the labelled pairs again (and, simulated, the data too); coverage is the share of
+draws whose interval holds the truth (simulated: the population mean; PandaLM: the mean human
 verdict over the 999 pairs), width the mean of high - low, in win-rate points.
 
 PandaLM's judge gives hard verdicts (1, 2, Tie; 25 unparsed are a tie here), so its own f (1 - f) only
@@ -26,11 +35,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
 from farmkit.annotate.label.active import active_probabilities
 from farmkit.evaluate.ppi import ppi_mean, ppi_mean_ipw
+
+PILOT_SHARE = 0.25  # of the budget, drawn uniformly first (fixed before the runs reported)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("FARMKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -41,59 +53,126 @@ def emit(**row) -> None:
     print(json.dumps({"benchmark": "active_labels", **row}), flush=True)
 
 
-def summary(figures: dict, truth) -> tuple[float, float]:
+def summary(figures: dict, truth) -> tuple[float, float, float]:
+    """Coverage, mean width (points) and the mean width's Monte Carlo standard error."""
     covered = (figures["low"] <= truth) & (truth <= figures["high"])
-    return float(np.mean(covered)), 100 * float(np.mean(figures["high"] - figures["low"]))
+    width = 100 * (figures["high"] - figures["low"])
+    return (
+        float(np.mean(covered)),
+        float(np.mean(width)),
+        float(np.std(width) / np.sqrt(len(width))),
+    )
 
 
-def compare(name: str, f: np.ndarray, y: np.ndarray, truth, budget: int, rng) -> None:
-    """f, y: (draws, N) judge and human win values; every draw labels pairs afresh."""
+def normal(estimate: np.ndarray, standard_error: np.ndarray) -> dict:
+    z = NormalDist().inv_cdf(0.975)
+    low, high = estimate - z * standard_error, estimate + z * standard_error
+    return {"low": np.clip(low, 0, 1), "high": np.clip(high, 0, 1)}
+
+
+def pilot_design(
+    u: np.ndarray, y: np.ndarray, f: np.ndarray, budget: int, rng
+) -> tuple[dict, float]:
+    """Two phases (the design is learnt, not assumed): a uniform pilot of PILOT_SHARE of the budget
+    (Bernoulli n1/N), on whose labels the squared residual (Y - lambda f - c)^2 is regressed on the
+    uncertainty u; the rest of the budget is drawn with pi proportional to the square root of the
+    fitted E[(Y - lambda f - c)^2 | u] (active_probabilities, 20% uniform, no ceiling) when its slope is
+    significant (t > 2) and the design it gives would cut the variance by at least 5% ((mean
+    sqrt m)^2 / mean m < 0.95), uniformly otherwise. Each phase's IPW estimate is unbiased (the
+    second given the first); they are averaged with the budget's weights, and their shared part
+    (the population's own variance, var(Y) / N) counted in the standard error. Returns the figures
+    and the share of draws where the pilot chose an active design."""
     draws, pairs = f.shape
-    probability = np.stack([active_probabilities(row * (1 - row), budget) for row in f])
-    active = ppi_mean_ipw(y, f, probability, rng.random(f.shape) < probability)
-    uniform_pi = np.full(f.shape, budget / pairs)
-    bernoulli = ppi_mean_ipw(y, f, uniform_pi, rng.random(f.shape) < uniform_pi)
+    first = PILOT_SHARE * budget
+    second = (budget - first) / (1 - first / pairs)  # the pairs drawn twice are labelled once
+    pi1 = np.full(f.shape, first / pairs)
+    drawn1 = rng.random(f.shape) < pi1
+    pi2 = np.full(f.shape, second / pairs)
+    chosen, population = 0, np.empty(draws)
+    for row in range(draws):
+        seen = drawn1[row]
+        ys, fs, us = y[row, seen], f[row, seen], u[row, seen]
+        design = np.c_[fs, np.ones_like(fs)]
+        squared = (ys - design @ np.linalg.lstsq(design, ys, rcond=None)[0]) ** 2
+        population[row] = ys.var(ddof=1)
+        on_u = np.c_[us, np.ones_like(us)]
+        coefficients, *_ = np.linalg.lstsq(on_u, squared, rcond=None)
+        spread = squared - on_u @ coefficients
+        covariance = spread @ spread / max(len(us) - 2, 1) * np.linalg.pinv(on_u.T @ on_u)
+        t = coefficients[0] / np.sqrt(covariance[0, 0]) if covariance[0, 0] > 0 else 0.0
+        fitted = np.clip(coefficients[0] * u[row] + coefficients[1], 1e-3, None)
+        if t > 2 and np.mean(np.sqrt(fitted)) ** 2 / np.mean(fitted) < 0.95:
+            pi2[row] = active_probabilities(fitted, second, uniform=0.2, most=None)
+            chosen += 1
+    drawn2 = rng.random(f.shape) < pi2
+    one, two = ppi_mean_ipw(y, f, pi1, drawn1), ppi_mean_ipw(y, f, pi2, drawn2)
+    share = PILOT_SHARE
+    estimate = share * one["estimate"] + (1 - share) * two["estimate"]
+    variance = share**2 * one["standard_error"] ** 2 + (1 - share) ** 2 * two["standard_error"] ** 2
+    variance += 2 * share * (1 - share) * population / pairs
+    figures = normal(estimate, np.sqrt(variance))
+    figures["labels"] = (drawn1 | drawn2).sum(axis=1)
+    return figures, chosen / draws
+
+
+def compare(name: str, f: np.ndarray, y: np.ndarray, truth, budget: int, rng, u=None) -> None:
+    """f, y: (draws, N) judge and human win values; every draw labels pairs afresh. u: the
+    uncertainty the designs read (default the judge's f (1 - f))."""
+    draws, pairs = f.shape
+    u = f * (1 - f) if u is None else u
     order = np.argsort(rng.random(f.shape), axis=1)[:, :budget]  # a fixed-size uniform sample
     rows = np.arange(draws)[:, None]
     fixed = ppi_mean(y[rows, order], f[rows, order], f)
-    (ca, wa), (cb, wb), (cf, wf) = (summary(x, truth) for x in (active, bernoulli, fixed))
+    uniform_pi = np.full(f.shape, budget / pairs)
+    uniform_drawn = rng.random(f.shape) < uniform_pi
+    probability = np.stack([active_probabilities(row, budget) for row in u])
+    drawn = rng.random(f.shape) < probability
+    before = np.stack([active_probabilities(row, budget, 0.2, None) for row in u])
+    drawn_before = rng.random(f.shape) < before
+    pilot, chosen = pilot_design(u, y, f, budget, rng)
     common = {"draws": draws, "pairs": pairs, "budget": budget}
+    peer_coverage, peer_width, peer_error = summary(fixed, truth)
     emit(
-        figure=f"{name}: coverage at 95%, active",
-        value=ca,
-        peer="uniform (PPI++, fixed n)",
-        peer_value=cf,
-        ratio=ca / cf,
-        target=">= 0.93",
-        met=ca >= 0.93,
-        **common,
-    )
-    emit(figure=f"{name}: coverage at 95%, uniform IPW (Bernoulli n/N)", value=cb, **common)
-    emit(
-        figure=f"{name}: mean interval width, active",
-        value=wa,
+        figure=f"{name}: uniform (PPI++, fixed n)",
+        coverage=peer_coverage,
+        width=peer_width,
+        width_se=peer_error,
         unit="points",
-        peer="uniform (PPI++, fixed n)",
-        peer_value=wf,
-        ratio=wa / wf,
-        target="< 1",
-        met=wa < wf,
         **common,
     )
-    emit(
-        figure=f"{name}: mean interval width, uniform IPW (Bernoulli n/N)",
-        value=wb,
-        unit="points",
-        peer="active",
-        peer_value=wa,
-        ratio=wb / wa,
-        **common,
-    )
-    emit(
-        figure=f"{name}: mean labels drawn, active",
-        value=float(np.mean((rng.random(f.shape) < probability).sum(axis=1))),
-        **common,
-    )
+    for design, figures, labels in (
+        (
+            "uniform, IPW (Bernoulli n/N)",
+            ppi_mean_ipw(y, f, uniform_pi, uniform_drawn),
+            uniform_drawn,
+        ),
+        ("active, f (1 - f) (farm-label --judge)", ppi_mean_ipw(y, f, probability, drawn), drawn),
+        (
+            "active, f (1 - f), 20% uniform, no ceiling (the rule before)",
+            ppi_mean_ipw(y, f, before, drawn_before),
+            drawn_before,
+        ),
+        (f"active, learnt from a {PILOT_SHARE:.0%} pilot", pilot, None),
+    ):
+        coverage, width, error = summary(figures, truth)
+        labelled = figures["labels"] if labels is None else labels.sum(axis=1)
+        emit(
+            figure=f"{name}: {design}",
+            coverage=coverage,
+            width=width,
+            width_se=error,
+            unit="points",
+            peer="uniform (PPI++, fixed n)",
+            peer_width=peer_width,
+            width_difference=width - peer_width,
+            width_difference_se=float(np.hypot(error, peer_error)),
+            ratio=width / peer_width,
+            labels=float(np.mean(labelled)),
+            target="coverage >= 0.93, width < uniform's",
+            met=bool(coverage >= 0.93 and width < peer_width),
+            **({"pilot_chose_active": chosen} if labels is None else {}),
+            **common,
+        )
 
 
 def simulated(draws: int, budget: int, rng) -> None:
@@ -124,9 +203,8 @@ def pandalm(draws: int, budget: int, rng) -> None:
     )
     tile = lambda v: np.tile(v, (draws, 1))  # noqa: E731 - the data are fixed, the draws are not
     compare("PandaLM, judge alone", tile(judge), tile(y), truth, budget, rng)
-    compare(
-        "PandaLM, pool of judge and longer", tile((judge + longer) / 2), tile(y), truth, budget, rng
-    )
+    pool = (judge + longer) / 2
+    compare("PandaLM, pool of judge and longer", tile(pool), tile(y), truth, budget, rng)
 
 
 def small(rng) -> None:

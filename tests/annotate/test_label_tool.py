@@ -448,9 +448,10 @@ def test_with_judge_people_label_where_it_is_least_sure_and_the_labels_carry_the
     answers = records(labels)
     probability = [record["sampling_probability"] for record in answers]
     unsure = [record for record in answers if int(record["instruction"].split()[1]) >= 20]
-    # pi proportional to sqrt(f (1 - f)) (0.14 sure, 0.5 unsure) mixed with 20% uniform, 10 expected
-    sure_pi = 10 * (0.8 * 0.14 / (20 * 0.14 + 20 * 0.5) + 0.2 / 40)
-    unsure_pi = 10 * (0.8 * 0.5 / (20 * 0.14 + 20 * 0.5) + 0.2 / 40)
+    # pi proportional to sqrt(f (1 - f)) (0.14 sure, 0.5 unsure) mixed half and half with uniform,
+    # 10 expected (under the ceiling of twice the uniform 10 / 40)
+    sure_pi = 10 * (0.5 * 0.14 / (20 * 0.14 + 20 * 0.5) + 0.5 / 40)
+    unsure_pi = 10 * (0.5 * 0.5 / (20 * 0.14 + 20 * 0.5) + 0.5 / 40)
     assert all(p == pytest.approx(sure_pi) or p == pytest.approx(unsure_pi) for p in probability)
     assert probability == sorted(probability, reverse=True)  # the most informative first
     assert len(unsure) > len(answers) - len(unsure)

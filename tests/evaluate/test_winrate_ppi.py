@@ -294,13 +294,14 @@ def biased_soft_judge(rng, draws, pairs):
 
 def test_active_labels_are_unbiased_and_narrower_than_uniform_at_the_same_budget():
     """2000 draws of N = 1000 pairs, 150 human labels expected: drawn with probability proportional to
-    sqrt(f (1 - f)) mixed with uniform (farm-label --judge), weighted by 1 / pi, against the same
-    budget drawn uniformly (PPI++ as before). Seeded, so the figures are fixed; the tolerances say
-    how far they may be from the claim by Monte Carlo error alone. The IPW estimate's mean is within
-    0.004 of the truth (measured -0.0013; its standard error is 0.024, so 0.004 is a sixth of it,
-    and the Monte Carlo error of the mean is 0.0005), both intervals cover the truth at least 93%
-    of the time at 95% (measured 0.9475 and 0.9425; Monte Carlo standard error 0.005), and the active
-    interval is at least 8% narrower (measured 0.0927 against 0.1046: 11%)."""
+    sqrt(f (1 - f)) mixed half and half with uniform, between half and twice the uniform n/N
+    (farm-label --judge), weighted by 1 / pi, against the same budget drawn uniformly (PPI++ as
+    before). Seeded, so the figures are fixed; the tolerances say how far they may be from the claim
+    by Monte Carlo error alone. The IPW estimate's mean is within 0.004 of the truth (measured
+    -0.0007; its standard error is 0.024, so 0.004 is a sixth of it, and the Monte Carlo error of
+    the mean is 0.0005), both intervals cover the truth at least 93% of the time at 95% (measured
+    0.953 and 0.9425; Monte Carlo standard error 0.005), and the active interval is at least 5%
+    narrower (measured 0.0956 against 0.1046: 8.6%; the ratio's Monte Carlo error is 0.3%)."""
     from farmkit.annotate.label.active import active_probabilities
     from farmkit.evaluate.ppi import ppi_mean_ipw
 
@@ -309,7 +310,8 @@ def test_active_labels_are_unbiased_and_narrower_than_uniform_at_the_same_budget
     f, y, truth = biased_soft_judge(rng, draws, pairs)
     probability = np.stack([active_probabilities(row * (1 - row), budget) for row in f])
     assert probability.sum(axis=1) == pytest.approx(budget)
-    assert probability.min() >= 0.2 * budget / pairs * 0.999  # the uniform share bounds 1 / pi
+    assert probability.min() >= 0.5 * budget / pairs * 0.999  # the uniform share bounds 1 / pi
+    assert probability.max() <= 2 * budget / pairs * 1.001
     drawn = rng.random((draws, pairs)) < probability
     active = ppi_mean_ipw(y, f, probability, drawn)
     uniform = ppi_mean(y[:, :budget], f[:, :budget], f)  # the first 150: a uniform subset
@@ -322,7 +324,7 @@ def test_active_labels_are_unbiased_and_narrower_than_uniform_at_the_same_budget
 
     assert abs(active["estimate"].mean() - truth) < 0.004
     assert coverage(active) >= 0.93 and coverage(uniform) >= 0.93
-    assert width(active) < 0.92 * width(uniform)
+    assert width(active) < 0.95 * width(uniform)
 
 
 def test_rank_sets_hold_together_at_their_level():
@@ -377,9 +379,11 @@ def test_the_paired_difference_covers_at_its_level():
 def test_active_labels_keep_their_coverage_on_pandalm():
     """Real data (PandaLM: 999 pairs, three humans each, gpt-3.5-turbo's verdicts; skipped without
     ../shared/data): labels drawn by farm-label --judge's rule and weighted by 1 / pi cover the
-    humans' mean over the 999 pairs in at least 93% of 1000 draws at 95% (measured 0.964; Monte Carlo
+    humans' mean over the 999 pairs in at least 93% of 1000 draws at 95% (measured 0.966; Monte Carlo
     standard error 0.007). Narrower they are not, here: the judge's hard verdicts do not say where
-    it errs (docs/evaluation.md; bench/bench_active_labels.py has the widths)."""
+    it errs (docs/evaluation.md; bench/bench_active_labels.py has the widths); but kept between half
+    and twice the uniform probability, they are at most 5% wider than PPI++ on a uniform sample
+    of 150 (measured 1.6% wider; before, every tie labelled: 21%)."""
     import json
 
     from conftest import shared_data
@@ -399,8 +403,12 @@ def test_active_labels_keep_their_coverage_on_pandalm():
     drawn = rng.random(probability.shape) < probability
     figures = ppi_mean_ipw(np.tile(y, (draws, 1)), np.tile(f, (draws, 1)), probability, drawn)
     truth = y.mean()
+    order = np.argsort(rng.random((draws, len(y))), axis=1)[:, :150]  # uniform samples of 150
+    uniform = ppi_mean(y[order], f[order], np.tile(f, (draws, 1)))
+    width = np.mean(figures["high"] - figures["low"])
     assert np.mean((figures["low"] <= truth) & (truth <= figures["high"])) >= 0.93
-    assert abs(figures["estimate"].mean() - truth) < 0.01  # measured -0.0015; its sd is 0.039
+    assert abs(figures["estimate"].mean() - truth) < 0.01  # measured -0.0002; its sd is 0.03
+    assert width < 1.05 * np.mean(uniform["high"] - uniform["low"])
 
 
 def test_weighted_labels_drawn_uniformly_are_as_narrow_as_ppi_on_a_uniform_sample():
@@ -431,3 +439,36 @@ def test_weighted_labels_drawn_uniformly_are_as_narrow_as_ppi_on_a_uniform_sampl
     assert np.mean((weighted["low"] <= truth) & (truth <= weighted["high"])) >= 0.93
     assert abs(weighted["estimate"].mean() - truth) < 0.003
     assert width(weighted) < 1.03 * width(fixed)
+
+
+def test_active_labels_cost_little_where_the_judges_confidence_says_nothing():
+    """A judge like PandaLM's gpt-3.5-turbo: hard verdicts (0 or 1) on 94% of 1000 pairs, a tie (0.5)
+    on 6%, as far off on either: the humans' win value is the judge's verdict flipped 20% of the
+    time, and 0.1 or 0.9 on its ties (the mean of several humans), a squared residual of 0.16
+    about the line 0.2 + 0.6 f either way. f (1 - f) singles out the ties, which say nothing: drawn
+    between half and twice as likely as uniformly (farm-label --judge's rule), the interval is at
+    most 5% wider than PPI++ on a uniform sample of the same budget (measured 0.8% wider); drawing
+    all the budget the uncertainty asks for (every tie labelled, 20% uniform: the rule before) was
+    19% wider. 2000 draws, 150 labels expected; coverage at least 93% (Monte Carlo standard error
+    0.005); the widths' Monte Carlo standard error is 0.2%."""
+    from farmkit.annotate.label.active import active_probabilities
+    from farmkit.evaluate.ppi import ppi_mean_ipw
+
+    rng = np.random.default_rng(4647)
+    draws, pairs, budget = 2000, 1000, 150
+    f = np.where(np.arange(pairs) < 60, 0.5, (np.arange(pairs) % 2).astype(float))
+    flip = rng.random((draws, pairs)) < 0.2
+    y = np.where(f == 0.5, np.where(rng.random((draws, pairs)) < 0.5, 0.1, 0.9), f)
+    y = np.where(flip & (f != 0.5), 1 - f, y)
+    truth = 0.5
+    f = np.tile(f, (draws, 1))
+    probability = np.tile(active_probabilities(f[0] * (1 - f[0]), budget), (draws, 1))
+    assert probability.sum(axis=1) == pytest.approx(budget)
+    active = ppi_mean_ipw(y, f, probability, rng.random((draws, pairs)) < probability)
+    uniform = ppi_mean(y[:, :budget], f[:, :budget], f)
+
+    def width(figures):
+        return np.mean(figures["high"] - figures["low"])
+
+    assert np.mean((active["low"] <= truth) & (truth <= active["high"])) >= 0.93
+    assert width(active) < 1.05 * width(uniform)

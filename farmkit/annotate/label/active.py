@@ -61,27 +61,31 @@ def judge_means(path: str) -> dict[tuple[Any, ...], float]:
 
 
 def active_probabilities(
-    uncertainty: np.ndarray, budget: float, uniform: float = 0.2
+    uncertainty: np.ndarray, budget: float, uniform: float = 0.5, most: float | None = 2.0
 ) -> np.ndarray:
     """Each pair's probability of being labelled, for an expected `budget` labels (active
     statistical inference, Zrnic and Candes 2024): proportional to the square root of the expected
     squared residual of its human label given the judge (`uncertainty`, e.g. f (1 - f) of a soft
     verdict or of the pool's mean), mixed with the uniform n/N at the share `uniform`, so no weight
-    1 / pi exceeds N / (uniform n); capped at 1, the rest of the budget spread over the others."""
+    1 / pi exceeds N / (uniform n), and at most `most` times n/N (None: 1), the rest of the budget
+    spread over the others. The defaults keep every pair between half and twice as likely to be
+    drawn as uniformly: a judge whose uncertainty does not say where it errs costs a little, not
+    a lot (bench/bench_active_labels.py: the choice and its measurements)."""
     count = len(uncertainty)
     root = np.sqrt(np.clip(np.asarray(uncertainty, dtype=np.float64), 0.0, None))
     shape = root / root.sum() if root.sum() > 0 else np.full(count, 1 / count)
     shape = (1 - uniform) * shape + uniform / count
+    ceiling = 1.0 if most is None else min(1.0, most * budget / count)
     probability = np.zeros(count)
     capped = np.zeros(count, dtype=bool)
     for _ in range(count):
-        rest = budget - capped.sum()
-        probability = np.where(capped, 1.0, rest * shape / shape[~capped].sum())
-        over = ~capped & (probability >= 1)
+        rest = budget - ceiling * capped.sum()
+        probability = np.where(capped, ceiling, rest * shape / shape[~capped].sum())
+        over = ~capped & (probability >= ceiling)
         if not over.any():
             break
         capped |= over
-    return np.minimum(probability, 1.0)
+    return np.minimum(probability, ceiling)
 
 
 def draw(items: list[dict[str, Any]], judge: str, budget: int, seed: int) -> list[dict[str, Any]]:
