@@ -333,7 +333,7 @@ def test_the_evaluators_table_has_the_published_columns(tmp_path):
 
 
 def test_the_evaluators_table_counts_lists_with_alpaca_evals_detector(tmp_path):
-    """"Proba. prefer lists" counts the pairs where exactly one output holds a list as AlpacaEval's
+    """ "Proba. prefer lists" counts the pairs where exactly one output holds a list as AlpacaEval's
     contains_list sees it (loose: "Sure. Here" counts), not farm-correlate's line-based detector: two
     pairs with a bulleted list that the judge rejects (a list for both detectors), two where the
     judge prefers "Sure. Here it is" (a list for AlpacaEval's only). AlpacaEval: 2 of 4 prefer the
