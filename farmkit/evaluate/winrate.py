@@ -825,7 +825,10 @@ class WinrateConfig:
         "prediction-powered one (PPI++: the simulated verdicts on every pair, their bias corrected by "
         "the human labels): ppi_win_rate, ppi_standard_error, ppi_ci_low and ppi_ci_high at "
         "--confidence (inside [0, 100]), ppi_lambda, the rank set ppi_rank_low..ppi_rank_high, and "
-        "small_sample (below 40 labels, also said on stderr). With --compare, the paired "
+        "small_sample (below 40 labels, also said on stderr); with length control, the "
+        "prediction-powered length-controlled win rate ppi_lc_win_rate, ppi_lc_standard_error, "
+        "ppi_lc_ci_low and ppi_lc_ci_high (the GLM fitted to the labels, helped by the simulated "
+        "verdicts, at the board's instruction difficulties). With --compare, the paired "
         "prediction-powered difference (ppi_difference and its interval). A label finds its pair by "
         "the texts (in either order), else by id and generators; a label on no simulated pair is an "
         "error.",
@@ -837,8 +840,9 @@ class WinrateConfig:
         "Carry a board across a judge's retirement: PREFS are the new judge's verdicts, FILE the old "
         "judge's on a uniformly random subset of the same pairs. --humans with the old judge as the "
         "humans: ppi_win_rate and its interval (ppi_ci_low, ppi_ci_high) estimate the old judge's "
-        "win rate; its own columns are n_old_judge, old_judge_win_rate and "
-        "old_judge_standard_error. Not with --humans.",
+        "win rate, and ppi_lc_win_rate with its interval (ppi_lc_ci_low, ppi_lc_ci_high) its "
+        "length-controlled win rate at the board's instruction difficulties; its own columns are "
+        "n_old_judge, old_judge_win_rate and old_judge_standard_error. Not with --humans.",
         path={"dir_okay": False},
         metavar="FILE",
     )
