@@ -17,7 +17,7 @@ the draws.
 Then the length-controlled win rate across the retirement (farm-winrate --old-judge's ppi_lc_win_rate,
 farmkit/evaluate/length_control.py ppi_length_controlled): for n in 50, 100, 200, 400 and each draw,
 the prediction-powered GLM and the old judge's subset alone (the same GLM, lambda = 0), at the
-instruction difficulties farm-winrate estimates from the new judge's whole board (58 generators),
+instruction difficulties farm-winrate estimates from the new judge's whole board (56 models),
 against the old judge's length-controlled win rate on every pair at the same difficulties.
 
     python bench/retirement_coverage.py [--data ../shared/data] [--draws 2000] [--lc-draws 500] [--seed 0] [-o FILE]
