@@ -400,6 +400,25 @@ MUTATIONS = [
         ),
         fast=True,
     ),
+    # --- issue 45: the board across a judge's retirement, AlpacaEval's evaluators table
+    Mutation(
+        "--old-judge: length-controlled win rate without the rectifier (the new judge's own)",
+        "farmkit/evaluate/length_control.py",
+        "numerator = lam * judge + boost * (label - lam * judge)",
+        "numerator = lam * judge + boost * (judge - lam * judge)",
+        (
+            "tests/evaluate/test_board_stats.py::test_old_judge_length_controlled_win_rate_is_carried_across",
+        ),
+    ),
+    Mutation(
+        "farm-correlate --format alpaca-eval: lists by the strict line detector",
+        "farmkit/evaluate/correlate.py",
+        "self.list_detector = list_detector or contains_list",
+        "self.list_detector = contains_list",
+        (
+            "tests/evaluate/test_winrate_alpaca_eval.py::test_the_evaluators_table_counts_lists_with_alpaca_evals_detector",
+        ),
+    ),
 ]
 
 

@@ -21,6 +21,7 @@ from farmkit.evaluate.correlate import (
     ALPACA_EVAL_EVALUATORS,
     Annotations,
     CorrelateConfig,
+    alpaca_eval_contains_list,
     alpaca_eval_evaluators,
     annotation_markdown,
     annotation_rows,
@@ -98,7 +99,12 @@ def cli(
             "expected two fields, e.g. output_1,output_2", param_hint="--outputs"
         )
     if judges or humans:
-        annotations = Annotations(key_field=key, outputs=outputs)
+        # AlpacaEval's evaluators table counts lists with its own (looser) detector
+        annotations = Annotations(
+            key_field=key,
+            outputs=outputs,
+            list_detector=alpaca_eval_contains_list if fmt == "alpaca-eval" else None,
+        )
         for path in judges:
             annotations.add_judge(path, judge_label)
         if judges:

@@ -26,7 +26,9 @@ legacy 0 is a tie, other values in (1, 2) round to the nearer side):
   runs or more: several files, or several labels per pair in one file).
 - p_prefers_longer / p_prefers_lists / p_prefers_first: among the non-tie labels on pairs whose
   lengths differ by more than 30 characters / where exactly one output has a list / all pairs, the
-  share choosing the longer output / the output with a list / output_1. The 30 characters are
+  share choosing the longer output / the output with a list / output_1. A list is a line that starts
+  with a bullet or a number (`contains_list`); the alpaca-eval format's "Proba. prefer lists" uses
+  AlpacaEval's looser detector instead (`alpaca_eval_contains_list`), as its leaderboard does. The 30 characters are
   AlpacaEval's: its evaluators' leaderboard counts P(prefers longer) over 445 of the 648
   cross-annotated pairs, exactly those whose outputs differ by more than 30 characters.
 - AlpacaEval's evaluators table (`alpaca_eval_evaluators`): Human agreement = 100 x
@@ -78,7 +80,7 @@ import itertools
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,12 @@ ANNOTATOR_PAIR_FIELDS = (
     "cohen_kappa_ci",
 )
 _LIST_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
+
+
+def contains_list(text: str) -> bool:
+    """Whether a line of `text` starts with a bullet (-, *, \u2022) or a number and '.' or ')', then a
+    space: farm-correlate's own list detector, stricter than AlpacaEval's (alpaca_eval_contains_list)."""
+    return bool(_LIST_LINE.search(text))
 
 
 def field_names(text: str | None) -> tuple[str, ...] | None:
@@ -514,12 +522,18 @@ def pair_key(record: dict[str, Any], key_field: str | None, outputs: tuple[str, 
 class Annotations:
     """Labels by pair, from judge files (each file a run; several labels per pair within a file are
     further runs) and human files (long: one label per record with `annotator`; wide: one field per
-    annotator)."""
+    annotator). list_detector: whether an output holds a list, for p_prefers_lists (default
+    `contains_list`, a line that starts with a bullet or a number; AlpacaEval's evaluators table
+    uses `alpaca_eval_contains_list`)."""
 
     def __init__(
-        self, key_field: str | None = None, outputs: tuple[str, str] = ("output_1", "output_2")
+        self,
+        key_field: str | None = None,
+        outputs: tuple[str, str] = ("output_1", "output_2"),
+        list_detector: Callable[[str], bool] | None = None,
     ):
         self.key_field, self.outputs = key_field, outputs
+        self.list_detector = list_detector or contains_list
         self.pairs: dict[Any, Pair] = defaultdict(Pair)
         self.judge_runs = 0  # files and repeats read so far: the next file's first run
         self.runs_of: dict[str, set[int]] = {}  # judge -> its runs, judges in the order first seen
@@ -549,7 +563,7 @@ class Annotations:
             text = record.get(name)
             if isinstance(text, str):
                 setattr(pair, f"length_{position}", len(text))
-                setattr(pair, f"list_{position}", bool(_LIST_LINE.search(text)))
+                setattr(pair, f"list_{position}", self.list_detector(text))
             elif isinstance(record.get(f"len_{position}"), int):
                 setattr(pair, f"length_{position}", record[f"len_{position}"])
 

@@ -199,9 +199,11 @@ class PairLedger:
         values: np.ndarray,
         flips: np.ndarray,
         names: list[tuple[Any, Any]],
-    ) -> None:
+    ) -> list[int]:
         """Simulated verdicts: records, their (reference, model) slot, their win value for the model
-        (NaN: none), whether the model is in position 1, and the (reference, model) of each slot."""
+        (NaN: none), whether the model is in position 1, and the (reference, model) of each slot.
+        Returns each record's pair."""
+        found = []
         for record, slot, value, flip in zip(
             records, slots, values.tolist(), flips.tolist(), strict=True
         ):
@@ -234,6 +236,8 @@ class PairLedger:
             if value == value:
                 self.simulated[pair][0] += 1
                 self.simulated[pair][1] += value
+            found.append(pair)
+        return found
 
     def add_human(self, record: dict[str, Any], value: float) -> None:
         """One human label (its win value for position 2, NaN: no verdict) on its pair; ValueError
@@ -306,6 +310,15 @@ class PairLedger:
                 f"{', with these texts' if texts else ''}) is not among {wanted}"
             )
         return matches
+
+    def labels_by_pair(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per pair: whether it has a label, the mean of its labels (0 where none), and whether its
+        labels carry a sampling_probability (drawn with unequal probabilities)."""
+        human = np.array(self.human, dtype=np.float64).reshape(-1, 2)
+        labelled = human[:, 0] > 0
+        label = np.divide(human[:, 1], human[:, 0], where=labelled, out=np.zeros(len(human)))
+        weighted = np.array([p is not None for p in self.probability], dtype=bool)
+        return labelled, label, weighted
 
     def unjudged(self) -> int:
         """Human-labelled pairs without a simulated verdict (left out of the estimate)."""

@@ -10,7 +10,7 @@ AlpacaEval's leaderboard figures (reproduced exactly from its published annotati
 
 Records are read, checked and folded CHUNK at a time (the sums taken with numpy): each (reference,
 model) keeps running sums, plus a bounded histogram of bootstrap values (1e-4 grid) when asked for.
-Length control keeps four numbers per verdict, 24 bytes (the regression needs them all); the detection of
+Length control keeps five numbers per verdict, 28 bytes (the regression needs them all); the detection of
 repeated verdicts keeps a byte per (model, instruction); `--compare` keeps one value per item for the
 two models compared. Without length control, memory grows with the models and instructions, not
 with the records.
@@ -33,7 +33,13 @@ from farmkit.core.io import FarmError, RecordError, bad_records, display_name, i
 from farmkit.core.validate import first_invalid, problems
 from farmkit.core.values import NON_NEGATIVE, Bounds
 from farmkit.evaluate.boards import BOARD_FORMATS
-from farmkit.evaluate.length_control import NO_LENGTH_CONTROL, is_extreme_change, length_controlled
+from farmkit.evaluate.length_control import (
+    NO_LENGTH_CONTROL,
+    NO_PPI_LENGTH_CONTROL,
+    board_fits,
+    is_extreme_change,
+    ppi_length_controlled,
+)
 from farmkit.evaluate.ppi import PairLedger, labels_for_se, rank_sets, slot_values
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
@@ -140,13 +146,16 @@ class WinrateTable:
             tuple[Any, Any], list[Any]
         ] = {}  # (reference, model) -> [count, first FILE:LINE]
         self.lc_notes: list[str] = []  # how each reference's instruction difficulties were obtained
+        self._lc_difficulty: dict[str, np.ndarray | None] = {}  # and they, by item index
+        self._lc_penalty: dict[int, float] = {}  # slot -> the C its length-controlled fit chose
         self._slots: dict[tuple[Any, Any], int] = {}  # (reference, model) -> index of its sums
         self._by_model: dict[Any, dict[Any, int]] = {}  # the same, by reference then model
         self._items: dict[Any, int] = {}  # item key -> index
         self._seen = np.zeros((0, 0), dtype=bool)  # [slot, item]: a verdict was counted
         # per chunk, what the length-controlled estimate needs of each usable verdict: slot and item
-        # (int32), len_model - len_reference and x (float64); 24 bytes a verdict
-        self._verdicts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        # (int32), len_model - len_reference and x (float64), its pair in `pairs` (int32, -1 without
+        # humans); 28 bytes a verdict
+        self._verdicts: list[tuple[np.ndarray, ...]] = []
         self.items: dict[str, dict[Any, list[float]]] = {
             name: {} for pair in compare for name in pair
         }
@@ -224,8 +233,11 @@ class WinrateTable:
         if self.swap or self.reference is not None:
             lengths = np.where(flips[:, None], lengths[:, ::-1], lengths)
         self._fold(slots_array, x, lengths[:, 1])
+        pairs = np.full(len(records), -1, dtype=np.int64)
         if self.pairs is not None:
-            self.pairs.add_simulated(records, slots_array.tolist(), x, flips, list(self._slots))
+            pairs[:] = self.pairs.add_simulated(
+                records, slots_array.tolist(), x, flips, list(self._slots)
+            )
         self._note_annotators(records, slots_array)
         if self.length_control:
             usable = ~np.isnan(x) & ~np.isnan(lengths).any(axis=1)
@@ -235,6 +247,7 @@ class WinrateTable:
                     items[usable].astype(np.int32),
                     lengths[usable, 1] - lengths[usable, 0],
                     x[usable],
+                    pairs[usable].astype(np.int32),
                 )
             )
         for i, model in enumerate(models if self.items or self.keep_items else ()):
@@ -426,6 +439,11 @@ class WinrateTable:
         if self.pairs is not None and target_se is not None:
             for slot, values in slot_values(self.pairs).items():
                 human[slot]["ppi_labels_for_target_se"] = labels_for_se(*values, target_se / 100)
+        ppi_controlled = (
+            self._ppi_length_controlled(human, confidence)
+            if self.pairs is not None and self.length_control
+            else {}
+        )
         rows = []
         for (reference, model), tally in sorted(self.tallies.items()):
             if reference == model:
@@ -441,6 +459,8 @@ class WinrateTable:
                 row.update(bootstrap_interval(tally, rng, resamples, confidence))
             if self.pairs is not None:
                 row.update(human[slots[(reference, model)]])
+                if self.length_control:
+                    row.update(ppi_controlled.get((reference, model), NO_PPI_LENGTH_CONTROL))
             rows.append(row)
         if self.pairs is not None:
             _rank_sets(rows, confidence)
@@ -470,7 +490,7 @@ class WinrateTable:
         order = np.argsort(self._verdicts[0][0], kind="stable")
         self._verdicts = [tuple(column[order] for column in self._verdicts[0])]
         del order
-        slots, items, delta, x = self._verdicts[0]
+        slots, items, delta, x, _ = self._verdicts[0]
         if not len(slots):
             return {}
         present, starts = np.unique(slots, return_index=True)
@@ -485,9 +505,64 @@ class WinrateTable:
         for reference, members in by_reference.items():
             group = [slot for slot, _ in members]
             verdicts = [(items[part], delta[part], x[part]) for _, part in members]
-            figures, note = length_controlled(reference, verdicts, self._items, self.difficulty)
+            fits, difficulty, source, note = board_fits(
+                reference, verdicts, self._items, self.difficulty
+            )
+            figures = [{**fit.figures(), "lc_difficulty": source} for fit in fits]
+            self._lc_difficulty[reference] = difficulty
+            self._lc_penalty.update(
+                {slot: fit.penalty for slot, fit in zip(group, fits, strict=True)}
+            )
             self.lc_notes.append(note)
             results.update({names[slot]: row for slot, row in zip(group, figures, strict=True)})
+        return results
+
+    def _ppi_length_controlled(
+        self, human: dict[int, dict[str, Any]], confidence: float
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """The prediction-powered length-controlled win rate (length_control.ppi_length_controlled)
+        of every (reference, model) whose verdicts two labels or more fall on, uniformly drawn (labels
+        with a sampling_probability are left out), its lambda the row's ppi_lambda, at the
+        instruction difficulties and penalties of the board's own length-controlled win rates (a fit
+        that does not converge leaves the row's columns empty); the other models against the same
+        reference are left out of that fit. After `_length_controlled`."""
+        if not self._verdicts:
+            return {}
+        slots, items, delta, x, pairs = self._verdicts[0]
+        labelled, label, weighted = self.pairs.labels_by_pair()
+        present, starts = np.unique(slots, return_index=True)
+        ends = [*starts[1:].tolist(), len(slots)]
+        names = [(reference or "", model) for reference, model in self._slots]
+        groups: dict[str, list[tuple[int, slice]]] = {}
+        for slot, start, end in zip(present.tolist(), starts.tolist(), ends, strict=True):
+            reference, model = names[slot]
+            mine = pairs[start:end]
+            lam = human.get(slot, {}).get("ppi_lambda")
+            if reference == model or lam is None or weighted[mine].any():
+                continue
+            if labelled[mine].sum() >= 2:
+                groups.setdefault(reference, []).append((slot, slice(start, end)))
+        results = {}
+        for reference, members in groups.items():
+            verdicts = [(items[part], delta[part], x[part]) for _, part in members]
+            labels = [
+                (labelled[pairs[part]], label[pairs[part]], human[slot]["ppi_lambda"])
+                for slot, part in members
+            ]
+            difficulty = self._lc_difficulty.get(reference)
+            if difficulty is None:  # one model and no file: no difficulty term
+                difficulty = np.zeros(len(self._items))
+            penalties = [self._lc_penalty[slot] for slot, _ in members]
+            figures = ppi_length_controlled(
+                reference, verdicts, labels, difficulty, penalties, confidence
+            )
+            results.update(
+                {
+                    names[slot]: row
+                    for (slot, _), row in zip(members, figures, strict=True)
+                    if row is not None
+                }
+            )
         return results
 
     def comparison(self, model_a: str, model_b: str, confidence: float = 0.95) -> dict[str, Any]:
@@ -669,6 +744,9 @@ TABLE_COLUMNS = (
     "ppi_standard_error",
     "ppi_ci_low",
     "ppi_ci_high",
+    "ppi_lc_win_rate",
+    "ppi_lc_ci_low",
+    "ppi_lc_ci_high",
     "ppi_labels_for_target_se",
     # with --old-judge: the old judge's verdicts on a subset in place of the humans'
     "n_old_judge",
@@ -760,7 +838,10 @@ class WinrateConfig:
         "prediction-powered one (PPI++: the simulated verdicts on every pair, their bias corrected by "
         "the human labels): ppi_win_rate, ppi_standard_error, ppi_ci_low and ppi_ci_high at "
         "--confidence (inside [0, 100]), ppi_lambda, the rank set ppi_rank_low..ppi_rank_high, and "
-        "small_sample (below 40 labels, also said on stderr). With --compare, the paired "
+        "small_sample (below 40 labels, also said on stderr); with length control, the "
+        "prediction-powered length-controlled win rate ppi_lc_win_rate, ppi_lc_standard_error, "
+        "ppi_lc_ci_low and ppi_lc_ci_high (the GLM fitted to the labels, helped by the simulated "
+        "verdicts, at the board's instruction difficulties). With --compare, the paired "
         "prediction-powered difference (ppi_difference and its interval). A label finds its pair by "
         "the texts (in either order), else by id and generators; a label on no simulated pair is an "
         "error.",
@@ -772,8 +853,9 @@ class WinrateConfig:
         "Carry a board across a judge's retirement: PREFS are the new judge's verdicts, FILE the old "
         "judge's on a uniformly random subset of the same pairs. --humans with the old judge as the "
         "humans: ppi_win_rate and its interval (ppi_ci_low, ppi_ci_high) estimate the old judge's "
-        "win rate; its own columns are n_old_judge, old_judge_win_rate and "
-        "old_judge_standard_error. Not with --humans.",
+        "win rate, and ppi_lc_win_rate with its interval (ppi_lc_ci_low, ppi_lc_ci_high) its "
+        "length-controlled win rate at the board's instruction difficulties; its own columns are "
+        "n_old_judge, old_judge_win_rate and old_judge_standard_error. Not with --humans.",
         path={"dir_okay": False},
         metavar="FILE",
     )

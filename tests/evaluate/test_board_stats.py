@@ -204,3 +204,56 @@ def test_old_judge_labels_its_columns_and_plans_its_subset(tmp_path):
     (plan,) = rows_of(planned)
     assert plan["n_prompts_needed"] >= 2 and plan["against"] == "50%"
     assert plan["ppi_labels_for_target_se"] == row["ppi_labels_for_target_se"]
+
+
+@pytest.fixture(scope="module")
+def retirement(tmp_path_factory):
+    """Two models against `ref` on 400 prompts (seeded), judged by a retired judge on every pair and
+    by its successor, which likes both models more (+1.2 on the logit) and length less; the old
+    judge's verdicts kept on a random 150 of each model's pairs; instruction difficulties in a file."""
+    folder = tmp_path_factory.mktemp("retirement")
+    rng = np.random.default_rng(11)
+    n = 400
+    difficulty = rng.normal(0, 1, n)
+    write_jsonl(
+        folder / "difficulty.jsonl",
+        [{"id": f"q{i}", "instruction_difficulty": float(d)} for i, d in enumerate(difficulty)],
+    )
+    new, old, subset = [], [], []
+    for model, quality, length in (("long", -0.6, 900), ("short", 0.3, 300)):
+        delta = rng.normal(length, 250, n).clip(10) - rng.normal(500, 150, n).clip(10)
+        latent = quality + 0.8 * np.tanh(delta / delta.std(ddof=1)) - difficulty
+        noise = rng.logistic(0, 1, n)
+        old_wins = latent + noise > 0
+        new_wins = latent - 0.5 * np.tanh(delta / delta.std(ddof=1)) + 1.2 + noise > 0
+        chosen = set(rng.permutation(n)[:150].tolist())
+        for i in range(n):
+            lengths = {"len_1": 500, "len_2": int(500 + delta[i])}
+            new.append({**pair(model, i, 2 if new_wins[i] else 1), **lengths})
+            old.append({**pair(model, i, 2 if old_wins[i] else 1), **lengths})
+            if i in chosen:
+                subset.append(old[-1])
+    for name, records in (("new", new), ("old", old), ("subset", subset)):
+        write_jsonl(folder / f"{name}.jsonl", records)
+    return folder
+
+
+def test_old_judge_length_controlled_win_rate_is_carried_across(retirement):
+    """ppi_lc_win_rate estimates the old judge's length-controlled win rate (its GLM on every pair,
+    at the same instruction difficulties) from the new judge's verdicts and the old judge's on the
+    subset, with an interval that covers it; the new judge's own length-controlled win rate is many
+    standard errors away (without the correction the column would be it)."""
+    difficulty = ("--instruction-difficulty", str(retirement / "difficulty.jsonl"))
+    truth = {
+        row["generator"]: row["length_controlled_win_rate"]
+        for row in rows_of(invoke(str(retirement / "old.jsonl"), *difficulty))
+    }
+    result = invoke(
+        str(retirement / "new.jsonl"), "--old-judge", str(retirement / "subset.jsonl"), *difficulty
+    )
+    for row in rows_of(result):
+        model, se = row["generator"], row["ppi_lc_standard_error"]
+        assert row["n_old_judge"] == 150 and 0 < se < 6
+        assert row["ppi_lc_ci_low"] <= truth[model] <= row["ppi_lc_ci_high"]
+        assert abs(row["ppi_lc_win_rate"] - truth[model]) < 2 * se
+        assert abs(row["length_controlled_win_rate"] - truth[model]) > 4 * se

@@ -330,3 +330,29 @@ def test_the_evaluators_table_has_the_published_columns(tmp_path):
         assert next(csv.reader(handle)) == header
     frame = pd.read_csv(out, index_col=0)
     assert frame["# parsed"].iloc[0] == 2 * 648  # two runs of the 648 pairs
+
+
+def test_the_evaluators_table_counts_lists_with_alpaca_evals_detector(tmp_path):
+    """ "Proba. prefer lists" counts the pairs where exactly one output holds a list as AlpacaEval's
+    contains_list sees it (loose: "Sure. Here" counts), not farm-correlate's line-based detector: two
+    pairs with a bulleted list that the judge rejects (a list for both detectors), two where the
+    judge prefers "Sure. Here it is" (a list for AlpacaEval's only). AlpacaEval: 2 of 4 prefer the
+    list; the line-based detector would see 0 of 2."""
+    records = [
+        {"pair_id": 0, "output_1": "- one\n- two", "output_2": "plain words", "preference": 2},
+        {"pair_id": 1, "output_1": "plain text", "output_2": "* first\n* second", "preference": 1},
+        {"pair_id": 2, "output_1": "Sure. Here it is", "output_2": "nope", "preference": 1},
+        {"pair_id": 3, "output_1": "fine", "output_2": "Okay. See below", "preference": 2},
+    ]
+    judge = _write(tmp_path / "j.jsonl", [{**r, "annotator": "j"} for r in records])
+    out = tmp_path / "evaluators.csv"
+    result = CliRunner().invoke(
+        correlate_cli,
+        ["--judge", judge, "--format", "alpaca-eval", "-o", str(out)],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert pd.read_csv(out, index_col=0).loc["j", "Proba. prefer lists"] == pytest.approx(0.5)
+    plain = CliRunner().invoke(correlate_cli, ["--judge", judge], catch_exceptions=False)
+    (row,) = map(orjson.loads, plain.stdout.splitlines())
+    assert row["p_prefers_lists"] == 0.0  # the JSONL rows keep the line-based detector

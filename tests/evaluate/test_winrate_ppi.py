@@ -178,8 +178,8 @@ def test_humans_add_prediction_powered_columns(tmp_path, simulated):
         str(simulated), "--humans", str(path), "--reference-generator", "ref", "--format", "table"
     )
     shown = "n_human human_win_rate ppi_win_rate ppi_standard_error ppi_ci_low ppi_ci_high"
-    shown += " ppi_rank_low ppi_rank_high small_sample"
-    assert table.stdout.splitlines()[0].split()[-9:] == shown.split()
+    shown += " ppi_lc_win_rate ppi_lc_ci_low ppi_lc_ci_high ppi_rank_low ppi_rank_high small_sample"
+    assert table.stdout.splitlines()[0].split()[-12:] == shown.split()
 
 
 def test_labels_of_a_screened_out_annotator_are_left_out_unless_asked_for(tmp_path, simulated):
