@@ -591,6 +591,7 @@ def test_a_flag_ends_the_pair_with_no_label_and_a_problem_needs_a_comment(sessio
 MARKDOWN = (
     "Use this:\n\n```python\nprint('<b>hi</b>')\n```\n\n- one <script>window.__pwned=1</script>\n"
     "- two [site](https://example.org) [bad](javascript:alert(1)) ![img](https://example.org/x.png)\n"
+    "- three [here](/a/other-token) [mail](mailto:a@example.org) [ftp](ftp://example.org/f)\n"
 )
 
 
@@ -620,6 +621,12 @@ def test_outputs_and_guidelines_are_markdown_rendered_with_no_raw_html(tmp_path)
     assert "javascript:" not in rendered.replace("[bad](javascript:alert(1))", "")
     assert "[bad](javascript:alert(1))" in rendered  # shown as the text it is, not a link
     assert "<img" not in rendered and "<script" not in rendered
+    # only http(s) links are links: a path on this server, mailto: or ftp: stay text
+    assert rendered.count("<a ") == 2  # the site, and the image's address as a link to it
+    assert '!<a href="https://example.org/x.png" target="_blank"' in rendered
+    assert (
+        "[here](/a/other-token) [mail](mailto:a@example.org) [ftp](ftp://example.org/f)" in rendered
+    )
     assert raw_img == "<p>&lt;img src=x onerror=alert(2)&gt;</p>\n"
     assert item["left"] in (MARKDOWN, pair["output_2"])  # the raw text is kept beside it
     assert state["guidelines_html"] == (
@@ -663,6 +670,15 @@ def test_skips_and_flags_are_left_out_of_win_rates_and_agreement(tmp_path):
         for row in report["annotators"]
     }
     assert counts == {"alice": (4, 1, 1), "bob": (5, 1, 1)}
+    # farm-label --status says the same, without serving
+    from farmkit.tools.farm_label import cli as farm_label
+
+    given = tmp_path / "pairs.jsonl"
+    given.write_text("".join(json.dumps(pair) + "\n" for pair in items))
+    command = [str(given), "-o", str(store.output), "--annotators", "alice,bob", "--overlap", "1"]
+    result = CliRunner().invoke(farm_label, [*command, "--seed", "0", "--status"])
+    assert result.exit_code == 75, result.output  # not complete: a skipped pair is still to come
+    assert json.loads(result.stdout)["annotators"] == report["annotators"]
     labels = [json.loads(line) for line in store.output.read_text().splitlines()]
     assert sum(record["preference"] is None for record in labels) == 4
     only = tmp_path / "only_labels.jsonl"
@@ -676,12 +692,13 @@ def test_skips_and_flags_are_left_out_of_win_rates_and_agreement(tmp_path):
             row.pop("provenance", None)
         return rows
 
+    read = {}
     for tool, args in (
-        (winrate, [simulated, "--reference-generator", "ref", "--humans"]),
+        (winrate, [simulated, "--reference-generator", "ref", "--no-length-control", "--humans"]),
         (correlate, ["--judge", simulated, "--humans"]),
     ):
-        with_skips, labels_only = figures(tool, *args, store.output), figures(tool, *args, only)
-        assert with_skips == labels_only and with_skips
-    (row,) = figures(winrate, simulated, "--reference-generator", "ref", "--humans", store.output)
+        read[tool] = with_skips = figures(tool, *args, store.output)
+        assert with_skips == figures(tool, *args, only) and with_skips
+    (row,) = read[winrate]
     labelled = {r["instruction"] for r in labels if r["preference"] is not None}
     assert row["n_human"] == len(labelled) < 8  # the pairs someone labelled, and only those

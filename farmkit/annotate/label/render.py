@@ -1,8 +1,9 @@
 """Markdown to safe HTML for farm-label's page: model outputs and the guidelines, rendered on the
 server by markdown-it-py (CommonMark, tables and strikethrough) with raw HTML off, so an output's
 `<script>` or `<img onerror=...>` arrives as the characters it is. Links keep only http(s) targets
-(a `javascript:` or `data:` link stays text), open in a new tab without the page's address, and
-images are not rendered (the page loads nothing from elsewhere; an image's markdown stays text)."""
+(a `javascript:` or `data:` link, a path or `mailto:` stays text), open in a new tab without the
+page's address, and images are not rendered (the page loads nothing from elsewhere): an image's
+markdown is a `!` and a link to its address."""
 
 from __future__ import annotations
 
