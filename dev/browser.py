@@ -140,6 +140,27 @@ def wait_until(driver, condition, message: str):
     return WebDriverWait(driver, WAIT_SECONDS, poll_frequency=0.02).until(condition, message)
 
 
+def plain(text: str | None) -> str | None:
+    """TEXT with its whitespace collapsed."""
+    return None if text is None else " ".join(text.split())
+
+
+def shown_text(markdown: str) -> str:
+    """What the page shows of an output (the text of its rendered markdown, whitespace collapsed),
+    to compare with plain() of an element's textContent: a list's "1." or a code fence's backticks
+    are markup, not text."""
+    from html.parser import HTMLParser
+
+    from farmkit.annotate.label.render import markdown_html
+
+    texts: list[str] = []
+    parser = HTMLParser(convert_charrefs=True)
+    parser.handle_data = texts.append
+    parser.feed(markdown_html(markdown))
+    parser.close()
+    return " ".join("".join(texts).split())
+
+
 def page_state(driver) -> dict | None:
     """What the annotator sees: progress, whether all is done, the texts, the error, the buttons
     (None while the page is not farm-label's)."""
@@ -154,9 +175,11 @@ def page_state(driver) -> dict | None:
           task: shown("task"),
           instruction: text("#instruction"),
           input: shown("input") ? text("#input") : null,
-          left: text("#left .text"),
-          right: text("#right .text"),
+          left: text("#left .markdown"),
+          right: text("#right .markdown"),
           error: shown("error") ? text("#error") : null,
+          skipped_before: shown("skipped-before"),
+          comment: document.getElementById("comment").value,
           ready: !document.querySelector("#undo").disabled ||
                  !document.querySelector("#choices button").disabled,
           can_undo: !document.querySelector("#undo").disabled,

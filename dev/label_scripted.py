@@ -25,7 +25,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dev.browser import LabelServer, act, choose, open_browser, open_page, page_state, press
+from dev.browser import (
+    LabelServer,
+    act,
+    choose,
+    open_browser,
+    open_page,
+    page_state,
+    plain,
+    press,
+    shown_text,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTRUCTIONS = ROOT / "examples" / "data" / "instructions.jsonl"
@@ -73,7 +83,7 @@ def pair_key(record: dict) -> tuple:
 def choice_for(screen: dict, truth: dict, wrong: bool, rng: random.Random) -> str:
     """The button a scripted annotator presses on SCREEN: the better side, or the worse if WRONG."""
     better = truth["output_1"] if truth["preference"] == 1 else truth["output_2"]
-    left_better = screen["left"] == better
+    left_better = plain(screen["left"]) == shown_text(better)
     side = "A" if left_better != wrong else "B"
     return f"{side}_{rng.choice(['much', 'slightly'])}"
 
@@ -86,7 +96,8 @@ def label_all(driver, link: str, truths: dict, flipped: set, rng: random.Random,
         if shot is not None and answered == len(truths) // 6:  # a third of the way (both orders)
             shot(driver)
             shot = None
-        truth = truths[(state["instruction"], state["input"] or "", state["left"], state["right"])]
+        shown = (state["instruction"], state["input"] or "", plain(state["left"]))
+        truth = truths[(*shown, plain(state["right"]))]
         choice = choice_for(state, truth, pair_key(truth) in flipped, rng)
         state = act(driver, press(KEYS[choice]) if answered % 2 else choose(choice))
         if state["error"]:
@@ -139,7 +150,9 @@ def main() -> None:
     truths = {}
     for record in truth_records:
         for left, right in itertools.permutations((record["output_1"], record["output_2"])):
-            truths[(record["instruction"], record["input"], left, right)] = record
+            truths[
+                (record["instruction"], record["input"], shown_text(left), shown_text(right))
+            ] = record
     flipped = {
         name: {pair_key(r) for r in rng.sample(truth_records, round(rate * args.pairs))}
         for name, rate in rates.items()

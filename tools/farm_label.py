@@ -44,7 +44,9 @@ from farmkit.core.io import PENDING_EXIT, FarmError, display_name, records_stdou
 def cli(pairs, reference, seed, **values):
     """Serve PAIRS (pair records, or output records with --reference) to human annotators through
     a local page and write their answers to LABELS as preference records (preference 1, 2 or 1.5,
-    strength much/slightly, annotator, shown, seconds, time).
+    strength much/slightly, annotator, shown, seconds, time, comment). A pair an annotator skips
+    (it comes back after the rest of their queue) or flags (can't judge, or a problem) is a record
+    with a null preference and skipped or flag, which no estimate counts.
 
     It prints one link per annotator and one to the organiser's status page on stderr (whatever
     -q says) and serves until Ctrl-C or SIGTERM, then prints each annotator's progress and check
@@ -67,7 +69,7 @@ def cli(pairs, reference, seed, **values):
         from farmkit.annotate.label import server
     except ImportError:
         raise FarmError("farm-label needs its web server: pip install 'farmkit[label]'") from None
-    from farmkit.annotate.label.store import open_store, read_checks
+    from farmkit.annotate.label.store import open_store, read_checks, remembered_port
     from farmkit.annotate.pairs import read_items
 
     # every input is read and checked, and the port taken, before anything is written
@@ -114,12 +116,15 @@ def cli(pairs, reference, seed, **values):
             report = server.status(store)
         records_stdout().write(orjson.dumps(report) + b"\n")
         raise click.exceptions.Exit(0 if report["complete"] else PENDING_EXIT)
-    listener = server.bind(config.host, config.port)
+    listener, moved = _listen(config.host, config.port, remembered_port(config.output))
     url = server.base_url(listener, config.host)
     if config.public_url:  # the proxy's address is the annotators'
         click.echo(f"farm-label: serving {url} as {config.public_url}", err=True)
         url = config.public_url
     with opened() as store:
+        if moved:
+            log.warning("farm-label: %s", moved)
+        store.remember_port(listener.getsockname()[1])
         for name, token in store.tokens.items():
             click.echo(f"farm-label: {name} {url}/a/{token}", err=True)
         click.echo(f"farm-label: status {url}/status/{store.admin}", err=True)
@@ -127,6 +132,25 @@ def cli(pairs, reference, seed, **values):
         server.serve(app, listener)
         for line in server.summary(store):
             log.info("farm-label: %s", line)
+
+
+def _listen(host: str, port: int, remembered: int | None):
+    """The listening socket: on --port, or with --port 0 on the port LABELS' links carried last
+    (the same links after a restart), else a free one. (socket, what to say when the remembered
+    port was taken and the links change.)"""
+    from farmkit.annotate.label import server
+
+    if port or remembered is None:
+        return server.bind(host, port), None
+    try:
+        return server.bind(host, remembered), None
+    except FarmError as exc:
+        listener = server.bind(host, 0)
+        return listener, (
+            f"{str(exc).split(';')[0]}, the port the links carried last: serving on port "
+            f"{listener.getsockname()[1]} instead, so the links below are NEW (send them again, "
+            f"or free port {remembered} and restart to keep the old ones)"
+        )
 
 
 def _merge_repeats(items: list[dict], name: str) -> list[dict]:

@@ -76,12 +76,31 @@ def test_state_shows_the_current_item_in_its_order_progress_and_guidelines(sessi
     reply = client.get(api(store, "alice", "state"))
     assert reply.status_code == 200
     state = reply.json()
-    assert set(state) == {"annotator", "item", "progress", "can_undo", "guidelines"}
+    assert set(state) == {
+        "annotator",
+        "item",
+        "progress",
+        "can_undo",
+        "guidelines",
+        "guidelines_html",
+    }
     assert state["annotator"] == "alice" and state["guidelines"] == GUIDELINES
-    assert state["progress"] == {"done": 0, "total": len(store.assignment.queues["alice"])}
+    assert state["guidelines_html"] == f"<p>{GUIDELINES}</p>\n"
+    total = len(store.assignment.queues["alice"])
+    assert state["progress"] == {"done": 0, "total": total, "skipped": 0}
     assert state["can_undo"] is False
     item = state["item"]
-    assert set(item) == {"item_id", "instruction", "input", "left", "right"}
+    assert set(item) == {
+        "item_id",
+        "instruction",
+        "input",
+        "left",
+        "right",
+        "left_html",
+        "right_html",
+        "skipped_before",
+    }
+    assert item["skipped_before"] is False
     pair = store.pairs[item["item_id"]]
     swapped = store.assignment.swapped("alice", item["item_id"])
     assert (item["left"], item["right"]) == (
@@ -178,6 +197,9 @@ def test_undo_removes_the_last_answer_and_shows_that_item_again(session):
         {"item_id": "p0", "choice": "tie", "seconds": -1},
         {"item_id": "p0", "choice": "tie", "seconds": "1"},
         {"item_id": "p0", "choice": "tie", "seconds": True},
+        {"item_id": "p0", "choice": "tie", "seconds": 1, "comment": 3},
+        {"item_id": "p0", "choice": "tie", "seconds": 1, "comment": "x" * 2001},
+        {"item_id": "p0", "choice": "flag", "seconds": 1, "comment": "broken"},
         [1, 2],
     ],
 )
@@ -503,3 +525,215 @@ def test_an_annotator_below_min_check_score_is_screened_out_and_said(tmp_path):
     )
     assert not any(line.startswith("bob: ") and "screened out" in line for line in said)
     assert page.count("screened out") == 1
+
+
+def send(client, store, name: str, choice: str, comment: str | None = None) -> dict:
+    """Answer NAME's current item with CHOICE (a label, skip, cant_judge or problem): the new state."""
+    item = client.get(api(store, name, "state")).json()["item"]["item_id"]
+    body = {"item_id": item, "choice": choice, "seconds": 1.5}
+    if comment is not None:
+        body["comment"] = comment
+    reply = post(client, api(store, name, "answer"), body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_a_skipped_pair_comes_back_after_the_rest_and_is_no_label(session):
+    store, client = session
+    queue = store.assignment.queues["alice"]
+    after = send(client, store, "alice", "skip", "  need to think  ")
+    assert after["item"]["item_id"] == queue[1] and after["can_undo"] is True
+    assert after["progress"] == {"done": 0, "total": len(queue), "skipped": 1}
+    (skip,) = written(store)
+    assert skip["preference"] is None and skip["skipped"] is True and "flag" not in skip
+    assert skip["preference_reason"].startswith("skipped") and skip["comment"] == "need to think"
+    assert (
+        skip["annotator"] == "alice" and skip["instruction"] == store.pairs[queue[0]]["instruction"]
+    )
+    for _ in queue[1:]:
+        state = send(client, store, "alice", "A_much")
+    # the rest answered: the skipped pair is back, said to be
+    assert state["item"]["item_id"] == queue[0] and state["item"]["skipped_before"] is True
+    assert state["progress"] == {"done": len(queue) - 1, "total": len(queue), "skipped": 1}
+    assert store.complete() is False
+    state = send(client, store, "alice", "tie")
+    assert state["item"] is None and state["progress"]["skipped"] == 0
+    assert state["progress"]["done"] == len(queue)
+    # LABELS: the skip, then the labels in the order given (the check's answer goes elsewhere)
+    records = written(store)
+    assert [r["preference"] is None for r in records] == [True] + [False] * (len(records) - 1)
+    assert records[-1]["instruction"] == skip["instruction"] and records[-1]["preference"] == 1.5
+
+
+def test_undo_takes_back_a_skip_or_a_flag_as_it_does_a_label(session):
+    store, client = session
+    first = store.assignment.queues["alice"][0]
+    send(client, store, "alice", "skip")
+    state = post(client, api(store, "alice", "undo"), {}).json()
+    assert state["item"]["item_id"] == first and state["item"]["skipped_before"] is False
+    assert state["progress"]["skipped"] == 0 and state["can_undo"] is False
+    assert written(store) == []
+    send(client, store, "alice", "cant_judge", "outside what I know")
+    assert [r["flag"] for r in written(store)] == ["cant_judge"]
+    state = post(client, api(store, "alice", "undo"), {}).json()
+    assert state["item"]["item_id"] == first and state["progress"]["done"] == 0
+    assert written(store) == []
+    # and a restart replays it all the same
+    store.close()
+    again = open_store(str(store.output), pairs(6), CHECKS, ("alice", "bob"), 0.0, 0)
+    try:
+        assert again.current("alice") == first and again.answers["alice"] == []
+    finally:
+        again.close()
+
+
+def test_a_flag_ends_the_pair_with_no_label_and_a_problem_needs_a_comment(session):
+    store, client = session
+    item = client.get(api(store, "bob", "state")).json()["item"]["item_id"]
+    bare = {"item_id": item, "choice": "problem", "seconds": 1}
+    for body in (bare, {**bare, "comment": "   "}):
+        reply = post(client, api(store, "bob", "answer"), body)
+        assert reply.status_code == 400 and "a problem needs a comment" in reply.json()["error"]
+    assert store.journal_path.read_bytes() == b""
+    state = send(client, store, "bob", "problem", "output_2 is cut off mid-sentence")
+    assert state["progress"]["done"] == 1 and state["progress"]["skipped"] == 0
+    state = send(client, store, "bob", "cant_judge")
+    state = send(client, store, "bob", "B_slightly", "close call")
+    records = written(store) + (
+        [json.loads(line) for line in store.checks_path.read_text().splitlines()]
+        if store.checks_path.exists()
+        else []
+    )
+    flags = {r.get("flag"): r for r in records}
+    assert flags["problem"]["preference"] is None
+    assert flags["problem"]["comment"] == "output_2 is cut off mid-sentence"
+    assert flags["cant_judge"]["preference"] is None and "comment" not in flags["cant_judge"]
+    assert flags[None]["preference"] in (1, 2) and flags[None]["comment"] == "close call"
+    report = client.get(f"/status/{store.admin}.json").json()
+    bob = next(row for row in report["annotators"] if row["annotator"] == "bob")
+    assert (bob["done"], bob["labelled"], bob["flagged"], bob["skipped"], bob["comments"]) == (
+        3,
+        1,
+        2,
+        0,
+        2,
+    )
+    assert bob["checks_answered"] == int(store.assignment.queues["bob"][2].startswith("c"))
+    page = client.get(f"/status/{store.admin}").text
+    assert "<th>flagged</th>" in page and "<th>skipped (to come back)</th>" in page
+
+
+MARKDOWN = (
+    "Use this:\n\n```python\nprint('<b>hi</b>')\n```\n\n- one <script>window.__pwned=1</script>\n"
+    "- two [site](https://example.org) [bad](javascript:alert(1)) ![img](https://example.org/x.png)\n"
+    "- three [here](/a/other-token) [mail](mailto:a@example.org) [ftp](ftp://example.org/f)\n"
+)
+
+
+def test_outputs_and_guidelines_are_markdown_rendered_with_no_raw_html(tmp_path):
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "label.html").write_text("<!doctype html>\n")
+    pair = {"instruction": "i", "output_1": MARKDOWN, "output_2": "<img src=x onerror=alert(2)>"}
+    store = open_store(str(tmp_path / "labels.jsonl"), [pair], [], ("alice",), 0.0, 0)
+    try:
+        client = TestClient(create_app(store, "# Rules\n\n1. read\n2. <b>judge</b>\n", static))
+        state = client.get(api(store, "alice", "state")).json()
+    finally:
+        store.close()
+    item = state["item"]
+    rendered = item["left_html"] if item["left"] == MARKDOWN else item["right_html"]
+    raw_img = item["right_html"] if item["left"] == MARKDOWN else item["left_html"]
+    assert (
+        "<pre><code class=\"language-python\">print('&lt;b&gt;hi&lt;/b&gt;')\n</code></pre>"
+        in rendered
+    )
+    assert "<li>one &lt;script&gt;window.__pwned=1&lt;/script&gt;</li>" in rendered
+    assert (
+        '<a href="https://example.org" target="_blank" rel="noopener noreferrer nofollow">site</a>'
+        in rendered
+    )
+    assert "javascript:" not in rendered.replace("[bad](javascript:alert(1))", "")
+    assert "[bad](javascript:alert(1))" in rendered  # shown as the text it is, not a link
+    assert "<img" not in rendered and "<script" not in rendered
+    # only http(s) links are links: a path on this server, mailto: or ftp: stay text
+    assert rendered.count("<a ") == 2  # the site, and the image's address as a link to it
+    assert '!<a href="https://example.org/x.png" target="_blank"' in rendered
+    assert (
+        "[here](/a/other-token) [mail](mailto:a@example.org) [ftp](ftp://example.org/f)" in rendered
+    )
+    assert raw_img == "<p>&lt;img src=x onerror=alert(2)&gt;</p>\n"
+    assert item["left"] in (MARKDOWN, pair["output_2"])  # the raw text is kept beside it
+    assert state["guidelines_html"] == (
+        "<h1>Rules</h1>\n<ol>\n<li>read</li>\n<li>&lt;b&gt;judge&lt;/b&gt;</li>\n</ol>\n"
+    )
+
+
+def test_skips_and_flags_are_left_out_of_win_rates_and_agreement(tmp_path):
+    """farm-winrate --humans and farm-correlate read LABELS with its skips and flags exactly as
+    LABELS with only its labels: a pair skipped or flagged is no label."""
+    from click.testing import CliRunner
+    from farmkit.tools.farm_correlate import cli as correlate
+    from farmkit.tools.farm_winrate import cli as winrate
+
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "label.html").write_text("<!doctype html>\n")
+    items = pairs(8)
+    simulated = tmp_path / "sim.jsonl"
+    simulated.write_text(
+        "".join(
+            json.dumps({**pair, "preference": 1 + (index % 3 != 0), "annotator": "judge"}) + "\n"
+            for index, pair in enumerate(items)
+        )
+    )
+    store = open_store(str(tmp_path / "labels.jsonl"), items, [], ("alice", "bob"), 1.0, 0)
+    try:
+        client = TestClient(create_app(store, GUIDELINES, static))
+        plan = {
+            "alice": ["skip", "cant_judge", "A_much", "B_much", "tie", "A_slightly"],
+            "bob": ["problem", "B_much", "A_much", "skip", "A_much", "B_slightly", "tie"],
+        }
+        for name, choices in plan.items():
+            for choice in choices:
+                send(client, store, name, choice, "why" if choice == "problem" else None)
+        report = client.get(f"/status/{store.admin}.json").json()
+    finally:
+        store.close()
+    counts = {
+        row["annotator"]: (row["labelled"], row["flagged"], row["skipped"])
+        for row in report["annotators"]
+    }
+    assert counts == {"alice": (4, 1, 1), "bob": (5, 1, 1)}
+    # farm-label --status says the same, without serving
+    from farmkit.tools.farm_label import cli as farm_label
+
+    given = tmp_path / "pairs.jsonl"
+    given.write_text("".join(json.dumps(pair) + "\n" for pair in items))
+    command = [str(given), "-o", str(store.output), "--annotators", "alice,bob", "--overlap", "1"]
+    result = CliRunner().invoke(farm_label, [*command, "--seed", "0", "--status"])
+    assert result.exit_code == 75, result.output  # not complete: a skipped pair is still to come
+    assert json.loads(result.stdout)["annotators"] == report["annotators"]
+    labels = [json.loads(line) for line in store.output.read_text().splitlines()]
+    assert sum(record["preference"] is None for record in labels) == 4
+    only = tmp_path / "only_labels.jsonl"
+    only.write_text("".join(json.dumps(r) + "\n" for r in labels if r["preference"] is not None))
+
+    def figures(tool, *args):
+        result = CliRunner().invoke(tool, [*map(str, args)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        for row in rows:
+            row.pop("provenance", None)
+        return rows
+
+    read = {}
+    for tool, args in (
+        (winrate, [simulated, "--reference-generator", "ref", "--no-length-control", "--humans"]),
+        (correlate, ["--judge", simulated, "--humans"]),
+    ):
+        read[tool] = with_skips = figures(tool, *args, store.output)
+        assert with_skips == figures(tool, *args, only) and with_skips
+    (row,) = read[winrate]
+    labelled = {r["instruction"] for r in labels if r["preference"] is not None}
+    assert row["n_human"] == len(labelled) < 8  # the pairs someone labelled, and only those

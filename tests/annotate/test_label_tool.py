@@ -342,6 +342,32 @@ def test_a_port_in_use_is_a_clear_error_and_writes_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["pairs.jsonl"]
 
 
+@pytest.mark.heavy
+def test_a_restart_with_port_0_prints_the_same_links_or_says_they_changed(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 2)
+    command = [str(pairs), "-o", str(tmp_path / "labels.jsonl"), "--annotators", "alice,bob"]
+    first = Server(tmp_path, *command)  # --port 0, the default
+    first.stop()
+    second = Server(tmp_path, *command)
+    assert second.links == first.links  # the same port and tokens: the links sent still work
+    assert second.get("alice")["progress"] == {"done": 0, "total": 1, "skipped": 0}
+    said = second.stop()
+    assert "NEW" not in said
+    port = int(first.links["status"].split("/")[2].rsplit(":", 1)[1])
+    with socket.socket() as taken:  # something else took the port meanwhile
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the last's TIME_WAIT
+        taken.bind(("127.0.0.1", port))
+        taken.listen(1)
+        third = Server(tmp_path, *command)
+        said = third.stop()
+    assert tokens(third.links) == tokens(first.links) and third.links != first.links
+    assert (
+        f"farm-label: cannot listen on 127.0.0.1:{port}: Address already in use, the port the "
+        "links carried last: serving on port" in said
+    )
+    assert f"so the links below are NEW (send them again, or free port {port}" in said
+
+
 @pytest.mark.parametrize(
     ("setup", "args", "code", "message"),
     [

@@ -4,6 +4,7 @@ driven by clicks and keys (`make test-browser`; left out of `make test`)."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,8 +23,10 @@ from dev.browser import (
     open_browser,
     open_page,
     page_state,
+    plain,
     press,
     reload_page,
+    shown_text,
     wait_until,
 )
 
@@ -83,9 +86,10 @@ def check_labels(labels: list[dict], seen: list[dict], annotator: str) -> None:
     for screen in seen:
         label = by_instruction[screen["instruction"]]
         assert sorted(label["shown"]) == ["output_1", "output_2"]
-        assert (label[label["shown"][0]], label[label["shown"][1]]) == (
-            screen["left"],
-            screen["right"],
+        # the outputs are rendered from markdown: their text is the raw text, line breaks aside
+        assert (shown_text(label[label["shown"][0]]), shown_text(label[label["shown"][1]])) == (
+            plain(screen["left"]),
+            plain(screen["right"]),
         )
         assert (label["preference"], label["strength"]) == expected_preference(
             label, screen["choice"]
@@ -225,7 +229,7 @@ def test_injected_outputs_run_nothing_and_stay_visible_as_text(tmp_path):
     with LabelServer(tmp_path / "pairs.jsonl", "-o", output, "--port", "0") as server:
         with open_browser() as driver:
             open_page(driver, next(link for name, link in server.links.items() if name != "status"))
-            texts = "#instruction, #input, #left .text, #right .text"
+            texts = "#instruction, #input, #left .markdown, #right .markdown"
             by_instruction = {pair["instruction"]: pair for pair in pairs}
             steps = 0
             while not page_state(driver)["done"]:
@@ -234,8 +238,10 @@ def test_injected_outputs_run_nothing_and_stay_visible_as_text(tmp_path):
                 assert pair, (
                     f"the instruction is not shown as its raw text: {screen['instruction']!r}"
                 )
-                # the raw text is what the annotator reads, in the order drawn
-                assert {screen["left"], screen["right"]} == {pair["output_1"], pair["output_2"]}
+                # the raw text is what the annotator reads, in the order drawn (rendered from
+                # markdown with raw HTML off: the same characters, line breaks aside)
+                shown = {plain(screen["left"]), plain(screen["right"])}
+                assert shown == {shown_text(pair["output_1"]), shown_text(pair["output_2"])}
                 assert screen["input"] == pair["input"]
                 for element in driver.find_elements("css selector", texts):
                     if element.is_displayed():
@@ -464,3 +470,132 @@ def test_labelling_through_a_reverse_proxy_with_public_url(tmp_path):
         check_labels(read_labels(output), [*seen, last], "erin")
     finally:
         proxy.close()
+
+
+def test_skip_flag_comment_and_undo_through_a_reverse_proxy(tmp_path):
+    """Behind a proxy (--public-url): a skip comes back after the rest, a flag needs no label, a
+    problem needs a comment, keys typed in the comment are text, and undo takes back a flag."""
+    write_pairs(tmp_path / "pairs.jsonl", 3)
+    output = tmp_path / "labels.jsonl"
+    proxy = NginxDefault()
+    args = [
+        tmp_path / "pairs.jsonl",
+        "-o",
+        output,
+        "--annotators",
+        "fay",
+        "--public-url",
+        proxy.url,
+    ]
+    try:
+        with LabelServer(*args) as server, open_browser() as driver:
+            serving = next(line for line in server.stderr if line.startswith("farm-label: serving"))
+            proxy.upstream = ("127.0.0.1", int(serving.split()[2].rsplit(":", 1)[1]))
+            first = open_page(driver, server.links["fay"])
+            skipped = act(driver, press("s"))
+            assert skipped["progress"] == "0 / 3 (1 skipped)" and skipped["error"] is None
+            assert skipped["instruction"] != first["instruction"]
+
+            comment = driver.find_element("css selector", "#comment")
+            comment.send_keys("not my field 1 2 s u")  # keys in the box are text, not answers
+            assert page_state(driver)["progress"] == "0 / 3 (1 skipped)"
+            flagged = act(driver, click('button[data-choice="cant_judge"]'))
+            assert flagged["progress"] == "1 / 3 (1 skipped)" and flagged["comment"] == ""
+            undone = act(driver, press("u"))
+            assert undone["progress"] == "0 / 3 (1 skipped)"
+            assert undone["instruction"] == skipped["instruction"]
+
+            # a problem needs its comment: said on the page, nothing sent
+            refused = act(driver, click('button[data-choice="problem"]'))
+            assert "what the problem is" in refused["error"]
+            assert refused["progress"] == "0 / 3 (1 skipped)"
+            comment.send_keys("output B is cut off")
+            problem = act(driver, click('button[data-choice="problem"]'))
+            assert problem["progress"] == "1 / 3 (1 skipped)" and problem["error"] is None
+
+            comment.send_keys("close call")
+            third = page_state(driver)
+            back = act(driver, choose("A_much"))
+            # the rest done: the skipped pair is back, and the page says so
+            assert back["instruction"] == first["instruction"] and back["skipped_before"]
+            assert back["progress"] == "2 / 3 (1 skipped)"  # skipped, shown, not yet done
+            done = act(driver, press("3"))
+            assert done["done"] and done["progress"] == "3 / 3"
+    finally:
+        proxy.close()
+    records = read_labels(output)
+    assert [(r["instruction"], r["preference"]) for r in records] == [
+        (first["instruction"], None),
+        (skipped["instruction"], None),
+        (third["instruction"], expected_preference(records[2], "A_much")[0]),
+        (first["instruction"], 1.5),
+    ]
+    assert records[0]["skipped"] is True and "comment" not in records[0]
+    assert (records[1]["flag"], records[1]["comment"]) == ("problem", "output B is cut off")
+    assert records[2]["comment"] == "close call" and "flag" not in records[2]
+    assert all(r["annotator"] == "fay" for r in records)
+    journal = (tmp_path / "labels.jsonl.journal.jsonl").read_text()
+    assert "not my field 1 2 s u" in journal  # the undone flag's comment, kept in the journal only
+    assert all("not my field" not in json.dumps(r) for r in records)
+
+
+MARKDOWN_OUTPUT = """Here is how:
+
+```python
+def greet(name):
+    return f"<b>hello {name}</b>"
+```
+
+- first, a list item
+- second, with a script: <script>window.__pwned=1</script>
+- [a safe link](https://example.org) and [a bad one](javascript:window.__pwned=1)
+"""
+
+
+def test_an_output_s_code_and_list_render_as_html_and_a_script_in_it_stays_text(tmp_path):
+    pairs = [
+        {
+            "instruction": "Write a greeting function and list two steps.",
+            "input": "",
+            "output_1": MARKDOWN_OUTPUT,
+            "output_2": "Just call `print('hello')`.\n\n1. open a terminal\n2. run it",
+        }
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    shot = os.environ.get("FARM_LABEL_SCREENSHOT")  # where to keep a screenshot of this page
+    with LabelServer(tmp_path / "pairs.jsonl", "-o", tmp_path / "labels.jsonl") as server:
+        with open_browser() as driver:
+            open_page(driver, server.links["annotator-1"])
+            shown = driver.execute_script(
+                """const out = document.getElementById("outputs");
+                   return {
+                     code: Array.from(out.querySelectorAll("pre > code")).map((e) => e.textContent),
+                     items: Array.from(out.querySelectorAll("li")).map((e) => e.textContent),
+                     inline: Array.from(out.querySelectorAll("p code")).map((e) => e.textContent),
+                     links: Array.from(out.querySelectorAll("a")).map((e) => e.href),
+                     scripts: out.querySelectorAll("script, img, iframe, svg").length,
+                     guidelines: document.querySelectorAll("#guidelines h1, #guidelines li").length,
+                   };"""
+            )
+            assert shown["code"] == ['def greet(name):\n    return f"<b>hello {name}</b>"\n']
+            assert shown["items"] == [
+                "first, a list item",
+                "second, with a script: <script>window.__pwned=1</script>",
+                "a safe link and [a bad one](javascript:window.__pwned=1)",
+                "open a terminal",
+                "run it",
+            ]
+            assert shown["inline"] == ["print('hello')"] and shown["scripts"] == 0
+            assert shown["links"] == ["https://example.org/"]
+            assert shown["guidelines"] > 5  # the guidelines' heading and lists, rendered
+            for link in driver.find_elements("css selector", "#outputs li"):
+                link.click()  # where a link would be followed or a handler run
+            assert driver.execute_script("return typeof window.__pwned") == "undefined"
+            if shot:
+                from selenium.webdriver.common.action_chains import ActionChains
+
+                heading = driver.find_element("css selector", "h1")
+                ActionChains(driver).move_to_element(heading).perform()
+                driver.save_screenshot(shot)
+            done = act(driver, choose("A_slightly"))
+            assert done["done"] and done["error"] is None

@@ -81,8 +81,9 @@ class LabelConfig:
     output: str = help_field(
         None,
         "The preference records (LABELS), rewritten whole after every answer and undo; its journal, "
-        "the links' tokens and the check answers are kept beside it (LABELS.journal.jsonl, "
-        "LABELS.session.json, LABELS.checks.jsonl). The same command again resumes.",
+        "the links' tokens and port and the check answers are kept beside it (LABELS.journal.jsonl, "
+        "LABELS.session.json, LABELS.checks.jsonl). The same command again resumes, with the same "
+        "links.",
         flags=("-o", "--output"),
         required=True,
         path={"dir_okay": False},
@@ -139,7 +140,8 @@ class LabelConfig:
     )
     guidelines: str | None = help_field(
         None,
-        "A markdown file of guidelines shown on the page, instead of farmkit's own.",
+        "A markdown file of guidelines shown on the page (rendered, raw HTML shown as text), "
+        "instead of farmkit's own.",
         path=EXISTING_FILE,
         show_default=False,
     )
@@ -157,11 +159,13 @@ class LabelConfig:
     )
     port: int = help_field(
         0,
-        "The port to listen on; 0 picks a free one (the printed links carry it).",
+        "The port to listen on; 0 picks a free one the first time and the same one again at a "
+        "restart, when it is free (the printed links carry it).",
         bounds=Bounds(0, 65535),
     )
     status: bool = help_field(
         False,
         "Serve nothing: print LABELS' progress (one JSON record: each annotator's done and total, "
-        "whether LABELS is complete) and exit 0 when it is complete, 75 when not yet.",
+        "labelled, flagged, skipped and comments, whether LABELS is complete) and exit 0 when it is "
+        "complete, 75 when not yet.",
     )

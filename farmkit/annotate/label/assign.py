@@ -63,6 +63,12 @@ def assign(
 
 # the five answers, as the page's buttons name them: A is the output shown on the left, B the right
 CHOICES = ("A_much", "A_slightly", "tie", "B_slightly", "B_much")
+# what else an annotator may do with a pair, none of it a label (preference null): skip it for now
+# (it comes back after the rest of their queue), or flag it as one they cannot judge or as a problem
+# (a broken pair, harmful content; their comment says what), which ends it as a label would
+SKIP = "skip"
+FLAGS = ("cant_judge", "problem")
+ACTIONS = (*CHOICES, SKIP, *FLAGS)
 
 
 def verdict(choice: str, swapped: bool) -> tuple[float, str | None]:

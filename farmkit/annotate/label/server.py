@@ -1,6 +1,7 @@
 """farm-label's web server (Starlette, served by uvicorn): the labelling page and its JSON API, one
 link per annotator, and the organiser's status page. Every route past the static assets needs a
-token; model outputs leave the server only as JSON strings, for the page to set as text."""
+token; model outputs leave the server as JSON strings, for the page to set as text, and as HTML
+rendered here from their markdown with raw HTML off (render.py), the only HTML the page sets."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from farmkit.annotate.label import origin_of
-from farmkit.annotate.label.assign import CHOICES
+from farmkit.annotate.label.assign import ACTIONS
+from farmkit.annotate.label.render import markdown_html
 from farmkit.annotate.label.store import NotSaved, Store
 from farmkit.core.io import FarmError
 
@@ -39,6 +41,7 @@ log = logging.getLogger("farmkit")
 STATIC = Path(__file__).parent / "static"
 GUIDELINES = Path(__file__).parent / "guidelines.md"  # --guidelines replaces them
 MAX_BODY = 16 * 1024
+MAX_COMMENT = 2000  # characters of an annotator's comment on a pair
 # the page has no inline script or style, loads nothing from elsewhere and cannot be framed
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -197,15 +200,31 @@ def create_app(
             path = path.replace(token, "...")
         return _printable(path)
 
+    guidelines_html = markdown_html(guidelines)
+
+    def shown(annotator: str, item_id: str) -> dict[str, Any]:
+        item = store.item(annotator, item_id)
+        item.update(
+            left_html=markdown_html(item["left"]),
+            right_html=markdown_html(item["right"]),
+            skipped_before=store.skipped_before(annotator, item_id),
+        )
+        return item
+
     def state(annotator: str) -> dict[str, Any]:
         item_id = store.current(annotator)
         done, total = store.progress(annotator)
         return {
             "annotator": annotator,
-            "item": None if item_id is None else store.item(annotator, item_id),
-            "progress": {"done": done, "total": total},
-            "can_undo": done > 0,
+            "item": None if item_id is None else shown(annotator, item_id),
+            "progress": {
+                "done": done,
+                "total": total,
+                "skipped": store.counts(annotator)["skipped"],
+            },
+            "can_undo": bool(store.answers[annotator]),
             "guidelines": guidelines,
+            "guidelines_html": guidelines_html,
         }
 
     async def posted(request: Request) -> dict[str, Any]:
@@ -241,16 +260,22 @@ def create_app(
         annotator = annotator_of(request)
         body = await posted(request)
         item_id, choice, seconds = body.get("item_id"), body.get("choice"), body.get("seconds")
+        comment = body.get("comment")
         if not isinstance(item_id, str):
             raise _refusal(400, "expected item_id, a string")
-        if choice not in CHOICES:
-            raise _refusal(400, f"expected choice, one of {', '.join(CHOICES)}")
+        if choice not in ACTIONS:
+            raise _refusal(400, f"expected choice, one of {', '.join(ACTIONS)}")
         if not _seconds(seconds):
             raise _refusal(400, "expected seconds, a number >= 0")
+        if comment is not None and (not isinstance(comment, str) or len(comment) > MAX_COMMENT):
+            raise _refusal(400, f"expected comment, a text of at most {MAX_COMMENT} characters")
+        comment = (comment or "").strip() or None
+        if choice == "problem" and comment is None:
+            raise _refusal(400, "a problem needs a comment saying what it is")
         if store.current(annotator) != item_id:
             return _error(409, "not your current item", state=state(annotator))
         try:
-            store.answer(annotator, item_id, choice, seconds)
+            store.answer(annotator, item_id, choice, seconds, comment)
         except NotSaved as error:
             return _not_saved(error)
         return JSONResponse(state(annotator))
@@ -319,6 +344,7 @@ def status(store: Store) -> dict[str, Any]:
                 "annotator": name,
                 "done": done,
                 "total": total,
+                **store.counts(name),
                 "checks_right": right,
                 "checks_answered": answered,
                 "check_score": right / answered if answered else None,
@@ -335,10 +361,15 @@ def status(store: Store) -> dict[str, Any]:
 
 def status_html(report: dict[str, Any]) -> str:
     rows = "".join(
-        "<tr><td>{}</td><td>{} / {}</td><td>{}</td></tr>".format(
+        "<tr><td>{}</td><td>{} / {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "</tr>".format(
             html.escape(row["annotator"]),
             row["done"],
             row["total"],
+            row["labelled"],
+            row["flagged"],
+            row["skipped"],
+            row["comments"],
             "-"
             if row["check_score"] is None
             else f"{row['checks_right']} / {row['checks_answered']} ({row['check_score']:.0%})"
@@ -356,7 +387,8 @@ def status_html(report: dict[str, Any]) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>farm-label status</title>'
         f"</head><body><h1>farm-label status</h1><p>{html.escape(report['output'])}: {said}</p>"
-        "<table><thead><tr><th>annotator</th><th>labelled</th><th>checks right</th></tr></thead>"
+        "<table><thead><tr><th>annotator</th><th>done</th><th>labelled</th><th>flagged</th>"
+        "<th>skipped (to come back)</th><th>comments</th><th>checks right</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></body></html>\n"
     )
 
@@ -371,12 +403,15 @@ def summary(store: Store) -> list[str]:
             if row["checks_answered"]
             else ""
         )
+        others = [f"{row['flagged']} of them flagged"] if row["flagged"] else []
+        others += [f"{row['skipped']} skipped, to come back"] if row["skipped"] else []
+        said = f" ({', '.join(others)})" if others else ""
         if row["screened_out"]:
             checks += (
                 f", screened out (checks below {report['min_check_score']:.0%}: their labels carry "
                 "screened_out and are left out of farm-winrate --humans and farm-correlate)"
             )
-        lines.append(f"{row['annotator']}: {row['done']}/{row['total']} labelled{checks}")
+        lines.append(f"{row['annotator']}: {row['done']}/{row['total']} labelled{said}{checks}")
     lines.append(
         f"{report['output']} is complete"
         if report["complete"]

@@ -14,12 +14,13 @@ fails, or a LABELS that cannot be rewritten, takes the journal back to its last 
 NotSaved, which the page is told (it keeps the answer to send again).
 
 Files beside LABELS: LABELS.journal.jsonl (the journal, locked while a server runs), LABELS.session.json
-(the tokens and what the assignment was made from, mode 0600) and LABELS.checks.jsonl (the answers to
+(the tokens, the port the links carried and what the assignment was made from, mode 0600) and LABELS.checks.jsonl (the answers to
 --checks pairs, never mixed into LABELS).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import errno
@@ -34,7 +35,15 @@ from typing import Any
 
 import orjson
 
-from farmkit.annotate.label.assign import Assignment, assign, check_id, pair_id, verdict
+from farmkit.annotate.label.assign import (
+    CHOICES,
+    SKIP,
+    Assignment,
+    assign,
+    check_id,
+    pair_id,
+    verdict,
+)
 from farmkit.core.io import FarmError, RecordError, atomic_path, display_name, dumps, read_numbered
 from farmkit.core.provenance import provenance, stamp
 from farmkit.core.seeds import stable_hash
@@ -45,7 +54,23 @@ TOOL = "farm-label"
 KNOWN = (1, 2, 1.5)  # the answers a check may know
 # what a verdict of someone else (farm-annotate's, or the known answer of a check) leaves on a pair
 # that a human answer replaces
-_VERDICT_FIELDS = ("preference", "preference_reason", "strength", "annotator", "shown", "seconds")
+_VERDICT_FIELDS = (
+    "preference",
+    "preference_reason",
+    "strength",
+    "annotator",
+    "shown",
+    "seconds",
+    "skipped",
+    "flag",
+    "comment",
+)
+# the reason a record without a label gives (its preference is null, as the record contract says)
+_NO_LABEL = {
+    SKIP: "skipped by the annotator (the pair comes back after the rest of their queue)",
+    "cant_judge": "flagged by the annotator: cannot judge",
+    "problem": "flagged by the annotator: a problem with the pair (see comment)",
+}
 
 
 def companion(output: Path, suffix: str) -> Path:
@@ -73,11 +98,16 @@ class Answer:
     item_id: str
     record: dict[str, Any]
 
+    @property
+    def skipped(self) -> bool:
+        return self.record.get("skipped") is True
+
 
 @dataclass
 class Store:
-    """A session's answers, per annotator a stack in queue order (the i-th answer is to the i-th
-    item of the queue), so the current item is the queue's next one and undo pops the last."""
+    """A session's answers, per annotator a stack in the order given, each to the item that was
+    current then: the queue's next one, where a skip moves its item behind the rest of the queue
+    (an answer, a flag or a skip alike; undo pops the last, whatever it was)."""
 
     output: Path
     pairs: dict[str, dict[str, Any]]  # item id -> the pair record (checks included)
@@ -86,8 +116,10 @@ class Store:
     seed: int
     tokens: dict[str, str] = field(default_factory=dict)  # annotator -> token
     admin: str = ""
+    port: int | None = None  # the port the links carried last (--port 0 takes it again)
     answers: dict[str, list[Answer]] = field(default_factory=dict)
     min_check_score: float | None = None  # below it an annotator's labels are screened out
+    _remaining: dict[str, collections.deque] = field(default_factory=dict)  # items still to answer
     _journal: int | None = None
     _sequence: int = 0
     _end: int = 0  # the journal's size up to its last whole line
@@ -158,6 +190,7 @@ class Store:
                     "to resume, or choose another -o for a new session"
                 )
             self.tokens, self.admin = session["tokens"], session["admin"]
+            self.port = session.get("port")
             return
         if self.output.exists() or self.checks_path.exists():
             raise FarmError(
@@ -166,11 +199,26 @@ class Store:
             )
         self.tokens = {name: secrets.token_urlsafe(24) for name in self.assignment.queues}
         self.admin = secrets.token_urlsafe(24)
+        self._write_session(made_from)
+
+    def _write_session(self, made_from: dict[str, Any]) -> None:
         session = {"made_from": made_from, "tokens": self.tokens, "admin": self.admin}
+        if self.port is not None:
+            session["port"] = self.port
         _write_durably(self.session_path, orjson.dumps(session, option=orjson.OPT_INDENT_2), 0o600)
+
+    def remember_port(self, port: int) -> None:
+        """Keep the port the links carry beside the tokens, so that the next start with --port 0
+        listens on it again and prints the same links."""
+        if port == self.port:
+            return
+        self.port = port
+        self._write_session(orjson.loads(self.session_path.read_bytes())["made_from"])
 
     def _replay(self) -> None:
         self.answers = {name: [] for name in self.assignment.queues}
+        for name in self.assignment.queues:
+            self._recount(name)
         data = self.journal_path.read_bytes()
         complete = data[: data.rfind(b"\n") + 1]
         if len(complete) < len(data):
@@ -214,19 +262,39 @@ class Store:
         if event["event"] == "answer":
             if self.current(annotator) != item_id:
                 raise ValueError(f"{annotator} answered {item_id} out of turn")
-            stack.append(Answer(sequence, item_id, event["record"]))
+            answer = Answer(sequence, item_id, event["record"])
+            stack.append(answer)
+            remaining = self._remaining[annotator]
+            remaining.popleft()
+            if answer.skipped:
+                remaining.append(item_id)
         elif event["event"] == "undo":
             if not stack or stack[-1].item_id != item_id:
                 raise ValueError(f"{annotator} undid {item_id}, not their last answer")
             stack.pop()
+            self._recount(annotator)
         else:
             raise ValueError(f"unknown event {event['event']!r}")
 
+    def _recount(self, annotator: str) -> None:
+        """The items this annotator has still to answer, in the order they come, from their answers."""
+        remaining = collections.deque(self.assignment.queues[annotator])
+        for answer in self.answers[annotator]:
+            remaining.popleft()
+            if answer.skipped:
+                remaining.append(answer.item_id)
+        self._remaining[annotator] = remaining
+
     def current(self, annotator: str) -> str | None:
         """The item this annotator is shown now (None: all answered)."""
-        queue = self.assignment.queues[annotator]
-        done = len(self.answers[annotator])
-        return queue[done] if done < len(queue) else None
+        remaining = self._remaining[annotator]
+        return remaining[0] if remaining else None
+
+    def skipped_before(self, annotator: str, item_id: str) -> bool:
+        """Whether this annotator skipped the item earlier (it is back after the rest)."""
+        return any(
+            answer.skipped and answer.item_id == item_id for answer in self.answers[annotator]
+        )
 
     def item(self, annotator: str, item_id: str) -> dict[str, Any]:
         """The item as this annotator sees it: the two outputs in the order drawn for them."""
@@ -241,11 +309,14 @@ class Store:
             "right": pair[right],
         }
 
-    def answer(self, annotator: str, item_id: str, choice: str, seconds: float) -> None:
-        """Record an answer to the annotator's current item, durably, then rewrite LABELS."""
+    def answer(
+        self, annotator: str, item_id: str, choice: str, seconds: float, comment: str | None = None
+    ) -> None:
+        """Record an answer to the annotator's current item (a label, a skip or a flag: one of
+        ACTIONS, with their comment), durably, then rewrite LABELS."""
         if self.current(annotator) != item_id:
             raise ValueError(f"{item_id} is not {annotator}'s current item")
-        record = self._record(annotator, item_id, choice, seconds)
+        record = self._record(annotator, item_id, choice, seconds, comment)
         self._append(
             {"event": "answer", "annotator": annotator, "item_id": item_id, "record": record}
         )
@@ -257,16 +328,23 @@ class Store:
             raise ValueError(f"{annotator} has nothing to undo")
         self._append({"event": "undo", "annotator": annotator, "item_id": stack[-1].item_id})
 
-    def _record(self, annotator: str, item_id: str, choice: str, seconds: float) -> dict[str, Any]:
+    def _record(
+        self, annotator: str, item_id: str, choice: str, seconds: float, comment: str | None
+    ) -> dict[str, Any]:
         pair = self.pairs[item_id]
         swapped = self.assignment.swapped(annotator, item_id)
-        preference, strength = verdict(choice, swapped)
         record = {key: value for key, value in pair.items() if key not in _VERDICT_FIELDS}
         if item_id in self.checks:
             record["known_preference"] = pair["preference"]
+        if choice in CHOICES:
+            preference, strength = verdict(choice, swapped)
+            record.update(preference=preference, strength=strength)
+        else:  # no label: every estimate leaves a null preference out
+            record.update(preference=None, preference_reason=_NO_LABEL[choice])
+            record.update({"skipped": True} if choice == SKIP else {"flag": choice})
+        if comment:
+            record["comment"] = comment
         record.update(
-            preference=preference,
-            strength=strength,
             annotator=annotator,
             shown=["output_2", "output_1"] if swapped else ["output_1", "output_2"],
             seconds=float(seconds),
@@ -296,6 +374,7 @@ class Store:
             self._rewrite(checks=item_id in self.checks)
         except OSError as exc:  # LABELS stays as it was: so must the journal and the answers
             self.answers[annotator], self._end = stack, end
+            self._recount(annotator)
             self._sequence -= 1
             self._take_back()
             raise NotSaved(exc.filename or self.output, what, exc) from None
@@ -345,12 +424,28 @@ class Store:
                 raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
     def progress(self, annotator: str) -> tuple[int, int]:
-        return len(self.answers[annotator]), len(self.assignment.queues[annotator])
+        """(items answered, labelled or flagged; items in the queue)."""
+        stack = self.answers[annotator]
+        return sum(not answer.skipped for answer in stack), len(self.assignment.queues[annotator])
+
+    def counts(self, annotator: str) -> dict[str, int]:
+        """This annotator's labels, flags, skipped items still to come back, and comments."""
+        stack = self.answers[annotator]
+        remaining = set(self._remaining[annotator])
+        return {
+            "labelled": sum(answer.record.get("preference") is not None for answer in stack),
+            "flagged": sum("flag" in answer.record for answer in stack),
+            "skipped": len({a.item_id for a in stack if a.skipped} & remaining),
+            "comments": sum(bool(answer.record.get("comment")) for answer in stack),
+        }
 
     def check_score(self, annotator: str) -> tuple[int, int]:
-        """(answers that match the known answer, check answers) of this annotator."""
+        """(answers that match the known answer, check answers) of this annotator (a flag or a
+        skip is no answer)."""
         answered = [
-            answer.record for answer in self.answers[annotator] if answer.item_id in self.checks
+            answer.record
+            for answer in self.answers[annotator]
+            if answer.item_id in self.checks and answer.record.get("preference") is not None
         ]
         return sum(record["preference"] == record["known_preference"] for record in answered), len(
             answered
@@ -386,6 +481,18 @@ def _write_durably(path: Path, data: bytes, mode: int | None = None) -> None:
             os.fsync(folder)
     finally:
         os.close(folder)
+
+
+def remembered_port(output: str) -> int | None:
+    """The port LABELS' last server listened on (from LABELS.session.json, read without its lock),
+    or None: a new session, or one from before ports were kept."""
+    try:
+        port = orjson.loads(companion(Path(output), ".session.json").read_bytes()).get("port")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return None
+    return (
+        port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
+    )
 
 
 def read_checks(path: str) -> list[dict[str, Any]]:

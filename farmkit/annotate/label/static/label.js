@@ -1,16 +1,25 @@
-// farm-label's page: shows this annotator's current pair, sends one answer at a time and moves on
-// only when the server says the answer is written. An answer the server could not save (its disk is
-// full, or it cannot be reached) stays chosen on the page, and Retry sends it again. Model outputs are
-// untrusted: every text from the server is set with textContent, never parsed as HTML.
+// farm-label's page: shows this annotator's current pair, sends one answer at a time (a label, a
+// skip or a flag, with a comment) and moves on only when the server says the answer is written. An
+// answer the server could not save (its disk is full, or it cannot be reached) stays chosen on the
+// page, and Retry sends it again. Model outputs are untrusted: the instruction and input are set with
+// textContent; the outputs and guidelines only as the HTML the server rendered from their markdown
+// with raw HTML off (the *_html fields), never from a raw text.
 "use strict";
 
 (() => {
   // the page is served at /a/<token>; its API lives under the same path, so the token never leaves it
   const base = window.location.pathname.replace(/\/+$/, "");
   const byId = (id) => document.getElementById(id);
-  const choiceButtons = Array.from(document.querySelectorAll("#choices button[data-choice]"));
-  // keys 1-5 are the buttons in their order on the page
-  const keyChoices = new Map(choiceButtons.map((button, index) => [String(index + 1), button]));
+  const labelButtons = Array.from(document.querySelectorAll("#choices button[data-choice]"));
+  // skip for now, can't judge, report a problem: no label
+  const otherButtons = Array.from(document.querySelectorAll("#other button[data-choice]"));
+  const choiceButtons = [...labelButtons, ...otherButtons];
+  // keys 1-5 are the label buttons in their order on the page; s, c and p the others
+  const keyChoices = new Map([
+    ...labelButtons.map((button, index) => [String(index + 1), button]),
+    ...otherButtons.map((button) => [button.getAttribute("aria-keyshortcuts"), button]),
+  ]);
+  const commentBox = byId("comment");
   const undoButton = byId("undo");
   const retryButton = byId("retry");
   // replies after which nothing was saved and the same request may be sent again: the server could
@@ -19,6 +28,7 @@
 
   let state = null;
   let shownItem = null;
+  let shownSkipped = false;
   let shownAt = 0;
   let inFlight = false;
   // the request the server did not save ({method, path, body, conflictMessage}), sent again by Retry
@@ -26,6 +36,11 @@
 
   function setText(element, text) {
     element.textContent = text;
+  }
+
+  // only ever the server's rendering of markdown (raw HTML escaped, links http(s) only)
+  function setRendered(element, html) {
+    element.innerHTML = typeof html === "string" ? html : "";
   }
 
   function showError(message) {
@@ -49,8 +64,9 @@
   function render(next) {
     state = next;
     setText(byId("annotator"), next.annotator);
-    setText(byId("progress"), `${next.progress.done} / ${next.progress.total}`);
-    setText(byId("guidelines").querySelector(".text"), next.guidelines || "");
+    const skipped = next.progress.skipped ? ` (${next.progress.skipped} skipped)` : "";
+    setText(byId("progress"), `${next.progress.done} / ${next.progress.total}${skipped}`);
+    setRendered(byId("guidelines").querySelector(".markdown"), next.guidelines_html);
     const item = next.item;
     byId("task").hidden = item === null;
     byId("done").hidden = item !== null;
@@ -60,12 +76,16 @@
       setText(byId("input"), hasInput ? item.input : "");
       byId("input").hidden = !hasInput;
       byId("input-heading").hidden = !hasInput;
-      setText(byId("left").querySelector(".text"), item.left);
-      setText(byId("right").querySelector(".text"), item.right);
-      if (item.item_id !== shownItem) {
-        // a new pair on screen: its time starts now, and the reader starts at its top
+      setRendered(byId("left").querySelector(".markdown"), item.left_html);
+      setRendered(byId("right").querySelector(".markdown"), item.right_html);
+      byId("skipped-before").hidden = !item.skipped_before;
+      if (item.item_id !== shownItem || item.skipped_before !== shownSkipped) {
+        // a new pair on screen (or one skipped, back): its time starts now, the reader starts at
+        // its top, and the comment box is empty
         shownItem = item.item_id;
+        shownSkipped = item.skipped_before;
         shownAt = performance.now();
+        commentBox.value = "";
         window.scrollTo(0, 0);
       }
     } else {
@@ -149,7 +169,13 @@
   }
 
   function answer(choice) {
-    if (!state || !state.item) {
+    if (!state || !state.item || inFlight) {
+      return;
+    }
+    const comment = commentBox.value.trim();
+    if (choice === "problem" && !comment) {
+      showError("Say in the comment box what the problem is, then press Report a problem again.");
+      commentBox.focus();
       return;
     }
     const seconds = (performance.now() - shownAt) / 1000;
@@ -160,7 +186,7 @@
     send(
       "POST",
       "answer",
-      { item_id: state.item.item_id, choice, seconds },
+      { item_id: state.item.item_id, choice, seconds, comment },
       "That pair was already answered (another tab?); this is your current one.",
     );
   }
@@ -182,9 +208,16 @@
     if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) {
       return;
     }
-    if (keyChoices.has(event.key)) {
+    if (event.target === commentBox) {
+      // typing a comment: keys are text; Escape leaves the box for the keys to choose again
+      if (event.key === "Escape") {
+        commentBox.blur();
+      }
+      return;
+    }
+    if (keyChoices.has(event.key.toLowerCase())) {
       event.preventDefault();
-      answer(keyChoices.get(event.key).dataset.choice);
+      answer(keyChoices.get(event.key.toLowerCase()).dataset.choice);
     } else if (event.key === "u" || event.key === "U") {
       event.preventDefault();
       undo();
