@@ -81,7 +81,7 @@ def test_every_section_runs_and_the_report_says_so(dry_run):
     assert report["dry_run"] is True
     assert report["status"] == "complete"
     statuses = {section["name"]: section["status"] for section in report["sections"]}
-    assert len(statuses) == 20
+    assert len(statuses) == 16  # the GPU run's 21, less its large-shape compile and 4 training runs
     assert set(statuses.values()) == {"ok"}, statuses
     assert report["environment"]["device"] == "cpu"
     assert report["torch_threads"] == 1
@@ -199,7 +199,11 @@ def test_the_new_losses_first_step_kl_is_exactly_zero_in_bf16(dry_run):
 def test_each_training_run_reports_its_steps_memory_and_first_step_kl(dry_run):
     report, _ = dry_run
     runs = {(run["shape"], run["method"], run["precision"]): run for run in report["training"]}
-    assert len(report["training"]) == len(runs) == len(SHAPES) * len(METHODS) * len(PRECISIONS)
+    # every precision at the small shape; the large one in bf16 autocast only (the same code paths)
+    assert sorted(runs) == sorted(
+        [("tiny-a", m, p) for m in METHODS for p in PRECISIONS]
+        + [("tiny-b", m, "bf16-autocast") for m in METHODS]
+    )
     for (shape, method, precision), run in runs.items():
         assert shape in SHAPES and method in METHODS and precision in PRECISIONS
         assert [step["step"] for step in run["steps"]] == [1, 2]
