@@ -233,6 +233,9 @@ def test_the_loss_parameters_act_as_trls(name, shape):
     ours = farmkit_loss(name, data, (LOW, HIGH), params=params)
     assert_same(ours, trl_loss(loss_type, level, data, LOW, trl_high, params=params))
     assert abs(ours[0] - farmkit_loss(name, data, (LOW, HIGH))[0]) > 1e-3  # they count
+    # farm-grpo's options of those names reach the loss
+    options = dict(clip_range_low=LOW, clip_range_high=HIGH, kl_coef=0.0, **params)
+    assert_same(group_loss(name, with_reference(data), **options), ours)
 
 
 def test_luspo_weighs_each_response_by_its_length():
