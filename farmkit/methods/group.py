@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from farmkit.core.io import FarmError
-from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE
+from farmkit.core.values import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE
 from farmkit.train.config import (
     KL_ESTIMATORS,
     OnPolicyConfig,
@@ -45,7 +45,9 @@ from farmkit.train.config import (
 )
 from farmkit.train.estimators import (
     RESPONSE,
+    SAPO_TEMPERATURES,
     STD_EPS,
+    VESPO_KERNEL,
     advantage_estimator,
     grpo_advantages,
     policy_loss,
@@ -120,6 +122,45 @@ class GroupConfig(OnPolicyConfig):
         "use_bias_correction_kl=False). It matters only where the policy has moved from the "
         "sampling policy (several updates per batch).",
     )
+    sapo_temperature_pos: float = help_field(
+        SAPO_TEMPERATURES["sapo_temperature_pos"],
+        "With --policy-loss sapo: the temperature tau of the soft gate (4 / tau) sigmoid(tau (r - "
+        "1)) of tokens whose advantage is positive (higher: the gate falls faster as the ratio "
+        "leaves 1; TRL's sapo_temperature_pos).",
+        bounds=POSITIVE,
+    )
+    sapo_temperature_neg: float = help_field(
+        SAPO_TEMPERATURES["sapo_temperature_neg"],
+        "With --policy-loss sapo: the gate's temperature for the other tokens (advantage 0 or "
+        "below; TRL's sapo_temperature_neg).",
+        bounds=POSITIVE,
+    )
+    vespo_k_pos: float = help_field(
+        VESPO_KERNEL["vespo_k_pos"],
+        "With --policy-loss vespo: the power k of the kernel phi(w) = w^k exp(lambda (1 - w)) "
+        "that weighs a response of positive (or 0) advantage by its ratio w (higher: a response "
+        "the policy now finds less likely weighs less; TRL's vespo_k_pos).",
+        bounds=NON_NEGATIVE,
+    )
+    vespo_lambda_pos: float = help_field(
+        VESPO_KERNEL["vespo_lambda_pos"],
+        "With --policy-loss vespo: the decay lambda of the kernel for a response of positive (or "
+        "0) advantage (higher: a response the policy now finds more likely weighs less; TRL's "
+        "vespo_lambda_pos).",
+        bounds=POSITIVE,
+    )
+    vespo_k_neg: float = help_field(
+        VESPO_KERNEL["vespo_k_neg"],
+        "With --policy-loss vespo: the kernel's power for a response of negative advantage "
+        "(TRL's vespo_k_neg).",
+        bounds=NON_NEGATIVE,
+    )
+    vespo_lambda_neg: float = help_field(
+        VESPO_KERNEL["vespo_lambda_neg"],
+        "With --policy-loss vespo: the kernel's decay for a response of negative advantage "
+        "(TRL's vespo_lambda_neg).",
+        bounds=POSITIVE,
+    )
     pool: str | None = help_field(
         None,
         "Score with this farm-annotate pool (a name, farm-annotate --list-pools, or a pool YAML "
@@ -144,6 +185,11 @@ class GroupConfig(OnPolicyConfig):
         "K < num-samples - 1.",
         POOL_REWARDS,
     )
+
+    @property
+    def loss_params(self) -> dict[str, float]:
+        """The values of the policy loss's own parameters (SAPO's temperatures, VESPO's kernel)."""
+        return {name: getattr(self, name) for name in policy_loss(self.policy_loss).params}
 
     @property
     def opponent_count(self) -> int | None:
@@ -335,7 +381,11 @@ class GroupMethod(OnPolicyMethod):
 
         config = self.config
         loss, stats = micro.surrogate(
-            config.policy_loss, prepared.advantages, config.clip_bounds, config.max_new_tokens
+            config.policy_loss,
+            prepared.advantages,
+            config.clip_bounds,
+            config.max_new_tokens,
+            config.loss_params,
         )
         if config.kl_in == "loss" and config.kl_coef > 0:
             kl = rl_common.kl_estimate(micro.logprobs, micro.ref_logprobs, config.kl_estimator)

@@ -352,7 +352,8 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "by its response's (sequence-*: the product over its tokens), a ratio above the cap capped "
         "(*-truncate) or its weight set to 0 (*-mask). metrics.jsonl gets the share truncated or "
         "masked and the engine-vs-trainer KL. Default: token-truncate, or sequence-truncate for a "
-        "loss with one ratio per response (sequence-ratio, gspo), which takes only sequence-*.",
+        "loss with one ratio per response (sequence-ratio, gspo, luspo), which takes only "
+        "sequence-*; vespo takes the weights into its response's ratio, not onto its terms.",
         CORRECTION_MODES,
         show_default=False,
     )

@@ -25,11 +25,21 @@ its own way (checked against TRL's GRPOTrainer in tests/train/test_estimators_tr
 - gspo: one ratio per response, exp of the mean of its token log-ratios, clipped to its own small
   range (GSPO, Zheng et al., 2025);
 - cispo: min(r, 1 + high) without gradient x the advantage x the token's log-probability,
-  aggregated as dapo (CISPO, MiniMax-M1, 2025).
+  aggregated as dapo (CISPO, MiniMax-M1, 2025);
+- sapo: a soft gate in place of the clip, (4 / tau) sigmoid(tau (r - 1)) per token, tau of the
+  advantage's sign, aggregated as GRPO (SAPO, Gao et al., 2025);
+- luspo: GSPO's clipped ratio per response, its term multiplied by the response's length, then
+  averaged over responses (LUSPO, Liu et al., 2026);
+- vespo: phi(w) = w^k exp(lambda (1 - w)) without gradient x the advantage x the token's
+  log-probability, w the whole response's ratio (the product of its token ratios), k and lambda
+  of the advantage's sign, aggregated as dapo (VESPO, Shen et al., 2026).
 
 Each term may be multiplied by a weight (farmkit.train.rollout_backends.rollout_correction's
 correction of the rollout engine's mismatch, the off-policy mask): per token,
-or per response; None leaves it as it is.
+or per response; None leaves it as it is. A loss whose ratio is taken from the sampling engine
+itself (vespo: `rollout_in_ratio`) takes the rollout correction's weights into its ratio instead.
+A loss's own parameters (SAPO's temperatures, VESPO's k and lambda) are keyword arguments of its
+terms, declared by name (`params`): the group tools' options of the same names.
 
 Each entry declares what it fits, and the methods ask it (never its name): an estimator the kind of
 advantages it makes, a loss the kind it takes and how it weighs a response's tokens (`aggregate`,
@@ -47,6 +57,7 @@ loss is one registered function (docs/methods.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -88,13 +99,18 @@ class PolicyLoss:
     aggregations below, declared once: the surrogate and the KL term of --kl-in loss are weighed by
     it alike). `per_response_weights`: one ratio per response, so importance weights (and the
     rollout correction) apply per response. `clip`: the loss's own default (low, high) clip range,
-    where its publication sets one (GSPO's ratio is of another scale than a token's)."""
+    where its publication sets one (GSPO's ratio is of another scale than a token's). `params`:
+    the names of its own parameters, keyword arguments of `terms` (config fields of the same
+    names). `rollout_in_ratio`: the rollout correction's weights go into its ratio (its terms'
+    keyword `rollout_weights`), not onto its terms."""
 
     terms: Callable[..., Any]
     kind: str
     aggregate: Callable[..., Any]
     per_response_weights: bool = False
     clip: tuple[float, float] | None = None
+    params: tuple[str, ...] = ()
+    rollout_in_ratio: bool = False
 
     def __call__(
         self,
@@ -108,13 +124,24 @@ class PolicyLoss:
         tokens: Any,
         norm: int | None = None,
         weights: torch.Tensor | None = None,
+        rollout_weights: torch.Tensor | None = None,
+        params: dict[str, Any] | None = None,
         **_: Any,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(this micro-batch's share of its minibatch's loss, its figures' shares): the terms of
         `terms`, each multiplied by its importance weight (per token [rows, tokens], or per response
-        [rows]; 0 masks it), aggregated as `aggregate` says. `clip`: one range, or (low, high)."""
+        [rows]; 0 masks it), aggregated as `aggregate` says. `clip`: one range, or (low, high).
+        `rollout_weights`: the rollout correction's, multiplied into `weights`, or handed to the
+        terms where the loss takes them into its ratio. `params`: values of the loss's own
+        parameters by name (those it does not declare are left out; those not given take the
+        terms' defaults)."""
         low, high = (clip, clip) if isinstance(clip, (int, float)) else clip
-        terms, figures = self.terms(logprobs, old_logprobs, advantages, mask, low, high)
+        own = {name: value for name, value in (params or {}).items() if name in self.params}
+        if self.rollout_in_ratio:
+            own["rollout_weights"] = rollout_weights
+        else:
+            weights = combined_weights(rollout_weights, weights)
+        terms, figures = self.terms(logprobs, old_logprobs, advantages, mask, low, high, **own)
         if weights is not None:
             # a non-negative weight scales the term after its clipping decision, as TRL and verl do
             terms = terms * (weights[:, None] if weights.dim() == 1 else weights)
@@ -131,6 +158,16 @@ class PolicyLoss:
                 name: (value.float() * entries).sum() / count for name, value in figures.items()
             }
         return loss, shares
+
+
+def combined_weights(first: Any, second: Any) -> Any:
+    """The product of two sets of weights, each None (off), per response [rows] or per token
+    [rows, tokens]: per token if either is."""
+    if first is None or second is None:
+        return second if first is None else first
+    if first.dim() != second.dim():
+        first, second = (w if w.dim() == 2 else w[:, None] for w in (first, second))
+    return first * second
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -161,13 +198,17 @@ def register_policy_loss(
     aggregate: Callable[..., Any],
     per_response_weights: bool = False,
     clip: tuple[float, float] | None = None,
+    params: tuple[str, ...] = (),
+    rollout_in_ratio: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the terms of a policy loss that takes advantages of `kind`, weighed as `aggregate`
     does (see PolicyLoss)."""
 
     def register(function: Callable[..., Any]) -> Callable[..., Any]:
         _check_new(POLICY_LOSSES, name, kind)
-        POLICY_LOSSES[name] = PolicyLoss(function, kind, aggregate, per_response_weights, clip)
+        POLICY_LOSSES[name] = PolicyLoss(
+            function, kind, aggregate, per_response_weights, clip, params, rollout_in_ratio
+        )
         return function
 
     return register
@@ -412,3 +453,110 @@ def cispo_terms(
         "approx_kl": 0.5 * log_ratio**2,
     }
     return terms, figures
+
+
+# SAPO's temperatures (Gao et al., 2025) and VESPO's kernels (Shen et al., 2026): TRL's defaults
+SAPO_TEMPERATURES = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
+VESPO_KERNEL = {
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
+}
+# VESPO's bounds on log w, as its authors' code sets them: each token's log-ratio within +/- 20,
+# the response's within [ln 1e-8, 20] (so w^k and exp(-lambda w) stay finite)
+VESPO_TOKEN_LOG_BOUND = 20.0
+VESPO_LOG_BOUNDS = (math.log(1e-8), 20.0)
+
+
+@register_policy_loss("sapo", RESPONSE, seq_mean_token_mean, params=tuple(SAPO_TEMPERATURES))
+def sapo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+    sapo_temperature_pos: float = SAPO_TEMPERATURES["sapo_temperature_pos"],
+    sapo_temperature_neg: float = SAPO_TEMPERATURES["sapo_temperature_neg"],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Gao et al., 2025, Soft Adaptive Policy Optimization): -f(r) x A per token, the soft
+    gate f(r) = (4 / tau) sigmoid(tau (r - 1)) in place of the clip (its slope at r = 1 is 1, as
+    the plain ratio's; it fades smoothly as r leaves 1), tau = the positive temperature where
+    A > 0 and the negative one elsewhere; aggregated as GRPO. Nothing is clipped (clip_fraction 0;
+    the clip range is not used)."""
+    import torch
+
+    log_ratio = logprobs - old_logprobs
+    per_token = advantages[:, None].expand_as(mask)
+    tau = torch.where(per_token > 0, sapo_temperature_pos, sapo_temperature_neg).to(logprobs.dtype)
+    gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1)) * 4 / tau
+    figures = {
+        "clip_fraction": torch.zeros_like(mask, dtype=torch.bool),
+        "approx_kl": 0.5 * log_ratio.detach() ** 2,
+    }
+    return -gate * per_token, figures
+
+
+@register_policy_loss("luspo", RESPONSE, seq_mean_token_sum, per_response_weights=True)
+def luspo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """LUSPO (Liu et al., 2026, Length-Unbiased Sequence Policy Optimization): GSPO's term (one
+    length-normalized ratio per response, clipped) on each of the response's tokens, so that
+    summed over them it counts |y| times: each response's term scaled by its length, then
+    averaged over the responses (TRL's loss_type "luspo", importance_sampling_level "sequence")."""
+    terms, figures = gspo_terms(logprobs, old_logprobs, advantages, mask, low, high)
+    return terms.expand_as(mask), {name: value.expand_as(mask) for name, value in figures.items()}
+
+
+@register_policy_loss(
+    "vespo", RESPONSE, token_mean, params=tuple(VESPO_KERNEL), rollout_in_ratio=True
+)
+def vespo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+    vespo_k_pos: float = VESPO_KERNEL["vespo_k_pos"],
+    vespo_lambda_pos: float = VESPO_KERNEL["vespo_lambda_pos"],
+    vespo_k_neg: float = VESPO_KERNEL["vespo_k_neg"],
+    vespo_lambda_neg: float = VESPO_KERNEL["vespo_lambda_neg"],
+    rollout_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """VESPO (Shen et al., 2026, Variational Sequence-level Soft Policy Optimization): -phi(w) x A
+    x log pi per token, phi without gradient (so the gradient is phi(w) A grad log pi), aggregated
+    as DAPO. w = pi(y) / pi_sampling(y), the whole response's ratio (no length normalization), times
+    the rollout correction's weights where it is on (the ratio to the engine that sampled);
+    phi(w) = w^k exp(lambda (1 - w)), 1 at w = 1, falling towards 0 for w far from 1 on either
+    side, with k and lambda of A >= 0 or of A < 0. Nothing is clipped (clip_fraction 0)."""
+    import torch
+
+    with torch.no_grad():
+        bound = VESPO_TOKEN_LOG_BOUND
+        log_ratio = (logprobs - old_logprobs).clamp(-bound, bound)
+        log_w = (log_ratio * mask).sum(dim=1)
+        if rollout_weights is not None:
+            # the ratio pi_trainer / pi_engine of each token (or the response's), 0 where masked
+            log_rollout = torch.log(rollout_weights.to(log_w.dtype)).clamp(*VESPO_LOG_BOUNDS)
+            if log_rollout.dim() == 2:
+                log_rollout = (log_rollout * mask).sum(dim=1)
+            log_w = log_w + log_rollout
+        log_w = log_w.clamp(*VESPO_LOG_BOUNDS)
+        positive = advantages >= 0
+        k = torch.where(positive, vespo_k_pos, vespo_k_neg).to(log_w.dtype)
+        lam = torch.where(positive, vespo_lambda_pos, vespo_lambda_neg).to(log_w.dtype)
+        phi = torch.exp(k * log_w + lam * (1 - torch.exp(log_w)))
+    per_token = advantages[:, None].expand_as(mask)
+    figures = {
+        "clip_fraction": torch.zeros_like(mask, dtype=torch.bool),
+        "approx_kl": 0.5 * (logprobs - old_logprobs).detach() ** 2,
+    }
+    return -phi[:, None] * per_token * logprobs, figures

@@ -75,16 +75,21 @@ class MicroBatch:
         return tensor[self.index]
 
     def surrogate(
-        self, loss: str, advantages: Any, clip: float | tuple[float, float], norm: int | None = None
+        self,
+        loss: str,
+        advantages: Any,
+        clip: float | tuple[float, float],
+        norm: int | None = None,
+        params: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """The clipped surrogate of these rows aggregated as the registered policy loss `loss` says
         (farmkit.train.estimators), weighted when weights are on, responses too far off-policy
         dropped when a threshold is set (its share in the figures). `clip`: one range or
-        (low, high)."""
-        from farmkit.train.estimators import policy_loss
+        (low, high); `params`: the loss's own parameters by name."""
+        from farmkit.train.estimators import combined_weights, policy_loss
         from farmkit.train.rollout_backends import off_policy_keep
 
-        advantages, weights, dropped = self.rows(advantages), self.weights, {}
+        advantages, weights, dropped = self.rows(advantages), None, {}
         if self.off_policy_threshold is not None:
             sampling = (
                 self.old_logprobs if self.sampling_logprobs is None else self.sampling_logprobs
@@ -106,6 +111,8 @@ class MicroBatch:
             tokens=self.tokens,
             norm=norm,
             weights=weights,
+            rollout_weights=self.weights,
+            params=params,
         )
         return loss, {**figures, **dropped}
 
@@ -121,16 +128,6 @@ def minibatch_counts(mask: Any, reduce_sum: Any) -> tuple[Any, Any]:
     local = torch.tensor([1.0, mask.shape[0], float(mask.sum())], device=mask.device)
     world, responses, tokens = reduce_sum(local)
     return responses / world, tokens.clamp(min=1) / world
-
-
-def combined_weights(first: Any, second: Any) -> Any:
-    """The product of two sets of weights, each None (off), per response [rows] or per token
-    [rows, tokens]: per token if either is."""
-    if first is None or second is None:
-        return second if first is None else first
-    if first.dim() != second.dim():
-        first, second = (w if w.dim() == 2 else w[:, None] for w in (first, second))
-    return first * second
 
 
 class OnPolicyMethod:

@@ -3,11 +3,14 @@
 replaced by the log-probabilities under test. Same log-probabilities, old log-probabilities,
 advantages and masks on both sides, in float64, over two micro-batches of one minibatch (TRL: two
 accumulation steps): the loss and its gradient with respect to the log-probabilities agree to
-1e-5. farmkit's --clip-range-high is TRL's epsilon_high, except for CISPO, whose TRL cap is the
-ratio's own bound: 1 + --clip-range-high."""
+1e-5, on ragged masks, with an empty response, and with ratios up to e^9. farmkit's
+--clip-range-high is TRL's epsilon_high, except for CISPO, whose TRL cap is the ratio's own bound:
+1 + --clip-range-high. SAPO's and VESPO's parameters are TRL's GRPOConfig fields of the same
+names, with the same defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from collections import defaultdict
 from types import SimpleNamespace
@@ -28,22 +31,38 @@ if Version(importlib.metadata.version("trl")) < Version("1.16"):
         allow_module_level=True,
     )
 GRPOTrainer = grpo_trainer.GRPOTrainer
+# SAPO's temperatures and VESPO's kernel: the loss parameters, by name, with TRL's defaults
+TRL_PARAMS = {
+    field.name: field.default
+    for field in dataclasses.fields(importlib.import_module("trl").GRPOConfig)
+    if field.name.startswith(("sapo_", "vespo_"))
+}
 
 ROWS, WIDTH = 4, 6
 LOW, HIGH = 0.2, 0.28
 
 
-def batch(seed: int = 0, spread: float = 0.3) -> dict[str, torch.Tensor]:
-    """Log-probabilities, old ones `spread` apart (some ratios beyond the clip range, some within),
-    advantages of both signs and responses of different lengths."""
+def batch(seed: int = 0, spread: float = 0.3, empty: bool = False) -> dict[str, torch.Tensor]:
+    """Log-probabilities, old ones `spread` apart (some ratios beyond the clip range, some within;
+    spread 3: token ratios from e^-9 to e^9), advantages of both signs and responses of different
+    lengths (`empty`: row 1 has no tokens)."""
     generator = torch.Generator().manual_seed(seed)
     logprobs = -torch.rand(ROWS, WIDTH, generator=generator, dtype=torch.float64) * 3
     old = logprobs + spread * torch.randn(ROWS, WIDTH, generator=generator, dtype=torch.float64)
     mask = torch.ones(ROWS, WIDTH, dtype=torch.float64)
     mask[0, 4:] = 0
     mask[2, 2:] = 0
+    if empty:
+        mask[1] = 0
     advantages = torch.tensor([1.0, -0.5, 0.7, -1.2], dtype=torch.float64)
     return dict(logprobs=logprobs, old=old, mask=mask, advantages=advantages)
+
+
+BATCHES = {
+    "ragged": dict(),
+    "empty-row": dict(empty=True),
+    "large-ratios": dict(spread=3.0),
+}
 
 
 def trl_loss(
@@ -56,9 +75,11 @@ def trl_loss(
     off_policy: float | None = None,
     beta: float = 0.0,
     bias_correction: bool = False,
+    params: dict[str, float] | None = None,
 ) -> tuple[float, torch.Tensor]:
     """(loss, gradient) of TRL's _compute_loss summed over two accumulation steps of two rows;
-    with `beta`, its KL term to data["ref"] (use_bias_correction_kl: `bias_correction`)."""
+    with `beta`, its KL term to data["ref"] (use_bias_correction_kl: `bias_correction`);
+    `params`: SAPO's and VESPO's, TRL's defaults where not given."""
     logprobs = data["logprobs"].clone().requires_grad_()
     total = 0.0
     for rows in (slice(0, 2), slice(2, 4)):
@@ -79,8 +100,12 @@ def trl_loss(
             epsilon_low=low,
             epsilon_high=high,
             args=SimpleNamespace(
-                delta=None, use_bias_correction_kl=bias_correction, steps_per_generation=2
+                delta=None,
+                use_bias_correction_kl=bias_correction,
+                steps_per_generation=2,
+                **{**TRL_PARAMS, **(params or {})},
             ),
+            get_gamma_weights=GRPOTrainer.get_gamma_weights,
             use_vllm=extra is not None and "importance_sampling_ratio" in extra,
             vllm_importance_sampling_correction=True,
             model=SimpleNamespace(training=True),
@@ -114,6 +139,8 @@ def farmkit_loss(
     data: dict[str, torch.Tensor],
     clip: tuple[float, float],
     weights: torch.Tensor | None = None,
+    rollout_weights: torch.Tensor | None = None,
+    params: dict[str, float] | None = None,
 ) -> tuple[float, torch.Tensor]:
     """(loss, gradient) of the registered loss, summed over the same two micro-batches."""
     logprobs = data["logprobs"].clone().requires_grad_()
@@ -130,6 +157,8 @@ def farmkit_loss(
             tokens=data["mask"].sum(),
             norm=WIDTH,
             weights=None if weights is None else weights[rows],
+            rollout_weights=None if rollout_weights is None else rollout_weights[rows],
+            params=params,
         )
         total = total + part
     total.backward()
@@ -150,16 +179,94 @@ FAMILY = {
     "cispo": ("cispo", "token", 1 + HIGH),
     "seq-mean-token-mean": ("grpo", "token", HIGH),
     "seq-mean-token-sum-norm": ("dr_grpo", "token", HIGH),
+    "sapo": ("sapo", "token", HIGH),
+    "luspo": ("luspo", "sequence", HIGH),
+    "vespo": ("vespo", "token", HIGH),
 }
 
 
+@pytest.mark.parametrize("shape", sorted(BATCHES))
 @pytest.mark.parametrize("name", sorted(FAMILY))
-def test_each_loss_and_its_gradient_are_trls(name):
+def test_each_loss_and_its_gradient_are_trls(name, shape):
     loss_type, level, trl_high = FAMILY[name]
-    data = batch()
+    data = batch(**BATCHES[shape])
     assert_same(
         farmkit_loss(name, data, (LOW, HIGH)), trl_loss(loss_type, level, data, LOW, trl_high)
     )
+
+
+def test_the_loss_parameters_and_their_defaults_are_trls():
+    """farm-grpo's and farm-rloo's --sapo-* and --vespo-* options are TRL's GRPOConfig fields of
+    the same names, with the same defaults, and each loss declares the ones it takes."""
+    from farmkit.methods.group import GRPOConfig, RLOOConfig
+
+    assert set(TRL_PARAMS) == {*E.SAPO_TEMPERATURES, *E.VESPO_KERNEL}
+    for config in (GRPOConfig(), RLOOConfig()):
+        assert {name: getattr(config, name) for name in TRL_PARAMS} == TRL_PARAMS
+    assert E.policy_loss("sapo").params == tuple(E.SAPO_TEMPERATURES)
+    assert E.policy_loss("vespo").params == tuple(E.VESPO_KERNEL)
+    assert GRPOConfig(policy_loss="sapo", sapo_temperature_neg=2.0).loss_params == {
+        "sapo_temperature_pos": 1.0,
+        "sapo_temperature_neg": 2.0,
+    }
+    assert GRPOConfig(policy_loss="dapo").loss_params == {}
+
+
+# parameters apart from the defaults and from each other (a sign's value taken for the other's
+# shows); over the large ratios too, where VESPO's kernel and SAPO's gate are far from 1
+OWN_PARAMS = {
+    "sapo": {"sapo_temperature_pos": 0.5, "sapo_temperature_neg": 3.0},
+    "vespo": {
+        "vespo_k_pos": 1.5,
+        "vespo_lambda_pos": 0.7,
+        "vespo_k_neg": 0.4,
+        "vespo_lambda_neg": 4.0,
+    },
+}
+
+
+@pytest.mark.parametrize("shape", ["ragged", "large-ratios"])
+@pytest.mark.parametrize("name", sorted(OWN_PARAMS))
+def test_the_loss_parameters_act_as_trls(name, shape):
+    loss_type, level, trl_high = FAMILY[name]
+    data, params = batch(**BATCHES[shape]), OWN_PARAMS[name]
+    ours = farmkit_loss(name, data, (LOW, HIGH), params=params)
+    assert_same(ours, trl_loss(loss_type, level, data, LOW, trl_high, params=params))
+    assert abs(ours[0] - farmkit_loss(name, data, (LOW, HIGH))[0]) > 1e-3  # they count
+    # farm-grpo's options of those names reach the loss
+    options = dict(clip_range_low=LOW, clip_range_high=HIGH, kl_coef=0.0, **params)
+    assert_same(group_loss(name, with_reference(data), **options), ours)
+
+
+def test_luspo_weighs_each_response_by_its_length():
+    """LUSPO is GSPO with each response's term multiplied by its length: on responses of one
+    length L, L times GSPO's loss at the same clip range."""
+    data = batch()
+    data["mask"] = torch.ones(ROWS, WIDTH, dtype=torch.float64)
+    gspo = farmkit_loss("gspo", data, (LOW, HIGH))
+    luspo = farmkit_loss("luspo", data, (LOW, HIGH))
+    assert luspo[0] == pytest.approx(WIDTH * gspo[0], rel=1e-12)
+    assert torch.allclose(luspo[1], WIDTH * gspo[1], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["token-truncate", "token-mask"])
+def test_vespo_takes_the_rollout_correction_into_its_ratio_as_trl(mode):
+    """VESPO's w is the ratio to the policy that sampled: with the rollout correction on, its
+    weights (pi_trainer / pi_engine) multiply w inside the kernel instead of the terms, as TRL
+    folds importance_sampling_ratio into VESPO's sequence weight."""
+    data = batch()
+    engine = data["old"] + 0.3 * torch.randn(
+        ROWS, WIDTH, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    weights, _ = RB.rollout_correction(data["old"], engine, data["mask"], mode, cap=1.5)
+    # TRL's ratio is exp(0) = 1 on padding; farmkit's weights are 0 there and left out
+    trl_ratio = weights + (1 - data["mask"])
+    ours = farmkit_loss("vespo", data, (LOW, HIGH), rollout_weights=weights)
+    assert_same(
+        ours,
+        trl_loss("vespo", "token", data, LOW, HIGH, {"importance_sampling_ratio": trl_ratio}),
+    )
+    assert abs(ours[0] - farmkit_loss("vespo", data, (LOW, HIGH))[0]) > 1e-4  # they count
 
 
 def test_gspo_clips_the_length_normalised_sequence_ratio_at_its_own_small_range():

@@ -42,6 +42,9 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
         "bnpo",
         "gspo",
         "cispo",
+        "sapo",
+        "luspo",
+        "vespo",
     }
     # each method's defaults are what it ran before it chose them by name
     chosen = {
@@ -70,7 +73,8 @@ def test_the_registry_holds_every_methods_estimator_and_loss():
 PER_TOKEN = "per-token advantages from a value model (farm-ppo)"
 PER_RESPONSE = "one advantage per response from its group of k samples (farm-rloo, farm-grpo)"
 GROUP_LOSSES = (
-    "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm, dapo, bnpo, gspo, cispo"
+    "sequence-ratio, seq-mean-token-mean, seq-mean-token-sum-norm, dapo, bnpo, gspo, cispo, "
+    "sapo, luspo, vespo"
 )
 
 
