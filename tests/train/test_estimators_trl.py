@@ -11,7 +11,9 @@ names, with the same defaults."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
+import importlib.util
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -24,19 +26,29 @@ from farmkit.train import rollout_backends as RB
 
 # the loss family's parity is with TRL 1.16's GRPOTrainer._compute_loss (the version locks/cpu.txt pins);
 # an older TRL (make test-lowest: pyproject admits trl 1.0) computes these losses otherwise, or not at all
-grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
+# (TRL is imported by the first test that needs it, not at collection: under make test's workers,
+# each collects every file, and TRL's trainer costs seconds that only one of them uses)
+if importlib.util.find_spec("trl") is None:
+    pytest.skip("TRL is not installed", allow_module_level=True)
 if Version(importlib.metadata.version("trl")) < Version("1.16"):
     pytest.skip(
         "the GRPO loss family is checked against TRL 1.16's _compute_loss; this TRL is older",
         allow_module_level=True,
     )
-GRPOTrainer = grpo_trainer.GRPOTrainer
-# SAPO's temperatures and VESPO's kernel: the loss parameters, by name, with TRL's defaults
-TRL_PARAMS = {
-    field.name: field.default
-    for field in dataclasses.fields(importlib.import_module("trl").GRPOConfig)
-    if field.name.startswith(("sapo_", "vespo_"))
-}
+
+
+@functools.cache
+def trl_grpo() -> tuple[type, dict[str, float]]:
+    """TRL's GRPOTrainer, and SAPO's temperatures and VESPO's kernel: the loss parameters, by name,
+    with TRL's defaults."""
+    trainer = importlib.import_module("trl.trainer.grpo_trainer").GRPOTrainer
+    params = {
+        field.name: field.default
+        for field in dataclasses.fields(importlib.import_module("trl").GRPOConfig)
+        if field.name.startswith(("sapo_", "vespo_"))
+    }
+    return trainer, params
+
 
 ROWS, WIDTH = 4, 6
 LOW, HIGH = 0.2, 0.28
@@ -93,7 +105,7 @@ def trl_loss(
             ),
             top_entropy_quantile=1.0,
             off_policy_mask_threshold=off_policy,
-            get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+            get_off_policy_mask=trl_grpo()[0].get_off_policy_mask,
             importance_sampling_level=level,
             beta=beta,
             loss_type=loss_type,
@@ -103,9 +115,9 @@ def trl_loss(
                 delta=None,
                 use_bias_correction_kl=bias_correction,
                 steps_per_generation=2,
-                **{**TRL_PARAMS, **(params or {})},
+                **{**trl_grpo()[1], **(params or {})},
             ),
-            get_gamma_weights=GRPOTrainer.get_gamma_weights,
+            get_gamma_weights=trl_grpo()[0].get_gamma_weights,
             use_vllm=extra is not None and "importance_sampling_ratio" in extra,
             vllm_importance_sampling_correction=True,
             model=SimpleNamespace(training=True),
@@ -129,7 +141,7 @@ def trl_loss(
             **({"ref_per_token_logps": data["ref"][rows]} if beta else {}),
             **{name: value[rows] for name, value in (extra or {}).items()},
         }
-        total = total + GRPOTrainer._compute_loss(trainer, None, inputs)
+        total = total + trl_grpo()[0]._compute_loss(trainer, None, inputs)
     total.backward()
     return float(total.detach()), logprobs.grad
 
@@ -200,9 +212,9 @@ def test_the_loss_parameters_and_their_defaults_are_trls():
     the same names, with the same defaults, and each loss declares the ones it takes."""
     from farmkit.methods.group import GRPOConfig, RLOOConfig
 
-    assert set(TRL_PARAMS) == {*E.SAPO_TEMPERATURES, *E.VESPO_KERNEL}
+    assert set(trl_grpo()[1]) == {*E.SAPO_TEMPERATURES, *E.VESPO_KERNEL}
     for config in (GRPOConfig(), RLOOConfig()):
-        assert {name: getattr(config, name) for name in TRL_PARAMS} == TRL_PARAMS
+        assert {name: getattr(config, name) for name in trl_grpo()[1]} == trl_grpo()[1]
     assert E.policy_loss("sapo").params == tuple(E.SAPO_TEMPERATURES)
     assert E.policy_loss("vespo").params == tuple(E.VESPO_KERNEL)
     assert GRPOConfig(policy_loss="sapo", sapo_temperature_neg=2.0).loss_params == {
@@ -327,7 +339,7 @@ def test_the_off_policy_mask_is_trls():
     sampling[0] += 0.9  # row 0: A > 0: kept however far
     keep = RB.off_policy_keep(data["advantages"], data["logprobs"], sampling, data["mask"], 0.5)
     assert keep.tolist() == [1.0, 0.0, 1.0, 1.0]
-    theirs = GRPOTrainer.get_off_policy_mask(
+    theirs = trl_grpo()[0].get_off_policy_mask(
         data["advantages"][:, None], data["logprobs"], sampling, data["mask"], 0.5
     )
     assert torch.equal(keep, theirs[:, 0])
