@@ -375,12 +375,13 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "at most --max-staleness steps old when it trains. metrics.jsonl gets each step's "
         "staleness; the sampling weights' log-probabilities correct it through the rollout "
         "correction (--rollout-correction; an --importance-sampling-cap of 0 becomes 3). Not "
-        "with --dynamic-sampling or ZeRO-3.",
+        "with --dynamic-sampling or ZeRO-3; the hf rollout backend only, for now.",
     )
     max_staleness: int = help_field(
         1,
-        "With --async-rollouts: how many optimizer steps' updates a batch may lag the policy it "
-        "trains (0: no overlap, the synchronous run exactly).",
+        "With --async-rollouts: how many steps (each a batch and its updates) the weights that "
+        "sample a batch may lag the policy it trains (0: no overlap, the synchronous run "
+        "exactly; K: K copies of the policy at most).",
         bounds=NON_NEGATIVE,
     )
     overlong: str = help_field(

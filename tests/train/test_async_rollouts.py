@@ -16,9 +16,11 @@ import torch
 from policy_fixtures import keyword_reward_model, prompt_records, tiny_sft
 from safetensors.torch import load_file
 
+from farmkit.core.io import FarmError
 from farmkit.lm.models import load_causal_lm
 from farmkit.methods.group import GRPOConfig, train_group
 from farmkit.train import onpolicy
+from farmkit.train import rollout_backends as RB
 from farmkit.train import policy as P
 from farmkit.train.metrics import CLOCK_FIELDS
 
@@ -129,3 +131,18 @@ def test_a_resumed_run_trains_the_batch_sampled_ahead_before_the_interruption(
     )
     assert all(torch.equal(expected[key], resumed[key]) for key in expected)
     assert without_clock(rows_of(output)[-1]) == without_clock(rows_of(done)[-1])
+
+
+def test_the_correction_is_on_with_its_default_cap_and_vllm_is_refused_before_any_work(
+    tmp_path, monkeypatch
+):
+    assert GRPOConfig(async_rollouts=True).importance_sampling_cap == 3.0
+    assert (
+        GRPOConfig(async_rollouts=True, importance_sampling_cap=1.5).importance_sampling_cap == 1.5
+    )
+    assert GRPOConfig().importance_sampling_cap == 0.0
+    monkeypatch.setattr(RB, "vllm_installed", lambda: True)
+    config = GRPOConfig(steps=1, async_rollouts=True, rollout_backend="vllm", **TINY)
+    with pytest.raises(FarmError, match="--rollout-backend hf"):
+        train_group("no-such-sft", "no-such-rm", prompt_records(8), str(tmp_path / "out"), config)
+    assert not (tmp_path / "out").exists()
