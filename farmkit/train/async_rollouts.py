@@ -102,12 +102,14 @@ class AheadSampler:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="farmkit-rollouts")
 
     def take(self, number: int, policy: Any) -> Sampled:
-        """Step `number`'s batch; before waiting for it, the batches up to number + K not yet
-        asked for are asked for from `policy`'s weights now (after `number` steps)."""
+        """Step `number`'s batch; the batches up to number + K not yet asked for are asked for
+        from `policy`'s weights now (after `number` steps). A batch asked for before is awaited
+        first: the one thread samples in order anyway, and its copy is then free to refill."""
+        sampled = self.pending.pop(number).result() if number in self.pending else None
         needed = [
             m
             for m in range(number, min(number + self.staleness, self.steps - 1) + 1)
-            if m not in self.pending
+            if m not in self.pending and (m != number or sampled is None)
         ]
         if needed:
             weights = self._copy_of(policy)
@@ -115,7 +117,7 @@ class AheadSampler:
                 future = self.executor.submit(self._sample, weights.model, m, number)
                 weights.futures.append(future)
                 self.pending[m] = future
-        return self.pending.pop(number).result()
+        return sampled if sampled is not None else self.pending.pop(number).result()
 
     def _copy_of(self, policy: Any) -> _Copy:
         """A copy of `policy`'s weights now: one no batch in flight samples from, refilled, or a

@@ -20,8 +20,8 @@ from farmkit.core.io import FarmError
 from farmkit.lm.models import load_causal_lm
 from farmkit.methods.group import GRPOConfig, train_group
 from farmkit.train import onpolicy
-from farmkit.train import rollout_backends as RB
 from farmkit.train import policy as P
+from farmkit.train import rollout_backends as RB
 from farmkit.train.metrics import CLOCK_FIELDS
 
 # one minibatch of 8 rows, one pass, 4 new tokens: about a second a run
@@ -114,6 +114,7 @@ def test_staleness_0_trains_exactly_as_the_synchronous_run(models, tmp_path):
     assert [without_clock(row) for row in rows] == [without_clock(row) for row in async_rows]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_trains_the_batch_sampled_ahead_before_the_interruption(
     models, async_run, tmp_path
 ):
