@@ -66,6 +66,10 @@ Sections, each written to the report as soon as it ends (a run cut short still l
   The report gives the KL as measured; nothing forces it.
 - compiled-rollouts: the small shape's farm-grpo run in bf16-autocast again, its rollouts compiled
   (--compile-generation), its step 2 beside the eager run's;
+- async-rollouts: farm-grpo in bf16-autocast at each shape (the dry run: the small one), 4 steps synchronous and 4 with
+  --async-rollouts (one step of staleness: the next batch sampled by a copy of the policy in a
+  thread while the current one trains): steps per hour from the steps after the first, each step's
+  staleness, and the ratio async / sync (`make gpu-check` reports it as async_rollouts);
 - losses: one farm-grpo step in bf16-weights with GRPO's default loss and with each of NEW_LOSSES
   (dapo, gspo, cispo) that farmkit.train.estimators registers: step 1's KL must be exactly 0;
 - trl-grpo: farm-grpo against TRL's GRPOTrainer at the 1B shape, with bench/bench_rl.py's set-up
@@ -268,6 +272,8 @@ class Sizes:
             )
         )
         self.samples_per_prompt = 4
+        # --async-rollouts against synchronous steps: steps after the first are overlapped
+        self.async_steps = 3 if dry_run else 4
         self.train_prompts = 16 if dry_run else 128
         # compiled generation against eager: the batched sampling's sizes (one batch)
         self.compiled = self.batched
@@ -734,14 +740,18 @@ def train_section(
     policy_loss: str | None = None,
     steps: int | None = None,
     compile_generation: bool = False,
+    async_rollouts: bool = False,
 ) -> dict[str, Any]:
     """Two steps (or `steps`) of farm-ppo's or farm-grpo's training through their Python API, GRPO
-    with its default loss or `policy_loss`, the rollouts compiled with `compile_generation`;
-    per-step figures from the run's metrics.jsonl."""
+    with its default loss or `policy_loss`, the rollouts compiled with `compile_generation`, sampled
+    one step ahead with `async_rollouts`; per-step figures from the run's metrics.jsonl."""
     import torch
 
     folders = shape["folders"]
-    output = work / f"{method}-{mode}-{policy_loss or 'default'}-{compile_generation}-out"
+    output = (
+        work / f"{method}-{mode}-{policy_loss or 'default'}-{compile_generation}-"
+        f"{async_rollouts}-out"
+    )
     checkpoints = Path(f"{output}-checkpoints")
     for leftover in (output, checkpoints):
         shutil.rmtree(leftover, ignore_errors=True)
@@ -753,6 +763,7 @@ def train_section(
         template="chat",
         seed=0,
         compile_generation=compile_generation,
+        async_rollouts=async_rollouts,
     )
     if steps is not None:
         common["steps"] = steps
@@ -802,6 +813,7 @@ def train_section(
                 "loss": row.get("loss"),
                 "tokens_per_s": row.get("tokens_per_s"),
                 "mfu": row.get("mfu"),  # absent where the device's peak is unknown
+                "staleness": row.get("staleness"),  # --async-rollouts only
             }
         )
         previous = row["elapsed_s"]
@@ -817,6 +829,7 @@ def train_section(
             "kl_estimator": config.kl_estimator,
             "kl_coef": config.kl_coef,
             "compile_generation": config.compile_generation,
+            "async_rollouts": config.async_rollouts,
             **({"policy_loss": config.policy_loss} if method == "grpo" else {}),
         },
         "steps": steps,
@@ -858,6 +871,39 @@ def losses_section(shape: dict[str, Any], sizes: Sizes, work: Path) -> dict[str,
         "not_registered": [name for name in NEW_LOSSES if name not in POLICY_LOSSES],
         "runs": runs,
         "all_exactly_zero": all(run["is_exactly_zero"] for run in runs),
+    }
+
+
+def async_section(shape: dict[str, Any], sizes: Sizes, work: Path) -> dict[str, Any]:
+    """farm-grpo's steps synchronous and with --async-rollouts (the next batch sampled while the
+    current one trains, one step of staleness), bf16-autocast, the same seed: steps per hour from
+    the steps after the first (the first has nothing to overlap with), and the ratio async / sync
+    (above 1: faster)."""
+    runs = {}
+    for name in ("sync", "async"):
+        run = train_section(
+            "grpo",
+            "bf16-autocast",
+            shape,
+            sizes,
+            work,
+            steps=sizes.async_steps,
+            async_rollouts=name == "async",
+        )
+        later = [step["wall_s"] for step in run["steps"][1:]]
+        runs[name] = {
+            "step_s": [step["wall_s"] for step in run["steps"]],
+            "staleness": [step["staleness"] for step in run["steps"]],
+            "steps_per_hour": round(3600 * len(later) / sum(later), 1) if later else None,
+            "run_wall_s": run["run_wall_s"],
+            "peak_gpu_memory_gb": run.get("peak_gpu_memory_gb"),
+        }
+    sync, ahead = runs["sync"]["steps_per_hour"], runs["async"]["steps_per_hour"]
+    return {
+        "precision": "bf16-autocast",
+        "steps": sizes.async_steps,
+        **runs,
+        "ratio_async_over_sync": round(ahead / sync, 3) if sync and ahead else None,
     }
 
 
@@ -1200,6 +1246,7 @@ def main(argv: list[str] | None = None) -> int:
     report.data["compiled_rollouts"] = {}
     report.data["trl_grpo"] = None
     report.data["losses_first_step_kl"] = {}
+    report.data["async_rollouts"] = {}
     report.data["training"] = []
     report.write()
     say(f"report: {report.path}; work folder: {work}; device: {device}")
@@ -1219,7 +1266,10 @@ def main(argv: list[str] | None = None) -> int:
         ("train", small, "grpo", "bf16-autocast"),
         ("losses", small, "grpo", "bf16-weights"),
         ("compiled-rollouts", small, "grpo", "bf16-autocast"),
+        ("async-rollouts", small, "grpo", "bf16-autocast"),
         ("sample", large, "", None),
+        # the dry run overlaps at one shape only: the same code path
+        *([] if args.dry_run else [("async-rollouts", large, "grpo", "bf16-autocast")]),
         ("train", large, "ppo", "bf16-autocast"),
         ("train", large, "grpo", "bf16-autocast"),
         ("train", small, "ppo", "fp32"),
@@ -1296,6 +1346,13 @@ def main(argv: list[str] | None = None) -> int:
                     "eager_step2_s": eager[0] if eager else None,
                 }
                 say(f"  steps {result['step1_s']} s, {result['step2_s']} s (eager: {eager})")
+            elif kind == "async-rollouts":
+                result = async_section(report.data["shapes"][shape_name], sizes, work)
+                report.data["async_rollouts"][shape_name] = result
+                say(
+                    f"  steps per hour: sync {result['sync']['steps_per_hour']}, async "
+                    f"{result['async']['steps_per_hour']} (x{result['ratio_async_over_sync']})"
+                )
             elif kind == "losses":
                 report.data["losses_first_step_kl"][shape_name] = losses_section(
                     report.data["shapes"][shape_name], sizes, work

@@ -45,6 +45,7 @@ T_RL = "tests/train/test_estimators.py"
 T_TEMP = "tests/lm/test_generation_temperature.py"
 T_TRL = "tests/train/test_estimators_trl.py"
 T_LOOP = "tests/train/test_onpolicy.py"
+T_ASYNC = "tests/train/test_async_rollouts.py"
 
 MUTATIONS = [
     # --- temperature, at each place a sampling temperature reaches the model
@@ -247,6 +248,26 @@ MUTATIONS = [
         (
             f"{T_LOOP}::test_overlong_penalty_lowers_the_score_and_the_filter_leaves_cut_answers_out",
         ),
+    ),
+    Mutation(
+        "async rollouts: the sampling copy never refilled (batches sampled by the first weights)",
+        "farmkit/train/async_rollouts.py",
+        "held.model.load_state_dict(policy.state_dict())",
+        "pass",
+        (
+            f"{T_ASYNC}::test_staleness_0_trains_exactly_as_the_synchronous_run",
+            f"{T_ASYNC}::test_a_stale_batch_carries_the_sampling_weights_logprobs_and_the_ratio_corrects_it",
+        ),
+    ),
+    Mutation(
+        "async rollouts: a stale batch without its sampling weights' log-probabilities (no correction)",
+        "farmkit/train/async_rollouts.py",
+        "if version < number:",
+        "if False:",
+        (
+            f"{T_ASYNC}::test_a_stale_batch_carries_the_sampling_weights_logprobs_and_the_ratio_corrects_it",
+        ),
+        fast=True,
     ),
     Mutation(
         "importance-sampling cap with the hf backend: the single pass turned off",

@@ -255,9 +255,18 @@ class RunRecord:
         tracking.log(self.accelerator, row, row["step"])
 
     def checkpoint(
-        self, done: int, model: Any, optimizer: Any, scheduler: Any, tokenizer: Any, gold: Any
+        self,
+        done: int,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        tokenizer: Any,
+        gold: Any,
+        extra: Any = None,
     ) -> None:
-        """After step `done`: a checkpoint every --save-steps steps (the last step's is the output)."""
+        """After step `done`: a checkpoint every --save-steps steps (the last step's is the output).
+        `extra(state)`: what every process adds to its trainer/ folder (the batches sampled ahead,
+        farmkit.train.async_rollouts)."""
         if checkpoint_step(done, self.config) and done < self.config.steps:
             _write_checkpoint(
                 self.accelerator,
@@ -268,6 +277,7 @@ class RunRecord:
                 self.checkpoints / f"step-{done:06d}",
                 self.meta(done, gold),
                 done,
+                extra,
             )
 
     def save(
@@ -347,6 +357,7 @@ def _write_checkpoint(
     folder: Path,
     meta: dict[str, Any],
     step: int,
+    extra: Any = None,
 ) -> None:
     """A loadable policy folder; its trainer/ subfolder is what --resume reads, and is removed from
     the previous checkpoint to save disk. Without DeepSpeed it holds the value model (or the
@@ -369,6 +380,9 @@ def _write_checkpoint(
         accelerator.wait_for_everyone()
         model.save_checkpoint(str(state / ENGINE_STATE), tag=ENGINE_STATE)  # collective
     accelerator.wait_for_everyone()
+    if extra is not None:  # every process its own, before the folder is marked whole
+        extra(state)
+        accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         torch.save(scheduler.state_dict(), state / "scheduler.pt")
         mark_complete(folder, {"step": step, "lora": lora})

@@ -184,6 +184,8 @@ UNFINISHED = ("truncate", "penalty")
 # --rollout-correction (farmkit.train.rollout_backends.rollout_correction)
 CORRECTION_MODES = ("token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
 OVERLONG = ("none", "penalty", "filter")
+# --async-rollouts' cap of the correction when none is given (TRL's vllm_importance_sampling_cap)
+ASYNC_CAP = 3.0
 KL_ESTIMATORS = ("k1", "clamped", "k3")
 
 
@@ -343,7 +345,8 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "The cap of the rollout correction (--rollout-correction) of the rollout engine's "
         "mismatch (vllm): pi_trainer / pi_engine of the sampled token, or of the whole response. "
         "0: off (TRL caps at 3, verl at 2). With the hf backend, where the policy samples itself, "
-        "there is no mismatch: it does nothing, and a warning says so.",
+        "there is no mismatch: it does nothing, and a warning says so (unless --async-rollouts, "
+        "whose stale batches it corrects).",
         bounds=NON_NEGATIVE,
     )
     rollout_correction: str | None = help_field(
@@ -365,6 +368,22 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "off_policy_mask_threshold, e.g. 0.5). Default: off.",
         bounds=POSITIVE,
         show_default=False,
+    )
+    async_rollouts: bool = help_field(
+        False,
+        "One-step off-policy rollouts: the next step's batch is sampled (by a copy of the policy "
+        "as of the step it starts at, in a thread) while the current one trains, so a batch is "
+        "at most --max-staleness steps old when it trains. metrics.jsonl gets each step's "
+        "staleness; the sampling weights' log-probabilities correct it through the rollout "
+        "correction (--rollout-correction; an --importance-sampling-cap of 0 becomes 3). Not "
+        "with --dynamic-sampling or ZeRO-3; the hf rollout backend only, for now.",
+    )
+    max_staleness: int = help_field(
+        1,
+        "With --async-rollouts: how many steps (each a batch and its updates) the weights that "
+        "sample a batch may lag the policy it trains (0: no overlap, the synchronous run "
+        "exactly; K: K copies of the policy at most).",
+        bounds=NON_NEGATIVE,
     )
     overlong: str = help_field(
         "none",
@@ -402,6 +421,14 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
                 f"--rollout-correction {self.rollout_correction}: --policy-loss {self.policy_loss} "
                 "has one ratio per response, so it takes sequence-truncate or sequence-mask"
             )
+        if self.async_rollouts:
+            if getattr(self, "dynamic_sampling", False):
+                raise ValueError(
+                    "--async-rollouts and --dynamic-sampling do not go together: the extra draws "
+                    "would be sampled by the current weights beside a batch sampled by older ones"
+                )
+            if not self.importance_sampling_cap:
+                self.importance_sampling_cap = ASYNC_CAP
         if self.overlong == "penalty" and self.overlong_cache >= self.max_new_tokens:
             raise ValueError("overlong-cache must be below max-new-tokens")
 

@@ -16,7 +16,9 @@ Each line is one JSON object with
   `gold_answer_length` (farmkit.train.gold); on the on-policy trainers' rows, `step_s` (the step's
   wall time), `tokens_per_s` (tokens sampled per second of it) and, on a device whose peak is known
   (farmkit.core.devices), `mfu` (StepWork: 2 x parameters FLOPs per token of a forward pass, 6 x
-  per token trained, over the step's time x the peak bf16 FLOPs x the processes).
+  per token trained, over the step's time x the peak bf16 FLOPs x the processes); with
+  --async-rollouts, `staleness` (the steps by which the weights that sampled the step's batch lag
+  the policy it trains: farmkit.train.async_rollouts).
 
 `farm-plot curves` draws any of them. A value that is not finite (NaN, inf) is written as null, so
 every line stays JSON that any reader parses."""

@@ -24,6 +24,7 @@ overlong penalty or filter act on the rollout; the off-policy mask on the loss.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -388,17 +389,21 @@ def train_on_policy(
 
     trainer = OnPolicyTrainer(method, sft, reward_model, prompts, output, seed, inputs, gold_pools)
     last = trainer.record.last  # a resumed run with no step left returns the step it resumed
-    for number in range(trainer.start_step, method.config.steps):
-        try:
-            step = trainer.rollout(number)
-        except BudgetSpent as spent:
-            trainer.stop(number, str(spent))
-            break
-        trainer.score(step)
-        trainer.advantages(step)
-        trainer.update(step)
-        last = trainer.log(step)
-        trainer.checkpoint(step)
+    try:
+        for number in range(trainer.start_step, method.config.steps):
+            try:
+                step = trainer.rollout(number)
+            except BudgetSpent as spent:
+                trainer.stop(number, str(spent))
+                break
+            trainer.score(step)
+            trainer.advantages(step)
+            trainer.update(step)
+            last = trainer.log(step)
+            trainer.checkpoint(step)
+    finally:
+        if trainer.ahead is not None:
+            trainer.ahead.close()
     trainer.save()
     return last
 
@@ -420,6 +425,7 @@ class Step:
     discarded_tokens: float = 0.0  # sampled, then left out of the batch (dynamic sampling)
     weights: Any = None  # the rollout correction's (None: off)
     loss_mask: Any = None  # the response mask of the loss (--overlong filter: unfinished rows 0)
+    staleness: int | None = None  # --async-rollouts: steps the sampling weights lag the policy
     totals: dict[str, float] = field(default_factory=dict)  # the updates' figures, averaged
     row: dict[str, Any] = field(default_factory=dict)  # its metrics row, once logged
 
@@ -455,9 +461,13 @@ class OnPolicyTrainer:
         config = self.config = method.config
         self.method, self.prompts, self.output, self.seed = method, prompts, output, seed
         self.steps_done, self.stopped = config.steps, None
-        resolve_backend(
-            config.rollout_backend
-        )  # vllm asked for and missing: say so before any work
+        # vllm asked for and missing: say so before any work
+        kind = resolve_backend(config.rollout_backend)
+        if config.async_rollouts and kind != "hf":
+            raise FarmError(
+                "--async-rollouts samples with the hf rollout backend for now (the colocated vllm "
+                "engine is not yet driven from a thread of its own): add --rollout-backend hf"
+            )
         accelerator = self.accelerator = start_run(config, method.tool, output)
         self.device = str(accelerator.device)
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
@@ -473,6 +483,11 @@ class OnPolicyTrainer:
         self.accumulation = -(-self.local_minibatch // config.micro_batch_size)
         accelerator.gradient_accumulation_steps = self.accumulation
         stage = launch.zero_stage(accelerator)
+        if stage == 3 and config.async_rollouts:
+            raise FarmError(
+                "--async-rollouts under ZeRO-3 is not supported (its copy of the policy would be "
+                "a copy of this process's shards): use ZeRO-2 or DDP"
+            )
         if stage == 3 and config.lora:
             raise FarmError(
                 "--lora under ZeRO-3 is not supported (merging split adapters is untested): use ZeRO-2 or DDP"
@@ -524,8 +539,25 @@ class OnPolicyTrainer:
         self.order = prompt_order(len(prompts), config.steps * method.prompts_per_step, seed)
         # the engine starts from the SFT folder: it needs the policy's weights once they differ
         self.stale = resume_from is not None or state is not None
+        self.ahead = None
+        if config.async_rollouts:
+            from farmkit.train.async_rollouts import AheadSampler
+
+            self.ahead = AheadSampler(
+                config.max_staleness,
+                config.steps,
+                self.sample_ahead,
+                config.temperature,
+                config.micro_batch_size,
+                accelerator.autocast,
+            )
+            self.ahead.restore(state, self.rank, accelerator.device)
         correcting = bool(config.importance_sampling_cap)
-        if correcting and self.backend.name == "hf":
+        if config.async_rollouts:
+            # stale batches carry the sampling weights' log-probabilities: the correction acts
+            # on them (with no staleness allowed there is none, and nothing to correct)
+            correcting = config.max_staleness > 0
+        elif correcting and self.backend.name == "hf":
             log.warning(
                 "--importance-sampling-cap does nothing with the hf rollout backend: the policy "
                 "samples itself, so there is no engine mismatch to correct (it acts with vllm)"
@@ -672,20 +704,65 @@ class OnPolicyTrainer:
 
     # -- the phases of a step ----------------------------------------------------------------------
 
+    def step_prompts(self, number: int) -> list[int]:
+        """This process's prompts of step `number` (a seeded order)."""
+        per_step = self.method.prompts_per_step
+        return self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
+
     def rollout(self, number: int) -> Step:
-        """This process's prompts of the step (a seeded order), sampled and scored (with DAPO's
-        overlong penalty when asked); under --dynamic-sampling, groups without signal replaced."""
-        method, per_step = self.method, self.method.prompts_per_step
-        prompts = self.order[number * per_step : (number + 1) * per_step][self.rank :: self.world]
-        batch = self.sample_rows(method.rows(prompts), number, "rollout")
+        """This process's prompts of the step, sampled and scored (with DAPO's overlong penalty
+        when asked); under --dynamic-sampling, groups without signal replaced; under
+        --async-rollouts, the batch sampled ahead (farmkit.train.async_rollouts), scored now."""
+        prompts = self.step_prompts(number)
+        if self.ahead is not None:
+            return self.rollout_ahead(number)
+        batch = self.sample_rows(self.method.rows(prompts), number, "rollout")
         step = Step(number, batch.prompt_indices, batch)
         if getattr(self.config, "dynamic_sampling", False):
             self.dynamic_sampling(step, len(prompts))
         return step
 
+    def rollout_ahead(self, number: int) -> Step:
+        """Step `number`'s batch as the sampler has it (asking for the next ones from the
+        weights now), scored, with its staleness."""
+        from farmkit.train import launch
+        from farmkit.train.rollouts import score_rollout
+
+        with launch.for_generation(self.accelerator, self.model) as unwrapped:
+            sampled = self.ahead.take(number, unwrapped.policy)
+        rows, config = self.method.rows(self.step_prompts(number)), self.config
+        batch = score_rollout(
+            self.tokenizer,
+            self.scorer,
+            self.prompts,
+            rows,
+            sampled.rollout,
+            sampled.behaviour_logprobs,
+            unfinished=config.unfinished,
+            unfinished_penalty=config.unfinished_penalty,
+        )
+        step = Step(number, batch.prompt_indices, self.penalize_overlong(batch))
+        step.staleness = sampled.staleness
+        return step
+
+    def sample_ahead(self, policy: Any, number: int) -> Any:
+        """Step `number`'s rollout sampled by `policy` (a copy of the weights, in the sampler's
+        thread) as sample_rows samples it: the same rows, seed and settings."""
+        config = self.config
+        rows = self.method.rows(self.step_prompts(number))
+        rollout, _ = self.backend.sample(
+            policy,
+            self.tokenizer,
+            [self.prompt_ids[i] for i in rows],
+            temperature=config.temperature,
+            max_new_tokens=config.max_new_tokens,
+            seed=derive_seed(self.seed, f"{self.method.name} rollout", number, self.rank),
+        )
+        return rollout
+
     def sample_rows(self, rows: list[int], number: int, label: str) -> Any:
         """One response to each row's prompt, scored."""
-        from farmkit.train import launch, rl_common
+        from farmkit.train import launch
 
         method, config = self.method, self.config
         with (
@@ -706,6 +783,13 @@ class OnPolicyTrainer:
                 derive_seed(self.seed, f"{method.name} {label}", number, self.rank),
                 self.backend,
             )
+        return self.penalize_overlong(batch)
+
+    def penalize_overlong(self, batch: Any) -> Any:
+        """DAPO's overlong penalty added to the scores, under --overlong penalty."""
+        from farmkit.train import rl_common
+
+        config = self.config
         if config.overlong == "penalty":
             lengths = batch.rollout.response_mask.sum(dim=1)
             batch.scores = batch.scores + rl_common.overlong_penalty(
@@ -934,12 +1018,15 @@ class OnPolicyTrainer:
             },
             **step.engine_figures,
             **step.figures,
+            **({} if step.staleness is None else {"staleness": step.staleness}),
             "learning_rate": self.scheduler.get_last_lr()[0],
             "elapsed_s": round(time.time() - self.started, 2),
             **self.labelled(budget),
         }
         if self.gold is not None and C.checkpoint_step(done, config):
-            with launch.for_generation(self.accelerator, self.model) as unwrapped:
+            # the gold judge samples from torch's global generator, as the sampler's thread does
+            sampling = self.ahead.lock if self.ahead is not None else contextlib.nullcontext()
+            with launch.for_generation(self.accelerator, self.model) as unwrapped, sampling:
                 row.update(self.gold.evaluate(unwrapped.policy, self.tokenizer, f"step-{done}"))
         C.check_finite(done, method.total_loss(row))
         step.row = metrics_row(method.name, done, method.total_loss(row), **row)
@@ -963,8 +1050,17 @@ class OnPolicyTrainer:
 
     def checkpoint(self, step: Step) -> None:
         """Every --save-steps steps: a policy folder that --resume continues from."""
+        ahead = None
+        if self.ahead is not None:  # the batches sampled ahead, saved beside the optimizer's
+            ahead = lambda state: self.ahead.save(state, self.rank)  # noqa: E731
         self.record.checkpoint(
-            step.number + 1, self.model, self.optimizer, self.scheduler, self.tokenizer, self.gold
+            step.number + 1,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.tokenizer,
+            self.gold,
+            ahead,
         )
 
     def save(self) -> None:

@@ -164,6 +164,32 @@ def sample_and_score(
             seed=seed,
             suppress=suppress,
         )
+    return score_rollout(
+        tokenizer,
+        scorer,
+        records,
+        indices,
+        rollout,
+        engine_logprobs,
+        unfinished=unfinished,
+        unfinished_penalty=unfinished_penalty,
+    )
+
+
+def score_rollout(
+    tokenizer: Any,
+    scorer: Any,
+    records: Sequence[dict[str, Any]],
+    indices: Sequence[int],
+    rollout: P.Rollout,
+    engine_logprobs: torch.Tensor | None,
+    *,
+    unfinished: str,
+    unfinished_penalty: float,
+) -> ScoredRollout:
+    """A sampled rollout (rows: prompts[i] for i in indices) scored against its instruction records
+    with `scorer`, the unfinished rule applied (sample_and_score's second half; --async-rollouts
+    samples ahead and scores when the step comes)."""
     texts = P.decode_responses(tokenizer, rollout)
     rewards = torch.tensor(
         scorer.score(

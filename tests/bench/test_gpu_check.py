@@ -1,7 +1,8 @@
 """`make gpu-check DRY_RUN=1`: bench/gpu_check.py's every section (models built from configs with an
 in-script tokenizer, farm-sample's engine batched and one prompt at a time, generation eager and
 compiled beside the bandwidth bound, two farm-ppo and farm-grpo steps in three precisions and with
-compiled rollouts, the GRPO family's losses' first step in bf16, farm-grpo against TRL's
+compiled rollouts, synchronous against --async-rollouts steps, the GRPO family's losses' first
+step in bf16, farm-grpo against TRL's
 GRPOTrainer, at two tiny shapes) on
 the CPU, run the way make runs it on the GPU machine: the repository first on sys.path, the wheels
 folder unpacked last (here a probe wheel, since .venv already holds click, orjson and trl). The
@@ -81,7 +82,9 @@ def test_every_section_runs_and_the_report_says_so(dry_run):
     assert report["dry_run"] is True
     assert report["status"] == "complete"
     statuses = {section["name"]: section["status"] for section in report["sections"]}
-    assert len(statuses) == 16  # the GPU run's 21, less its large-shape compile and 4 training runs
+    # the GPU run's 23, less what the dry run runs at the small shape only: the compile, the async
+    # rollouts and 4 training runs (the same code paths at the large shape)
+    assert len(statuses) == 17
     assert set(statuses.values()) == {"ok"}, statuses
     assert report["environment"]["device"] == "cpu"
     assert report["torch_threads"] == 1
@@ -154,6 +157,21 @@ def test_a_training_run_with_compiled_rollouts_beside_its_eager_twin(dry_run):
     ]
     assert eager["config"]["compile_generation"] is False
     assert run["eager_step2_s"] == eager["step2_s"]
+
+
+def test_steps_per_hour_synchronous_and_with_async_rollouts(dry_run):
+    report, _ = dry_run
+    (shape,) = report["async_rollouts"]
+    run = report["async_rollouts"][shape]
+    assert shape == "tiny-a" and run["steps"] == 3
+    assert run["sync"]["staleness"] == [None] * 3
+    assert run["async"]["staleness"] == [0, 1, 1]
+    for side in ("sync", "async"):
+        later = run[side]["step_s"][1:]
+        assert run[side]["steps_per_hour"] == pytest.approx(3600 * 2 / sum(later), rel=0.01)
+    assert run["ratio_async_over_sync"] == pytest.approx(
+        run["async"]["steps_per_hour"] / run["sync"]["steps_per_hour"], rel=0.01
+    )
 
 
 def test_farm_grpo_against_trls_grpo_trainer_per_step(dry_run):

@@ -185,6 +185,7 @@ def test_group_loss_adds_the_kl_term():
         # RLOO's one ratio per response takes a correction per response only
         (dict(rollout_correction="token-mask"), "takes sequence-truncate or sequence-mask"),
         (dict(overlong="penalty", overlong_cache=300), "overlong-cache must be below"),
+        (dict(async_rollouts=True, dynamic_sampling=True), "do not go together"),
     ],
 )
 def test_bad_settings_are_refused(values, message):
