@@ -40,8 +40,11 @@ endif
 	HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error $(PY) -c "from farmkit.lm.models import resolve; resolve('embedded')"
 	touch $@
 
+# Bytecode is written (PYTHONDONTWRITEBYTECODE, set on some machines, is emptied): each worker and
+# every tool the tests start would otherwise compile farmkit and rewrite the tests' asserts again.
 test: install
-	$(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 )$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m compileall -q farmkit tools
+	PYTHONDONTWRITEBYTECODE= $(if $(filter-out 0,$(TEST_WORKERS)),OMP_NUM_THREADS=1 )$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # the docs site (docs/, mkdocs.yml): hand-written pages, each tool's Options block refreshed from its --help,
 # then built into site/ with --strict, so a broken link or anchor fails (docs/architecture.md says how).
