@@ -302,7 +302,12 @@ def test_truncated_importance_sampling_reweights_the_updates(models, tmp_path, m
     assert any(not torch.allclose(runs["exact"][k], runs["on"][k], atol=1e-6) for k in names)
 
 
-@pytest.mark.parametrize("says_kept", [True, False], ids=["recorded", "recomputed"])
+@pytest.mark.parametrize(
+    "says_kept",
+    # the recorded counts' replay is checked without training in test_rollout_backends.py
+    [pytest.param(True, marks=pytest.mark.slow), False],
+    ids=["recorded", "recomputed"],
+)
 def test_top_p_top_k_rollouts_are_scored_over_the_tokens_the_sampler_kept(
     models, tmp_path, monkeypatch, says_kept
 ):

@@ -87,7 +87,9 @@ def test_compiled_rollouts_are_the_hf_backends_and_refused_for_vllm(monkeypatch)
     """--compile-generation reaches sample_rollout through the hf backend; vLLM captures CUDA
     graphs of its own, so asking it to is a clear error."""
     asked = []
-    monkeypatch.setattr(P, "sample_rollout", lambda *args, compiled=False: asked.append(compiled))
+    monkeypatch.setattr(
+        P, "sample_rollout", lambda *args, compiled=False, **_: asked.append(compiled)
+    )
     for compiled in (False, True):
         backend = R.make_backend("hf", "/nonexistent", seed=0, device="cpu", compiled=compiled)
         backend.sample(None, None, [[1]], temperature=1.0, max_new_tokens=1, seed=0)
