@@ -19,7 +19,10 @@ mismatch between the engine's log-probabilities of its sampled tokens and the tr
 (rollout_logprob_diff_mean and _max, rollout_kl), and --importance-sampling-cap turns on the
 rollout correction (--rollout-correction: each token's surrogate weighted by min(pi_trainer /
 pi_engine, cap), by the response's ratio, or masked above the cap). DAPO's dynamic sampling and
-overlong penalty or filter act on the rollout; the off-policy mask on the loss.
+overlong penalty or filter act on the rollout; the off-policy mask on the loss. Rollouts sampled
+with --top-p/--top-k carry each token's kept count (recorded by the hf sampler, or computed here by
+the same rule before the update: record_kept), and every log-probability the step takes is
+renormalised over that many tokens (policy.replayed_logits; docs/methods.md).
 """
 
 from __future__ import annotations

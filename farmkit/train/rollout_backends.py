@@ -6,7 +6,8 @@ the policy's weights after every optimizer step.
 Both return the same Rollout that policy.sample_rollout builds (prompts padded on the left, responses
 on the right with padding after the end token, the mask covering the end token). The vLLM backend also
 returns the engine's own log-probability of each sampled token under exactly the distribution it
-sampled from (softmax(logits / temperature), suppressed tokens removed), so the trainer can measure how
+sampled from (softmax(logits / temperature), suppressed tokens removed, truncated by top_k/top_p
+when asked: the trainer replays the truncation, policy.replayed_logits), so the trainer can measure how
 far the engine's numerics are from its own (`logprob_mismatch`, `engine_kl`) and correct for it
 with truncated or masked importance sampling (`rollout_correction`, `off_policy_keep`).
 
