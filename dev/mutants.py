@@ -78,6 +78,30 @@ MUTATIONS = [
         "return out.logits[:, :-1].float()",
         (f"{T_TEMP}::test_response_logits_are_divided_by_the_temperature",),
     ),
+    # --- truncated sampling (--top-p, --top-k): the kept set replayed in training
+    Mutation(
+        "top-p/top-k: mask replay removed (log-probs over the whole vocabulary)",
+        "farmkit/train/policy.py",
+        "    kept = rollout.kept\n    if kept is None:\n        return logits",
+        "    kept = rollout.kept\n    if True:\n        return logits",
+        (
+            "tests/train/test_rollout_backends.py::"
+            "test_top_p_top_k_rollouts_replayed_in_training_give_a_ratio_of_one",
+            f"{T_LOOP}::test_top_p_top_k_rollouts_are_scored_over_the_tokens_the_sampler_kept"
+            "[recomputed]",
+        ),
+        fast=True,
+    ),
+    Mutation(
+        "top-p/top-k: the trainer's forward not replayed",
+        "farmkit/train/onpolicy.py",
+        "return P.replayed_logits(logits, chunk), values",
+        "return logits, values",
+        (
+            f"{T_LOOP}::test_top_p_top_k_rollouts_are_scored_over_the_tokens_the_sampler_kept"
+            "[recomputed]",
+        ),
+    ),
     # --- group methods
     Mutation(
         "GRPO: no division by the group's std (where the config applies it)",

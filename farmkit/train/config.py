@@ -398,6 +398,15 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "of 20480).",
         bounds=AT_LEAST_ONE,
     )
+    top_p: float = shared_field("top_p", 1.0)
+    top_k: int = help_field(
+        0,
+        "Top-k sampling: sample from the k most likely tokens (0: off; with --top-p, top-k "
+        "first). A truncated rollout is replayed in training: every log-probability (the ratio, "
+        "the rollout correction, the KL) is renormalised over the tokens the sampler kept "
+        "(docs/methods.md).",
+        bounds=NON_NEGATIVE,
+    )
     advantage_estimator: str | None = advantage_estimator_field(None)
     policy_loss: str | None = policy_loss_field(None)
 

@@ -19,7 +19,10 @@ mismatch between the engine's log-probabilities of its sampled tokens and the tr
 (rollout_logprob_diff_mean and _max, rollout_kl), and --importance-sampling-cap turns on the
 rollout correction (--rollout-correction: each token's surrogate weighted by min(pi_trainer /
 pi_engine, cap), by the response's ratio, or masked above the cap). DAPO's dynamic sampling and
-overlong penalty or filter act on the rollout; the off-policy mask on the loss.
+overlong penalty or filter act on the rollout; the off-policy mask on the loss. Rollouts sampled
+with --top-p/--top-k carry each token's kept count (recorded by the hf sampler, or computed here by
+the same rule before the update: record_kept), and every log-probability the step takes is
+renormalised over that many tokens (policy.replayed_logits; docs/methods.md).
 """
 
 from __future__ import annotations
@@ -339,6 +342,9 @@ def sample(
         seed=seed,
         suppress=suppress,
         backend=backend,
+        # the on-policy methods' truncated sampling (Quark's config has none)
+        top_p=getattr(config, "top_p", 1.0),
+        top_k=getattr(config, "top_k", 0),
     )
 
 
@@ -669,15 +675,42 @@ class OnPolicyTrainer:
 
         with self.accelerator.autocast():
             if self.reference is not None:
-                return P.response_logits(self.reference, chunk, self.config.temperature)
-            policy = self.accelerator.unwrap_model(self.model).policy
-            with policy.disable_adapter():
-                return P.response_logits(policy, chunk, self.config.temperature)
+                logits = P.response_logits(self.reference, chunk, self.config.temperature)
+            else:
+                policy = self.accelerator.unwrap_model(self.model).policy
+                with policy.disable_adapter():
+                    logits = P.response_logits(policy, chunk, self.config.temperature)
+        return P.replayed_logits(logits, chunk)
 
     def forward(self, chunk: Any) -> tuple[Any, Any]:
-        """(logits, values or None) of the trained module on some rollout rows."""
+        """(logits, values or None) of the trained module on some rollout rows; the logits
+        truncated as the rollout was sampled (policy.replayed_logits)."""
+        from farmkit.train import policy as P
+
         forward = self.model(chunk, self.config.temperature)
-        return forward if self.has_values else (forward, None)
+        logits, values = forward if self.has_values else (forward, None)
+        return P.replayed_logits(logits, chunk), values
+
+    def record_kept(self, step: Step) -> None:
+        """Where the rollout was sampled with top-k/top-p by an engine that does not say what it
+        kept (vllm): each token's kept count from truncation_mask's rule on the policy's own logits,
+        before any update (the engine holds the same weights), one micro-batch at a time."""
+        import torch
+
+        from farmkit.train import policy as P
+
+        config, rollout = self.config, step.batch.rollout
+        if rollout.kept is not None or not P.truncates(config.top_p, config.top_k):
+            return
+        kept, size = [], config.micro_batch_size
+        with torch.no_grad():
+            for start in range(0, len(step.rows), size):
+                chunk = rollout.rows(slice(start, start + size))
+                forward = self.model(chunk, config.temperature)
+                logits = forward[0] if self.has_values else forward
+                keep = P.truncation_mask(logits, config.top_p, config.top_k)
+                kept.append(keep.sum(dim=-1) * chunk.response_mask.long())
+        rollout.kept = torch.cat(kept)
 
     def engine_mismatch(self, step: Step) -> tuple[dict[str, Any], Any]:
         """The engine/trainer log-probability figures (the mismatch, the engine-vs-trainer KL, the
@@ -844,6 +877,7 @@ class OnPolicyTrainer:
 
         from farmkit.train import policy as P
 
+        self.record_kept(step)
         rollout, size = step.batch.rollout, self.config.micro_batch_size
         with torch.no_grad():
             old_logprobs, ref_logprobs, old_values, entropies = [], [], [], []

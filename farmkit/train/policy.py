@@ -27,6 +27,10 @@ class Rollout:
     response_ids: torch.Tensor  # [batch, response width]; after the end: padding
     response_mask: torch.Tensor  # float 0/1, the eos token included
     finished: torch.Tensor  # bool: the response ended with eos before the length limit
+    # sampled with top-k/top-p: how many tokens each response token's truncated distribution kept
+    # [batch, response width], 0 on padding (truncation_mask; replayed by replayed_logits); None:
+    # sampled from the whole tempered distribution
+    kept: torch.Tensor | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -37,12 +41,18 @@ class Rollout:
         return torch.cat([self.prompt_mask, self.response_mask.to(self.prompt_mask.dtype)], dim=1)
 
     def rows(self, index: Any) -> Rollout:
-        return Rollout(*(getattr(self, field.name)[index] for field in dataclasses.fields(self)))
+        return Rollout(*(_apply(self, field.name, lambda t: t[index]) for field in _FIELDS))
 
     def to(self, device: Any) -> Rollout:
-        return Rollout(
-            *(getattr(self, field.name).to(device) for field in dataclasses.fields(self))
-        )
+        return Rollout(*(_apply(self, field.name, lambda t: t.to(device)) for field in _FIELDS))
+
+
+_FIELDS = dataclasses.fields(Rollout)
+
+
+def _apply(rollout: Rollout, name: str, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    value = getattr(rollout, name)
+    return None if value is None else change(value)
 
 
 def adamw(parameters: Sequence[torch.nn.Parameter], **options: Any) -> torch.optim.AdamW:
@@ -128,13 +138,17 @@ def sample_rollout(
     max_new_tokens: int,
     suppress: Sequence[int] = (),
     compiled: bool = False,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> Rollout:
     """Sample one response per prompt from softmax(logits / temperature) and nothing else (seed torch
-    beforehand); tokens after the first eos are padding.
+    beforehand); tokens after the first eos are padding. With `top_p` < 1 or `top_k` > 0, from that
+    distribution truncated by truncation_mask, each token's kept count recorded (Rollout.kept).
 
     The model's own generation_config (repetition_penalty, top_k, top_p, min_new_tokens, ...) would
     otherwise reshape the distribution behind the method's back: the PPO ratio and KL assume the
-    rollout came from exactly the tempered policy. It is set aside while sampling. Token ids in
+    rollout came from exactly the tempered policy (truncated as asked, and replayed). It is set
+    aside while sampling. Token ids in
     `suppress` (Quark's control tokens, which the reference model does not have) are never sampled:
     the method then scores responses over the rest of the vocabulary. `prompts` are token ids (from
     fit_rollout_prompts), or texts, fitted to the context here. `compiled`: a static KV cache and a
@@ -146,6 +160,7 @@ def sample_rollout(
     batch = pad_left(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items()}
+    truncation = Truncation(temperature, top_p, top_k) if truncates(top_p, top_k) else None
     with plain_generation_config(model, tokenizer):
         output = model.generate(
             **batch,
@@ -157,6 +172,8 @@ def sample_rollout(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             suppress_tokens=list(suppress) or None,
+            # after the suppressed tokens' processor, before generate's temperature
+            logits_processor=None if truncation is None else [truncation],
             **(compiled_generation() if compiled else {}),
         )
     width = batch["input_ids"].shape[1]
@@ -165,7 +182,64 @@ def sample_rollout(
     response_ids = torch.where(
         mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id)
     )
-    return Rollout(batch["input_ids"], batch["attention_mask"], response_ids, mask, finished)
+    kept = None
+    if truncation is not None:
+        kept = torch.stack(truncation.kept, dim=1)[:, : response_ids.shape[1]] * mask.long()
+    return Rollout(batch["input_ids"], batch["attention_mask"], response_ids, mask, finished, kept)
+
+
+def truncates(top_p: float, top_k: int) -> bool:
+    return top_p < 1 or top_k > 0
+
+
+def truncation_mask(logits: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """The tokens top-k then top-p sampling keeps from tempered `logits` [..., vocab] (True: kept),
+    by transformers' rule (TopKLogitsWarper, TopPLogitsWarper), which is vLLM's
+    (apply_top_k_top_p): the `top_k` largest logits (ties kept), then, of those, the most likely
+    tokens whose probabilities add up to more than `top_p` (at least one)."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < top_k < logits.shape[-1]:
+        keep = logits >= logits.topk(top_k, dim=-1).values[..., -1:]
+    if top_p < 1:
+        ascending, order = logits.masked_fill(~keep, float("-inf")).sort(dim=-1)
+        below = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        below[..., -1] = False
+        keep = keep & ~below.scatter(-1, order, below)
+    return keep
+
+
+class Truncation:
+    """A logits processor of generate that samples from the top-k/top-p truncation of
+    softmax(scores / temperature) (truncation_mask) and records how many tokens it kept at each
+    step (`kept`: one [batch] tensor a step)."""
+
+    def __init__(self, temperature: float, top_p: float, top_k: int) -> None:
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.kept: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        keep = truncation_mask(scores.float() / self.temperature, self.top_p, self.top_k)
+        self.kept.append(keep.sum(dim=-1))
+        return scores.masked_fill(~keep, float("-inf"))
+
+
+def replayed_logits(logits: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """The response logits [batch, response, vocab] as the rollout sampled from them: where it was
+    sampled with top-k/top-p (rollout.kept), each position's logits outside its `kept` largest
+    (and its sampled token, kept always) set to -inf, so log-softmax renormalises over the kept
+    set; unchanged otherwise (and on padding, kept 0)."""
+    kept = rollout.kept
+    if kept is None:
+        return logits
+    kept = kept.to(logits.device)
+    width = int(kept.max().clamp(min=1, max=logits.shape[-1]))
+    largest = logits.detach().topk(width, dim=-1).values
+    index = (kept.clamp(min=1, max=width) - 1).unsqueeze(-1)
+    keep = logits.detach() >= largest.gather(-1, index)
+    # the sampled token, should rounding rank it just below the kept count
+    keep = keep.scatter(-1, rollout.response_ids.to(logits.device).unsqueeze(-1), True)
+    keep = keep | (kept <= 0).unsqueeze(-1)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def add_control_tokens(model: Any, tokenizer: Any, tokens: Sequence[str], like: int) -> list[int]:
@@ -219,8 +293,9 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy of softmax(logits) at each position (tokens at -inf count 0)."""
     logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return -(logp.exp() * logp.masked_fill(torch.isneginf(logp), 0.0)).sum(-1)
 
 
 def score_head(model: Any) -> Any:

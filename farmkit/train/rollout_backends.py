@@ -6,7 +6,8 @@ the policy's weights after every optimizer step.
 Both return the same Rollout that policy.sample_rollout builds (prompts padded on the left, responses
 on the right with padding after the end token, the mask covering the end token). The vLLM backend also
 returns the engine's own log-probability of each sampled token under exactly the distribution it
-sampled from (softmax(logits / temperature), suppressed tokens removed), so the trainer can measure how
+sampled from (softmax(logits / temperature), suppressed tokens removed, truncated by top_k/top_p
+when asked: the trainer replays the truncation, policy.replayed_logits), so the trainer can measure how
 far the engine's numerics are from its own (`logprob_mismatch`, `engine_kl`) and correct for it
 with truncated or masked importance sampling (`rollout_correction`, `off_policy_keep`).
 
@@ -77,9 +78,13 @@ class RolloutBackend:
         max_new_tokens: int,
         seed: int,
         suppress: Sequence[int] = (),
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> tuple[P.Rollout, torch.Tensor | None]:
         """(rollout, engine log-probabilities of the sampled tokens [batch, response width] with 0 on
-        padding, or None where the policy itself sampled)."""
+        padding, or None where the policy itself sampled). `top_p` < 1 or `top_k` > 0: sampled from
+        the tempered distribution truncated by policy.truncation_mask's rule; the hf backend records
+        each token's kept count (Rollout.kept), the vllm backend leaves it to the trainer."""
         raise NotImplementedError
 
     def sync(self, policy: Any) -> None:
@@ -109,6 +114,8 @@ class HFBackend(RolloutBackend):
         max_new_tokens: int,
         seed: int,
         suppress: Sequence[int] = (),
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> tuple[P.Rollout, None]:
         torch.manual_seed(seed % 2**63)
         rollout = P.sample_rollout(
@@ -119,6 +126,8 @@ class HFBackend(RolloutBackend):
             max_new_tokens,
             suppress,
             compiled=self.compiled,
+            top_p=top_p,
+            top_k=top_k,
         )
         return rollout, None
 
@@ -279,6 +288,8 @@ class VLLMBackend(RolloutBackend):
         max_new_tokens: int,
         seed: int,
         suppress: Sequence[int] = (),
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> tuple[P.Rollout, torch.Tensor]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -300,8 +311,10 @@ class VLLMBackend(RolloutBackend):
             SamplingParams(
                 n=1,
                 temperature=temperature,
-                top_p=1.0,
-                top_k=0,  # 0 (or -1): the whole vocabulary
+                # the engine's processed log-probabilities are then over the kept set; the
+                # trainer replays it (onpolicy: the rule on the policy's own logits)
+                top_p=top_p,
+                top_k=top_k,  # 0 (or -1): the whole vocabulary
                 min_p=0.0,
                 max_tokens=max_new_tokens,
                 seed=derive_seed(seed, "rollout", row),

@@ -72,6 +72,9 @@ def join(batches: Sequence[ScoredRollout], pad_token_id: int) -> ScoredRollout:
         padded(lambda b: b.rollout.response_ids, pad_token_id, left=False),
         padded(lambda b: b.rollout.response_mask, 0, left=False),
         torch.cat([b.rollout.finished for b in batches]),
+        None
+        if batches[0].rollout.kept is None
+        else padded(lambda b: b.rollout.kept, 0, left=False),
     )
     engine = None
     if batches[0].engine_logprobs is not None:
@@ -143,16 +146,28 @@ def sample_and_score(
     seed: int,
     suppress: Sequence[int] = (),
     backend: Any = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> ScoredRollout:
     """Sample one response to each of prompts[i] for i in indices (seeded; prompts as token ids from
     policy.fit_rollout_prompts, so a prompt longer than the context has lost its beginning), score it
     against its instruction record with `scorer` (a RewardScorer, told which responses finished) and
     apply the unfinished rule. `backend` (farmkit.train.rollout_backends) samples; by default
-    the policy itself, with transformers."""
+    the policy itself, with transformers. `top_p` < 1 or `top_k` > 0: from the tempered
+    distribution truncated (policy.truncation_mask)."""
     chosen = [prompts[i] for i in indices]
     if backend is None:
         torch.manual_seed(seed % 2**63)
-        rollout = P.sample_rollout(policy, tokenizer, chosen, temperature, max_new_tokens, suppress)
+        rollout = P.sample_rollout(
+            policy,
+            tokenizer,
+            chosen,
+            temperature,
+            max_new_tokens,
+            suppress,
+            top_p=top_p,
+            top_k=top_k,
+        )
         engine_logprobs = None
     else:
         rollout, engine_logprobs = backend.sample(
@@ -163,6 +178,8 @@ def sample_and_score(
             max_new_tokens=max_new_tokens,
             seed=seed,
             suppress=suppress,
+            top_p=top_p,
+            top_k=top_k,
         )
     return score_rollout(
         tokenizer,

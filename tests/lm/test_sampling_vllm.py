@@ -320,6 +320,45 @@ def test_suppressed_tokens_are_never_sampled_and_leave_the_distribution(
     assert within(mismatch), mismatch
 
 
+def test_top_p_top_k_engine_logprobs_are_the_trainers_replayed_over_the_kept_set(
+    engine, sft, rollout_prompts
+):
+    """Sampled with top_p 0.9 and top_k 20, the engine's (processed) log-probabilities are over the
+    tokens its truncation kept; the trainer's, replayed over each token's kept set (the count by
+    the same rule from its own logits, as onpolicy does for vllm), are the same within the
+    engine's float tolerance: the ratio is 1 for every token. Over the whole vocabulary they are
+    off by the log of the kept mass."""
+    import torch
+
+    from farmkit.train import policy as P
+    from farmkit.train.rollout_backends import logprob_mismatch
+
+    policy, tokenizer = sft
+    rollout, engine_logprobs = engine.sample(
+        policy,
+        tokenizer,
+        rollout_prompts,
+        temperature=TEMPERATURE,
+        max_new_tokens=MAX_NEW_TOKENS,
+        seed=8,
+        top_p=0.9,
+        top_k=20,
+    )
+    assert rollout.kept is None  # the engine does not say what it kept
+    with torch.no_grad():
+        logits = P.response_logits(policy, rollout, TEMPERATURE)
+        keep = P.truncation_mask(logits, 0.9, 20)
+        rollout.kept = keep.sum(dim=-1) * rollout.response_mask.long()
+        replayed = P.token_logprobs(P.replayed_logits(logits, rollout), rollout.response_ids)
+    mask = rollout.response_mask
+    assert bool(keep.gather(-1, rollout.response_ids.unsqueeze(-1))[mask.bool()].all())
+    mismatch = logprob_mismatch(engine_logprobs, replayed, mask)
+    whole = logprob_mismatch(engine_logprobs, trainer_logprobs(policy, rollout), mask)
+    print(f"\ntop-p/top-k replayed: {mismatch}; over the whole vocabulary: {whole}")
+    assert within(mismatch), mismatch
+    assert whole["mean"] > 10 * TOLERANCE["mean"], whole
+
+
 def test_a_vocabulary_grown_after_the_engine_started_is_refused(engine, sft, rollout_prompts):
     """Quark's control tokens grow the policy's vocabulary; an engine built from the SFT folder does
     not know them: pushing or sampling them is refused, and the engine is left as it was."""
@@ -507,6 +546,14 @@ def test_every_rollout_is_sampled_from_the_policy_being_trained(onpolicy_runs, m
     print(f"{method} without them: {[engine_mismatch(row) for row in rows]}")
     assert within(engine_mismatch(rows[0]))
     assert all(row["rollout_logprob_diff_mean"] > 1e-3 for row in rows[1:]), rows
+
+
+def test_top_p_top_k_rollouts_train_against_the_distribution_the_engine_sampled(onpolicy_runs):
+    """GRPO sampling through vLLM with --top-p 0.9 --top-k 3: at every step the trainer's
+    log-probabilities, replayed over the kept sets, are the engine's (metrics.jsonl)."""
+    rows = onpolicy_runs("grpo", "top-p", top_p=0.9, top_k=3)["rows"]
+    print(f"\ntop-p/top-k: {[engine_mismatch(row) for row in rows]}")
+    assert all(within(engine_mismatch(row)) for row in rows), rows
 
 
 def test_the_rollout_correction_masks_the_real_engines_mismatch(onpolicy_runs):

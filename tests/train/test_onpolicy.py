@@ -185,26 +185,55 @@ class SpyEngine:
 
     name = "spy"
 
-    def __init__(self, sft: str, offset: float = 0.0, push: bool = True) -> None:
+    def __init__(
+        self, sft: str, offset: float = 0.0, push: bool = True, says_kept: bool = True
+    ) -> None:
         from farmkit.lm.models import load_causal_lm
 
         self.model, _ = load_causal_lm(sft, device="cpu", dtype="float32")
         self.offset, self.push, self.syncs = offset, push, 0
+        self.says_kept = says_kept  # False: it does not record what top-k/top-p kept (as vllm)
 
     def sync(self, policy) -> None:
         self.syncs += 1
         if self.push:
             self.model.load_state_dict(policy.state_dict())
 
-    def sample(self, policy, tokenizer, prompts, *, temperature, max_new_tokens, seed, suppress=()):
+    def sample(
+        self,
+        policy,
+        tokenizer,
+        prompts,
+        *,
+        temperature,
+        max_new_tokens,
+        seed,
+        suppress=(),
+        top_p=1.0,
+        top_k=0,
+    ):
+        """Its log-probabilities are those of the distribution it sampled from: with top-k/top-p,
+        over the tokens the truncation kept (vLLM's processed log-probabilities)."""
         from farmkit.train import policy as P
 
         torch.manual_seed(seed % 2**63)
         rollout = P.sample_rollout(
-            self.model, tokenizer, prompts, temperature, max_new_tokens, suppress
+            self.model,
+            tokenizer,
+            prompts,
+            temperature,
+            max_new_tokens,
+            suppress,
+            top_p=top_p,
+            top_k=top_k,
         )
+        if not self.says_kept:
+            rollout.kept = None
         with torch.no_grad():
             logits = P.response_logits(self.model, rollout, temperature)
+            if P.truncates(top_p, top_k):
+                kept = P.truncation_mask(logits, top_p, top_k)
+                logits = logits.masked_fill(~kept, float("-inf"))
             logprobs = P.token_logprobs(logits, rollout.response_ids)
         width = rollout.response_mask.shape[1]
         shift = self.offset * torch.linspace(-1, 1, width)  # differs by position
@@ -275,6 +304,29 @@ def test_truncated_importance_sampling_reweights_the_updates(models, tmp_path, m
     names = sorted(runs["exact"])
     assert all(torch.equal(runs["exact"][k], runs["off"][k]) for k in names)
     assert any(not torch.allclose(runs["exact"][k], runs["on"][k], atol=1e-6) for k in names)
+
+
+@pytest.mark.parametrize(
+    "says_kept",
+    # the recorded counts' replay is checked without training in test_rollout_backends.py
+    [pytest.param(True, marks=pytest.mark.slow), False],
+    ids=["recorded", "recomputed"],
+)
+def test_top_p_top_k_rollouts_are_scored_over_the_tokens_the_sampler_kept(
+    models, tmp_path, monkeypatch, says_kept
+):
+    """An engine that samples with --top-p 0.9 --top-k 3 reports the log-probabilities of the
+    truncated distribution it sampled from; the trainer's, with the same weights, are the same
+    (metrics.jsonl's rollout_logprob_diff_max): it renormalises over each token's kept set,
+    recorded by the sampler (as the hf backend does) or, where the engine does not say (vllm), by
+    the same rule on the policy's logits before the update. Over the whole vocabulary they would
+    differ by the log of the kept mass (about 0.3 where the tiny policy names one of its four
+    colours, top-k keeping three)."""
+    small = {**SMALL, "rollout_batch_size": 4, "minibatch_size": 4, "micro_batch_size": 4}
+    config = GRPOConfig(steps=1, top_p=0.9, top_k=3, **{**small, "ppo_epochs": 1})
+    engine = SpyEngine(str(models[0]), says_kept=says_kept)
+    (row,) = run_with(engine, monkeypatch, train_group, tmp_path / "run", config, models)
+    assert row["rollout_logprob_diff_max"] < 1e-4, row
 
 
 @pytest.mark.parametrize("method", ["ppo", "rloo", "grpo", "grpo-one-update"])

@@ -87,7 +87,9 @@ def test_compiled_rollouts_are_the_hf_backends_and_refused_for_vllm(monkeypatch)
     """--compile-generation reaches sample_rollout through the hf backend; vLLM captures CUDA
     graphs of its own, so asking it to is a clear error."""
     asked = []
-    monkeypatch.setattr(P, "sample_rollout", lambda *args, compiled=False: asked.append(compiled))
+    monkeypatch.setattr(
+        P, "sample_rollout", lambda *args, compiled=False, **_: asked.append(compiled)
+    )
     for compiled in (False, True):
         backend = R.make_backend("hf", "/nonexistent", seed=0, device="cpu", compiled=compiled)
         backend.sample(None, None, [[1]], temperature=1.0, max_new_tokens=1, seed=0)
@@ -275,3 +277,66 @@ def test_a_vllm_completion_counts_its_tokens_as_generate_does():
     assert vllm_sample(7, output([5, 6], "length")) == Sample("blue", 7, 2, False)
     assert vllm_sample(7, output([5], "stop", stop_reason="END")) == Sample("blue", 7, 1, True)
     assert vllm_sample(7, output([2], "stop")) == Sample("blue", 7, 0, True)  # an empty answer
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_model_path):
+    from farmkit.lm.models import load_causal_lm
+
+    model, tokenizer = load_causal_lm(tiny_model_path, device="cpu", dtype="float32")
+    model.eval()
+    prompts = [tokenizer(text)["input_ids"] for text in ("Name a colour.", "Hi", "Say more")]
+    return model, tokenizer, prompts
+
+
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.9, 0), (0.9, 50)])
+def test_top_p_top_k_rollouts_replayed_in_training_give_a_ratio_of_one(
+    tiny_policy, monkeypatch, top_p, top_k
+):
+    """The hf backend samples from the tempered distribution truncated as transformers' own top-k
+    and top-p warpers truncate it (the same tokens under the same seed), and records what each
+    token's truncation kept; the trainer's log-probabilities of the sampled tokens, replayed over
+    the kept set (policy.replayed_logits, what onpolicy's forward and reference take), are those
+    of the distribution sampled from: with the same weights the ratio is 1 for every token. Over
+    the whole vocabulary (what the trainer took before) the ratio is the kept mass, below 0.95
+    on average here (the tiny random model's logits are nearly flat)."""
+    from policy_fixtures import sampled_logprobs, spy_generate
+
+    model, tokenizer, prompts = tiny_policy
+    temperature, seed = 0.8, 7
+    rollout, _ = R.HFBackend().sample(
+        model,
+        tokenizer,
+        prompts,
+        temperature=temperature,
+        max_new_tokens=4,
+        seed=seed,
+        top_p=top_p,
+        top_k=top_k,
+    )
+    calls = spy_generate(monkeypatch)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.generate(
+            **P.pad_left(prompts, tokenizer.pad_token_id),
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=4,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    (call,) = calls
+    mask = rollout.response_mask.bool()
+    assert torch.equal(call["tokens"][mask], rollout.response_ids[mask])
+    sampler = sampled_logprobs(call)[:, : mask.shape[1]]
+    assert rollout.kept is not None and bool((rollout.kept[mask] > 0).all())
+    assert bool((rollout.kept[~mask] == 0).all())
+    with torch.no_grad():
+        logits = P.response_logits(model, rollout, temperature)
+        replayed = P.token_logprobs(P.replayed_logits(logits, rollout), rollout.response_ids)
+        whole = P.token_logprobs(logits, rollout.response_ids)
+    ratio = torch.exp(replayed - sampler)[mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
+    assert float(torch.exp(whole - sampler)[mask].mean()) < 0.95
