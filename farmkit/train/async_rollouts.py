@@ -58,12 +58,13 @@ class Sampled:
 
 def behaviour_logprobs(model: Any, rollout: P.Rollout, temperature: float, size: int) -> Any:
     """`model`'s log-probabilities of the sampled tokens [rows, tokens] (0 on padding), in chunks of
-    `size` rows, as the trainer computes its own (the tempered softmax)."""
+    `size` rows, as the trainer computes its own (the tempered softmax, over the tokens a top-p or
+    top-k truncation kept where the rollout records them: policy.replayed_logits)."""
     parts = []
     with torch.no_grad():
         for start in range(0, rollout.response_ids.shape[0], size):
             chunk = rollout.rows(slice(start, start + size))
-            logits = P.response_logits(model, chunk, temperature)
+            logits = P.replayed_logits(P.response_logits(model, chunk, temperature), chunk)
             parts.append(P.token_logprobs(logits, chunk.response_ids))
     return torch.cat(parts) * rollout.response_mask
 

@@ -340,3 +340,10 @@ def test_top_p_top_k_rollouts_replayed_in_training_give_a_ratio_of_one(
     ratio = torch.exp(replayed - sampler)[mask]
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
     assert float(torch.exp(whole - sampler)[mask].mean()) < 0.95
+    # --async-rollouts: the behaviour log-probabilities a stale batch carries (its sampling copy's)
+    # are of the same truncated distribution
+    from farmkit.train.async_rollouts import behaviour_logprobs
+
+    behaviour = behaviour_logprobs(model, rollout, temperature, size=2)
+    ratio = torch.exp(behaviour - sampler)[mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
