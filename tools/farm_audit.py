@@ -44,6 +44,7 @@ def cli(
     reference,
     repeats,
     humans,
+    include_screened,
     families,
     judge_family,
     fail_on,
@@ -85,6 +86,8 @@ def cli(
     from farmkit.annotate.pairs import read_items
     from farmkit.evaluate import audit as audit_module
 
+    if include_screened and not humans:
+        raise click.UsageError("--include-screened is about --humans' labels; add --humans")
     cache = verdict_cache(cache_path, no_cache)
     try:
         checks = [audit_module.parse_check(text) for text in fail_on]
@@ -105,7 +108,15 @@ def cli(
             judge_family = found.pop()
     humans_labels = human_names = None
     if humans:
-        humans_labels, human_names, unmatched = audit_module.read_humans(humans, items)
+        humans_labels, human_names, unmatched, screened = audit_module.read_humans(
+            humans, items, include_screened
+        )
+        if screened:
+            log.warning(
+                f"farm-audit: {screened} human label{'s' if screened > 1 else ''} of annotators "
+                "screened out by their check answers (screened_out: farm-label --min-check-score) "
+                "left out; --include-screened counts them"
+            )
         if unmatched:
             log.warning(
                 f"farm-audit: {unmatched} record(s) of {humans} match no audited pair and were left out"

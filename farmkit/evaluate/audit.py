@@ -145,6 +145,13 @@ class AuditConfig:
         path=EXISTING_FILE,
         show_default=False,
     )
+    include_screened: bool = help_field(
+        False,
+        "With --humans: count the labels of annotators screened out by their check answers too "
+        "(farm-label --min-check-score marks them screened_out: true); left out by default, and "
+        "said on stderr.",
+        flag=True,
+    )
     families: str | None = help_field(
         None,
         "The family of each generator (and of the judge's model): a JSON/YAML file or "
@@ -479,10 +486,13 @@ def _wins(value: float, side: float) -> float:
     return (2 - value) if side == 1 else (value - 1)
 
 
-def read_humans(path: str, items: list[Any]) -> tuple[list[list[float]], list[list[str]], int]:
+def read_humans(
+    path: str, items: list[Any], include_screened: bool = False
+) -> tuple[list[list[float]], list[list[str]], int, int]:
     """The human labels of each audited pair (as given; a label of the mirrored pair is mirrored),
-    who gave each (the record's `annotator`, else its place among the pair's labels), and how many
-    human records matched no audited pair."""
+    who gave each (the record's `annotator`, else its place among the pair's labels), how many
+    human records matched no audited pair, and how many were left out as screened_out
+    (farm-label --min-check-score) unless `include_screened`."""
     from farmkit.core.io import RecordError, display_name, iter_json
 
     index: dict[Any, tuple[int, bool]] = {}
@@ -491,11 +501,14 @@ def read_humans(path: str, items: list[Any]) -> tuple[list[list[float]], list[li
         index[pair_key(mirrored_record(item.record), None, ("output_1", "output_2"))] = (i, True)
     labels: list[list[float]] = [[] for _ in items]
     names: list[list[str]] = [[] for _ in items]
-    unmatched = 0
+    unmatched = screened = 0
     source = display_name(path)
     for number, record in iter_json(path):
         if not isinstance(record, dict):
             raise RecordError(source, number, "not a record; expected a JSON object")
+        if not include_screened and record.get("screened_out") is True:
+            screened += 1
+            continue
         try:
             key = pair_key(record, None, ("output_1", "output_2"))
             value = label_value(record.get("preference"))
@@ -509,7 +522,7 @@ def read_humans(path: str, items: list[Any]) -> tuple[list[list[float]], list[li
             i = found[0]
             labels[i].append(_mirror(value) if found[1] else value)
             names[i].append(str(record.get("annotator", f"label {len(names[i]) + 1}")))
-    return labels, names, unmatched
+    return labels, names, unmatched, screened
 
 
 def human_figures(

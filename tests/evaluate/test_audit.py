@@ -267,3 +267,35 @@ def test_a_pair_and_its_mirror_meet_the_same_judge_of_a_pool(folder, tmp_path):
     found = figures(result)
     assert found["flip_rate"]["estimate"] == 0.0
     assert 0.2 < found["p_prefers_longer"]["estimate"] < 0.8  # both judges were asked
+
+
+def test_labels_of_screened_out_annotators_are_left_out_unless_asked(folder, tmp_path):
+    """farm-label --min-check-score marks the labels of annotators who failed the checks
+    screened_out: true; farm-audit --humans leaves them out (and says how many), as farm-winrate
+    --humans and farm-correlate do, unless --include-screened."""
+    lines = (folder / "pairs.jsonl").read_bytes().splitlines()[:20]  # 20 pairs: cheap
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", map(orjson.loads, lines))
+    humans = []
+    for pair in map(orjson.loads, lines):
+        longer = 2 if len(pair["output_2"]) > len(pair["output_1"]) else 1
+        humans.append({**pair, "preference": longer, "annotator": "careful"})
+        humans.append({**pair, "preference": 3 - longer, "annotator": "b", "screened_out": True})
+    labels = write_jsonl(tmp_path / "humans.jsonl", humans)
+
+    def audit(*args):
+        return RUNNER.invoke(
+            cli,
+            [pairs, "--pool", str(folder / "longer.yaml"), "--no-cache", "--bootstrap", "5"]
+            + ["--format", "jsonl", *args],
+        )
+
+    result = audit("--humans", labels)
+    assert result.exit_code == 0, result.output
+    assert figures(result)["agreement"]["estimate"] == 1.0
+    assert "farm-audit: 20 human labels of annotators screened out" in result.stderr
+    result = audit("--humans", labels, "--include-screened")
+    assert result.exit_code == 0, result.output
+    assert figures(result)["agreement"]["estimate"] == 0.5  # one label each way: a tied mode
+    assert "screened out" not in result.stderr
+    result = audit("--include-screened")
+    assert result.exit_code == 2 and "add --humans" in result.output
