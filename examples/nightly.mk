@@ -35,7 +35,9 @@
 # $(HISTORY) and the plot marks a drift; a drift prints one line `farm-winrate: judge drift: ...`,
 # and the night ends in failure (farm-winrate exits 4, make says `Error 4` and exits 2) after the
 # board and the plot are written. The canaries are asked directly (not in a batch) and booked in the
-# ledger like every other question.
+# ledger like every other question. Their records keep the endpoint's fingerprint where it gives one
+# (reply_model, system_fingerprint); a changed one prints `farm-winrate: the judge's fingerprint
+# changed: ...` and is marked in the history row (judge_fingerprint_changed), without being a drift.
 
 include $(dir $(lastword $(MAKEFILE_LIST)))venv.mk
 

@@ -55,6 +55,10 @@ API:
   the `top_logprobs` most likely tokens of that position); None (the default) ignores the request's
   `logprobs`, as an endpoint without log-probabilities does. `weigh_longer` answers farm-annotate's
   single-pair prompts with P(B) = len(B) / (len(A) + len(B)) among A and B.
+- `system_fingerprint`: the `system_fingerprint` every real reply carries (None, the default: the
+  field is left out, as endpoints without one do); an attribute a test may change between runs, as
+  a provider's silent update of the model behind a name does. `reply_model`: the `model` replies
+  name (None: the request's, as an alias's endpoint that does not say its dated model does).
 - A request in absolute form (`POST http://host/v1/chat/completions`, as clients send to a proxy) is
   answered too, so the server can stand in for a proxy.
 - `limits`: {"requests": N, "tokens": M, "window": seconds}: a provider's rate limits over a sliding
@@ -241,7 +245,10 @@ class OpenAIServer:
         limits: dict[str, float] | None = None,
         echo_request: bool = False,
         headers: dict[str, str] | None = None,
+        system_fingerprint: str | None = None,
+        reply_model: str | None = None,
     ):
+        self.system_fingerprint, self.reply_model = system_fingerprint, reply_model
         self.echo_request, self.headers = echo_request, dict(headers or {})
         self.top_logprobs = top_logprobs
         self.limits, self.over = limits, 0
@@ -602,10 +609,12 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 "id": f"chatcmpl-{sum(server.outcomes.values())}",
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": body.get("model"),
+                "model": server.reply_model or body.get("model"),
                 "choices": [choice],
                 "usage": _usage(fault, prompt_tokens, completion_tokens),
             }
+            if server.system_fingerprint is not None:
+                reply["system_fingerprint"] = server.system_fingerprint
             extra = b""
             if fault == "extra_reply":
                 stale = json.loads(json.dumps(reply))

@@ -201,7 +201,7 @@ def cli(prefs, output, seed, **values):
 
 def _canaries(prefs, output: str, config) -> None:
     """--canaries: tonight's canary verdicts against the frozen ones; exit 4 on a drift."""
-    from farmkit.evaluate.canary import compare, drift_line
+    from farmkit.evaluate.canary import compare, drift_line, fingerprint_line
 
     others = [
         name
@@ -229,6 +229,8 @@ def _canaries(prefs, output: str, config) -> None:
             config.history, win_rate_history.stamped([row], (config.canaries, prefs[0]))
         )
     write_board([row], config.fmt, output)
+    if row["judge_fingerprint_changed"]:
+        log.warning(fingerprint_line(row))
     if row["judge_drift"]:
         log.error(drift_line(row))
         raise click.exceptions.Exit(4)

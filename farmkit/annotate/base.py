@@ -34,6 +34,9 @@ class Verdict:
     parse_failures: int = 0  # of those, replies whose verdict could not be read
     # its tokens include counts the endpoint did not tell (no usage, a timeout), booked at their most
     estimated: bool = False
+    # what answered, as the endpoint's reply says (its `model`, its `system_fingerprint`), where it does
+    reply_model: str | None = None
+    system_fingerprint: str | None = None
 
 
 class RequestFailed(Exception):

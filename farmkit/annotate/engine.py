@@ -832,6 +832,10 @@ class Annotator:
                 # asked in both orders: two verdicts that disagree are a tie
                 preference, reason = (preferences.pop() if len(preferences) == 1 else 1.5), None
             details["model"] = verdicts[0].model
+            for name in ("reply_model", "system_fingerprint"):  # where the endpoint said them
+                said = [getattr(v, name) for v in verdicts if getattr(v, name) is not None]
+                if said:
+                    details[name] = said[0]
             details["order_shown"] = (
                 "both" if len(asks) > 1 else ("2,1" if asks[0].swapped else "1,2")
             )
@@ -923,6 +927,9 @@ def _stored(verdict: Verdict) -> dict[str, Any]:
         "attempts": verdict.attempts,
         "parse_failures": verdict.parse_failures,
         "estimated": verdict.estimated,
+        # a cached verdict keeps what answered it
+        "reply_model": verdict.reply_model,
+        "system_fingerprint": verdict.system_fingerprint,
     }
 
 
@@ -953,4 +960,6 @@ def _verdict(stored: dict[str, Any]) -> Verdict:
         # stored before the count was kept: a cached verdict was read, so its earlier replies were not
         parse_failures=stored.get("parse_failures", stored.get("attempts", 1) - 1),
         estimated=stored.get("estimated", False),
+        reply_model=stored.get("reply_model"),
+        system_fingerprint=stored.get("system_fingerprint"),
     )

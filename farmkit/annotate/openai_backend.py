@@ -170,6 +170,10 @@ class OpenAIBackend(Backend):
                 price=price / share,
                 seconds=elapsed / share,
                 model=model,
+                # what the endpoint says, kept in records: redacted as its other words are
+                reply_model=reply.reply_model and redact(reply.reply_model, self.client.api_key),
+                system_fingerprint=reply.system_fingerprint
+                and redact(reply.system_fingerprint, self.client.api_key),
             )
             for verdict in read
         ]

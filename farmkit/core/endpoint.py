@@ -177,6 +177,10 @@ class Reply:
     unknown_attempts: int = 0
     # the first choice's `logprobs` as the endpoint gave it (None where it gave none)
     logprobs: Any = None
+    # what the reply says answered it: its `model` (a dated name behind an alias) and its
+    # `system_fingerprint` (the backend's configuration), None where the endpoint gives none
+    reply_model: str | None = None
+    system_fingerprint: str | None = None
 
 
 def redact(text: str, key: str | None = None, shapes: bool = True, url: str | None = None) -> str:
@@ -600,6 +604,7 @@ class EndpointClient:
                             completion is None,
                             unknown,
                             logprobs,
+                            *_served(response.content),
                         )
                 elif status in (401, 403):
                     raise EndpointFatal(
@@ -993,6 +998,16 @@ def _parse(content: bytes, chat: bool) -> tuple[str, bool, int | None, int | Non
         raise Malformed(f"the text is not a string: {_snippet(content)}", billed, told)
     finished = choice.get("finish_reason") == "stop"
     return text or "", finished, counts[0], counts[1], choice.get("logprobs")
+
+
+def _served(content: bytes) -> tuple[str | None, str | None]:
+    """The reply's `model` and `system_fingerprint` where it gives them as non-empty strings (a
+    well-formed reply: `_parse` has read it)."""
+    reply = orjson.loads(content)
+    return tuple(  # type: ignore[return-value]
+        value if isinstance(value, str) and value.strip() else None
+        for value in (reply.get("model"), reply.get("system_fingerprint"))
+    )
 
 
 # tokens one reply can be billed: no model reads or writes this many in one request; a count above it

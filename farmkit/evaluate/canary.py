@@ -13,6 +13,10 @@ Definitions:
         a verdict tonight counts as a disagreement)
     drift: the one-sided exact binomial test of k against Binomial(n, p0),
         p = P(X <= k) < level (--drift-level, 0.01)
+    fingerprint: what answered a verdict as the endpoint's reply said it (farm-annotate's provenance
+        reply_model and system_fingerprint, where the endpoint gives them), "MODEL FINGERPRINT";
+        the fingerprint changed when tonight's canaries were answered by one never seen when frozen
+        (None where either side has none); reported, never a drift by itself
 """
 
 from __future__ import annotations
@@ -47,8 +51,19 @@ def _verdict(record: dict[str, Any]) -> str | None:
     return text if isinstance(text, str) else str(record.get(f"generator_{position}"))
 
 
-def read_verdicts(path: str) -> dict[Any, list[str | None]]:
-    """Every canary's verdicts in a preference file, in order."""
+def _fingerprint(record: dict[str, Any]) -> str | None:
+    provenance = record.get("provenance")
+    details = provenance.get("farm-annotate") if isinstance(provenance, dict) else None
+    if not isinstance(details, dict):
+        return None
+    said = [details.get(name) for name in ("reply_model", "system_fingerprint")]
+    said = [str(value) for value in said if value is not None]
+    return " ".join(said) if said else None
+
+
+def read_verdicts(path: str, fingerprints: set[str] | None = None) -> dict[Any, list[str | None]]:
+    """Every canary's verdicts in a preference file, in order; the fingerprints of what answered
+    them are added to `fingerprints`."""
     from farmkit.evaluate.winrate import _checked_chunks
 
     name = display_name(path)
@@ -62,6 +77,8 @@ def read_verdicts(path: str) -> dict[Any, list[str | None]]:
                     "generator_1 and generator_2) to be found again"
                 )
             verdicts.setdefault(key, []).append(_verdict(record))
+            if fingerprints is not None and (found := _fingerprint(record)) is not None:
+                fingerprints.add(found)
     return verdicts
 
 
@@ -69,7 +86,8 @@ def compare(frozen_path: str, tonight_path: str, level: float) -> dict[str, Any]
     """The canary row: tonight's agreement with the frozen verdicts, the baseline, the test."""
     from scipy import stats
 
-    frozen, tonight = read_verdicts(frozen_path), read_verdicts(tonight_path)
+    then, now = set[str](), set[str]()
+    frozen, tonight = read_verdicts(frozen_path, then), read_verdicts(tonight_path, now)
     repeated = [verdicts[:2] for verdicts in frozen.values() if len(verdicts) > 1]
     if not repeated:
         raise FarmError(
@@ -98,6 +116,9 @@ def compare(frozen_path: str, tonight_path: str, level: float) -> dict[str, Any]
         "canary_p_value": p_value,
         "drift_level": level,
         "judge_drift": p_value < level,
+        "frozen_fingerprints": sorted(then),
+        "tonight_fingerprints": sorted(now),
+        "judge_fingerprint_changed": bool(now - then) if then and now else None,
     }
 
 
@@ -110,4 +131,14 @@ def drift_line(row: dict[str, Any]) -> str:
         f"{row['canary_baseline']:.0f}% when frozen (one-sided exact binomial test p = "
         f"{row['canary_p_value']:.2g} < {row['drift_level']:g}); the judge has changed: "
         "re-freeze the canaries or start a new history"
+    )
+
+
+def fingerprint_line(row: dict[str, Any]) -> str:
+    """The line a changed fingerprint prints (not a drift: the verdicts decide that)."""
+    return (
+        "farm-winrate: the judge's fingerprint changed: frozen with "
+        f"{', '.join(row['frozen_fingerprints'])}, tonight {', '.join(row['tonight_fingerprints'])} "
+        "(the endpoint's reply model and system_fingerprint); not a drift by itself: the "
+        "canaries' agreement decides that"
     )

@@ -981,3 +981,34 @@ def test_a_reader_that_closes_the_pipe_while_requests_run_ends_the_run_quietly(t
         process.wait(timeout=60)
     assert orjson.loads(first)["preference"] == _longer(_pairs(1)[0])
     assert process.returncode == 0 and errors == b"", errors.decode()
+
+
+def test_records_keep_the_replys_model_and_fingerprint_and_a_cached_verdict_keeps_its_own(tmp_path):
+    """The reply's `model` and `system_fingerprint` (what answered, where the endpoint says it) go
+    into each record's provenance; a verdict from the cache keeps the fingerprint it was answered
+    with, a question asked again past the cache gets tonight's; an endpoint that gives none adds
+    neither field."""
+    pool, cache = _pool(tmp_path), str(tmp_path / "c.sqlite")
+    pairs = _jsonl(_pairs(4))
+    with OpenAIServer(
+        respond=judge_longer, system_fingerprint="fp_one", reply_model="judge-2026-01-01"
+    ) as server:
+        first = _annotate("--pool", pool, "--cache", cache, input=pairs, env=_env(server))
+        server.system_fingerprint = "fp_two"  # the model behind the name was updated
+        cached = _annotate("--pool", pool, "--cache", cache, input=pairs, env=_env(server))
+        asked = _annotate("--pool", pool, "--no-cache", input=pairs, env=_env(server))
+    for result, fingerprint in ((first, "fp_one"), (cached, "fp_one"), (asked, "fp_two")):
+        assert result.returncode == 0, result.stderr.decode()
+        for record in _records(result.stdout):
+            details = record["provenance"]["farm-annotate"]
+            assert details["system_fingerprint"] == fingerprint
+            assert details["reply_model"] == "judge-2026-01-01"
+    assert b"4 cache hits" in cached.stderr
+    with OpenAIServer(respond=judge_longer) as server:
+        plain = _annotate("--pool", pool, "--no-cache", input=pairs, env=_env(server))
+    for record in _records(plain.stdout):
+        assert "system_fingerprint" not in record["provenance"]["farm-annotate"]
+        assert (
+            record["provenance"]["farm-annotate"]["reply_model"]
+            == record["provenance"]["farm-annotate"]["model"]
+        )

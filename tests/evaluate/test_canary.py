@@ -133,3 +133,39 @@ def test_frozen_canaries_need_two_runs(tmp_path, capfd):
 def test_canaries_with_a_board_option_is_a_usage_error(tmp_path, frozen):
     result = invoke(frozen, "--canaries", frozen, "--baseline", "x")
     assert result.exit_code == 2 and "--canaries" in result.output
+
+
+def _answered_by(records, reply_model, fingerprint):
+    """The records as farm-annotate writes an endpoint's verdicts: what answered in provenance."""
+    said = {"model": "judge", "reply_model": reply_model, "system_fingerprint": fingerprint}
+    return [{**r, "provenance": {"farm-annotate": said}} for r in records]
+
+
+def test_a_changed_fingerprint_is_reported_and_kept_but_is_not_a_drift(tmp_path):
+    """The endpoint's fingerprint (the reply's model and system_fingerprint in the verdicts'
+    provenance) frozen with the canaries, against tonight's: a change is one line on stderr and a
+    field in the history row; with the verdicts as frozen, not a drift (exit 0)."""
+    first = [canary(i, 2) for i in range(20)]
+    second = [canary(i, 2 if i else 1) for i in range(20)]
+    frozen = write_jsonl(tmp_path / "frozen.jsonl", _answered_by(first + second, "j-1", "fp_a"))
+    tonight = write_jsonl(tmp_path / "tonight.jsonl", _answered_by(first, "j-1", "fp_b"))
+    history = tmp_path / "history.jsonl"
+    result = invoke(tonight, "--canaries", frozen, "--history", history)
+    assert result.exit_code == 0, result.output
+    (row,) = [orjson.loads(line) for line in history.read_bytes().splitlines()]
+    assert row["judge_drift"] is False and row["judge_fingerprint_changed"] is True
+    assert row["frozen_fingerprints"] == ["j-1 fp_a"]
+    assert row["tonight_fingerprints"] == ["j-1 fp_b"]
+    (line,) = [x for x in result.stderr.splitlines() if "fingerprint" in x]
+    assert line.startswith(
+        "farm-winrate: the judge's fingerprint changed: frozen with j-1 fp_a, tonight j-1 fp_b"
+    )
+    # the same fingerprint: said as unchanged; none given on either side: unknown, and no line
+    same = write_jsonl(tmp_path / "same.jsonl", _answered_by(first, "j-1", "fp_a"))
+    result = invoke(same, "--canaries", frozen, "-o", tmp_path / "row.jsonl")
+    assert result.exit_code == 0 and "fingerprint" not in result.stderr
+    assert orjson.loads((tmp_path / "row.jsonl").read_bytes())["judge_fingerprint_changed"] is False
+    plain = write_jsonl(tmp_path / "plain.jsonl", first)
+    result = invoke(plain, "--canaries", frozen, "-o", tmp_path / "row.jsonl")
+    assert result.exit_code == 0 and "fingerprint" not in result.stderr
+    assert orjson.loads((tmp_path / "row.jsonl").read_bytes())["judge_fingerprint_changed"] is None
