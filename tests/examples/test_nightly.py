@@ -285,7 +285,8 @@ def test_canaries_catch_a_judge_replaced_overnight(tmp_path):
     overnight the endpoint's judge is replaced by one that prefers the shorter answer; night two's
     canaries disagree, the night prints one drift line and fails with farm-winrate's exit 4 after
     writing the board, the history's canary row and a plot that marks the drift. Every canary
-    question is asked (never served by the cache) and booked in the ledger."""
+    question is asked (never served by the cache) and booked in the ledger. The endpoint's
+    system_fingerprint, frozen with the canaries, changed too: said on one line and in the row."""
     (tmp_path / "prompts.jsonl").write_bytes(
         b"".join(orjson.dumps({"instruction": p, "input": ""}) + b"\n" for p in PROMPTS)
     )
@@ -315,7 +316,7 @@ def test_canaries_catch_a_judge_replaced_overnight(tmp_path):
         for i in range(12)
     ]
     (tmp_path / "canaries.jsonl").write_bytes(b"".join(orjson.dumps(c) + b"\n" for c in canaries))
-    server = OpenAIServer(respond=judge_longer, api_key=KEY)
+    server = OpenAIServer(respond=judge_longer, api_key=KEY, system_fingerprint="fp_one")
     with server:
         first = _night(tmp_path, server, "CANARIES=canaries.jsonl")
         assert first.returncode == 0, first.stdout + first.stderr
@@ -325,6 +326,7 @@ def test_canaries_catch_a_judge_replaced_overnight(tmp_path):
             asked_first == 3 + 3 * 12
         )  # the board's 3 pairs; the canaries frozen twice and asked once
         server.respond = judge_shorter  # the endpoint's judge replaced overnight
+        server.system_fingerprint = "fp_two"
         second = _night(tmp_path, server, "CANARIES=canaries.jsonl")
         assert server.outcomes["ok"] == asked_first + 12  # only the canaries, past the cache
     assert second.returncode == 2, second.stdout + second.stderr  # make's code for a failed recipe
@@ -333,9 +335,13 @@ def test_canaries_catch_a_judge_replaced_overnight(tmp_path):
         "farm-winrate: judge drift: the canaries agree with their frozen verdicts on 0 of 12 (0%)"
     )
     assert "Error 4" in second.stderr
+    assert "fingerprint" not in first.stderr
+    (changed,) = [line for line in second.stderr.splitlines() if "fingerprint changed" in line]
+    assert "frozen with gpt-4o-mini fp_one, tonight gpt-4o-mini fp_two" in changed
     history = _history(tmp_path)
     checks = [row for row in history if row.get("kind") == "canary"]
     assert [row["judge_drift"] for row in checks] == [False, True]
+    assert [row["judge_fingerprint_changed"] for row in checks] == [False, True]
     assert [row["canary_agreement"] for row in checks] == [100.0, 0.0]
     assert sum(row["generator"] == "step-1" for row in history) == 2  # the board was written too
     figure = tmp_path / "nightly" / "history.png"
