@@ -1006,6 +1006,9 @@ def test_records_keep_the_replys_model_and_fingerprint_and_a_cached_verdict_keep
     assert b"4 cache hits" in cached.stderr
     with OpenAIServer(respond=judge_longer) as server:
         plain = _annotate("--pool", pool, "--no-cache", input=pairs, env=_env(server))
+    with OpenAIServer(respond=judge_longer, system_fingerprint=f"fp {KEY}") as server:
+        echoed = _annotate("--pool", pool, "--no-cache", input=pairs, env=_env(server))
+    assert echoed.returncode == 0 and b"fp " in echoed.stdout and KEY.encode() not in echoed.stdout
     for record in _records(plain.stdout):
         assert "system_fingerprint" not in record["provenance"]["farm-annotate"]
         assert (
