@@ -50,7 +50,7 @@ def stage_of(command: str) -> str | None:
     """The pipeline stage a recipe line belongs to, by its tool and the file it writes (-o); None for
     a line that runs no farm tool (mkdir, touch, make's own calls)."""
     try:
-        words = shlex.split(command)
+        words = shlex.split(command.replace("\\\n", " "))  # a recipe's continued lines
     except ValueError:
         return "other"
     tools = [w for w in words if w.startswith("farm-") or w.startswith("farmkit.tools.")]
