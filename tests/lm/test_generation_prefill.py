@@ -73,3 +73,45 @@ def test_one_sample_per_prompt_is_generated_as_before(tiny):
     samples, reads = sample_reading(model, tokenizer, config)
     width = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS)
     assert reads == [(len(PROMPTS), width)] and [len(s) for s in samples] == [1, 1]
+
+
+def test_a_group_of_k_copies_of_a_prompt_is_prefilled_once_in_rollouts(tiny, monkeypatch):
+    """The group methods (RLOO, GRPO...) and Quark sample k responses of a prompt as k copies side
+    by side (policy.sample_rollout): the copies share one prefill, and the rollout is the one that
+    k prefills give under the same seed."""
+    import torch
+
+    from farmkit.train.policy import sample_rollout
+
+    model, tokenizer = tiny
+    k = 3
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    grouped = [prompt for prompt in ids for _ in range(k)]
+    width = max(len(p) for p in ids)
+
+    def rollout(shared: bool):
+        monkeypatch.setenv("FARMKIT_SHARED_PREFILL", "1" if shared else "0")
+        reads: list[tuple[int, int]] = []
+
+        def hook(module, args):
+            if args[0].shape[1] > 1:
+                reads.append(tuple(args[0].shape))
+
+        handle = model.get_input_embeddings().register_forward_pre_hook(hook)
+        try:
+            torch.manual_seed(5)
+            return sample_rollout(model, tokenizer, grouped, 1.0, 5), reads
+        finally:
+            handle.remove()
+
+    each, each_reads = rollout(False)
+    shared, shared_reads = rollout(True)
+    assert each_reads == [(k * len(PROMPTS), width)]
+    assert shared_reads == [(len(PROMPTS), width - 1)]
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "finished"):
+        assert torch.equal(getattr(shared, name), getattr(each, name)), name
+    # the k responses of a prompt vary
+    assert all(
+        len({tuple(r) for r in shared.response_ids[g * k : (g + 1) * k].tolist()}) > 1
+        for g in range(2)
+    )
