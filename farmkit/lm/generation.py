@@ -232,17 +232,18 @@ def prefill_once(model: Any, batch: dict[str, Any], n: int) -> dict[str, Any]:
         return {key: value.repeat_interleave(n, dim=0) for key, value in batch.items()}
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate counts them
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    accepted = inspect.signature(inner.forward).parameters
     # transformers 5 calls the cache `cache` (past_key_values before)
-    cache_name = (
-        "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
-    )
+    cache_name = "cache" if "cache" in accepted else "past_key_values"
+    # no vocabulary-wide output but for one position, where the model can be told so
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in accepted else {}
     with torch.no_grad():
         out = model(
             input_ids=ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=positions[:, :-1],
             use_cache=True,
-            logits_to_keep=1,  # no vocabulary-wide output but for one position
+            **keep,
         )
     cache = getattr(out, cache_name, None)
     if cache is None:
