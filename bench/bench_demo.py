@@ -5,7 +5,9 @@ Runs the demo in a fresh output folder with an empty farmkit cache, so the embed
 conversion from GGUF and every annotation are part of the time, as on a fresh clone (the
 installation is not). Prints the wall time against the 1,200 s limit, and how loaded the machine
 was (the 1-minute load average at the start and the end), since other work on the machine slows
-it down.
+it down. The demo runs through bench/stage_shell.py, so the CPU time of every stage (split, SFT,
+sampling, annotation, reward model, each method, evaluation) follows as rows of its own, with its
+share of the whole (bench/stage_profile.py prints the same table for any run folder).
 
     python bench/bench_demo.py [--size demo] [--jobs 2]
 """
@@ -22,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import stage_profile  # noqa: E402
+
 LIMIT_S = 1200.0
 
 
@@ -36,6 +41,7 @@ def main() -> None:
             "FARMKIT_CACHE": str(Path(scratch) / "cache"),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
             "PYTHON": sys.executable,
+            "FARMKIT_STAGE_LOG": f"{scratch}/{stage_profile.STAGE_LOG}",
         }
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
@@ -48,6 +54,7 @@ def main() -> None:
                 f"SIZE={args.size}",
                 f"JOBS={args.jobs}",
                 f"OUT={scratch}/run",
+                f"SHELL={ROOT / 'bench' / 'stage_shell.py'}",
             ],
             env=env,
             capture_output=True,
@@ -55,10 +62,15 @@ def main() -> None:
         )
         wall = time.perf_counter() - started
         load_after = os.getloadavg()[0]
+        log = Path(scratch) / stage_profile.STAGE_LOG
+        stages = stage_profile.from_log(log) if log.is_file() else {}
     if result.returncode != 0:
         sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
         sys.exit(1)
     sys.stderr.write(result.stdout)
+    sys.stderr.write(stage_profile.table(stages) + "\n")
+    for row in stage_profile.json_rows(stages, f"make demo SIZE={args.size}"):
+        print(json.dumps(row))
     print(
         json.dumps(
             {

@@ -7,7 +7,9 @@ tools that read prompt files decide about such prompts first (farmkit.lm.samplin
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,6 +173,11 @@ def generate(
             "pad_token_id": tokenizer.pad_token_id,
             "do_sample": sampling,
         }
+        if config.n > 1 and not compiled and shared_prefill_on():
+            # the n samples of a prompt start from one prefill of it (its KV cache repeated n times)
+            # rather than from n identical prefills
+            batch = prefill_once(model, batch, config.n)
+            kwargs["num_return_sequences"] = 1
         if sampling:
             kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
         else:
@@ -181,7 +188,9 @@ def generate(
             output = model.generate(**batch, **kwargs)
         prompt_width = batch["input_ids"].shape[1]
         completions = output[:, prompt_width:]
-        prompt_lengths = batch["attention_mask"].sum(dim=1).tolist()
+        # one row per prompt (a shared prefill's batch holds each prompt n times, in order)
+        rows_per_prompt = config.n // kwargs["num_return_sequences"]
+        prompt_lengths = batch["attention_mask"][::rows_per_prompt].sum(dim=1).tolist()
         batch_samples: list[list[Sample]] = []
         for row, index in enumerate(indices):
             samples = []
@@ -199,6 +208,52 @@ def generate(
         if on_batch is not None:
             on_batch(list(indices), batch_samples)
     return results
+
+
+def shared_prefill_on() -> bool:
+    """Whether a prompt's n samples share one prefill (the default); FARMKIT_SHARED_PREFILL=0 gives
+    each sample its own, as transformers' num_return_sequences does (bench/bench_prefill.py compares
+    the two)."""
+    return os.environ.get("FARMKIT_SHARED_PREFILL", "1") != "0"
+
+
+def prefill_once(model: Any, batch: dict[str, Any], n: int) -> dict[str, Any]:
+    """`generate`'s inputs for n samples of each prompt in `batch` (padded on the left) that start
+    from one prefill per prompt: every prompt token but the last goes through the model once, its
+    KV cache is repeated n times (each prompt's copies side by side, as num_return_sequences lays
+    them out) and `generate` goes on from there with the last token. The samples' distribution is
+    the same as from n prefills; the same seed draws the same random numbers, so they differ from
+    n prefills' only where floating-point rounding (a batch of B rows against n x B) moves a draw
+    across a boundary."""
+    import torch
+
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if ids.shape[1] < 2:  # nothing to prefill before the last token
+        return {key: value.repeat_interleave(n, dim=0) for key, value in batch.items()}
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate counts them
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    accepted = inspect.signature(inner.forward).parameters
+    # transformers 5 calls the cache `cache` (past_key_values before)
+    cache_name = "cache" if "cache" in accepted else "past_key_values"
+    # no vocabulary-wide output but for one position, where the model can be told so
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in accepted else {}
+    with torch.no_grad():
+        out = model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            **keep,
+        )
+    cache = getattr(out, cache_name, None)
+    if cache is None:
+        cache = out.past_key_values
+    cache.batch_repeat_interleave(n)
+    return {
+        "input_ids": ids.repeat_interleave(n, dim=0),
+        "attention_mask": mask.repeat_interleave(n, dim=0),
+        cache_name: cache,
+    }
 
 
 def prompt_room(model: Any, tokenizer: Any, max_new_tokens: int) -> int | None:

@@ -6,7 +6,9 @@ gathers its shards), which the main process alone renames onto the target once m
 
 meta.json always holds: tool, kind (policy, reward_model), base_model, prompt_template, seed, config
 (the resolved configuration), inputs (name -> SHA-256), versions (packages), provenance (farmkit's
-version and the configuration's hash), launch (distributed type, processes, ZeRO stage, precision); a tool adds its own keys beside them (training, pairs...).
+version and the configuration's hash), launch (distributed type, processes, ZeRO stage, precision),
+cpu_seconds (the CPU time the writing process had spent: bench/stage_profile.py reads it); a tool adds
+its own keys beside them (training, pairs...).
 """
 
 from __future__ import annotations
@@ -70,7 +72,20 @@ def model_meta(
     }
     meta.update({key: value for key, value in extra.items() if value is not None})
     meta.setdefault("launch", launch_record())
+    meta.setdefault("cpu_seconds", cpu_seconds())
     return meta
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds this process has spent so far, every thread of it and the child
+    processes it waited for (a launcher's workers are counted by their own main process, not here)."""
+    import resource
+
+    spent = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return round(sum(usage.ru_utime + usage.ru_stime for usage in spent), 2)
 
 
 def partial_path(target: str | os.PathLike) -> Path:

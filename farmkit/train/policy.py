@@ -153,17 +153,29 @@ def sample_rollout(
     the method then scores responses over the rest of the vocabulary. `prompts` are token ids (from
     fit_rollout_prompts), or texts, fitted to the context here. `compiled`: a static KV cache and a
     compiled decoding step (farmkit.lm.generation.compiled_generation)."""
-    from farmkit.lm.generation import compiled_generation, plain_generation_config
+    from farmkit.lm.generation import (
+        compiled_generation,
+        plain_generation_config,
+        prefill_once,
+        shared_prefill_on,
+    )
 
     if prompts and isinstance(prompts[0], str):
         prompts = fit_rollout_prompts(model, tokenizer, prompts, max_new_tokens)
-    batch = pad_left(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
-    batch = {key: value.to(device) for key, value in batch.items()}
+    k = group_size(prompts)
+    if k > 1 and not compiled and shared_prefill_on():
+        # a group method's or Quark's k samples of a prompt (k copies side by side) start from one
+        # prefill of it, its KV cache repeated k times (farmkit.lm.generation.prefill_once)
+        unique = pad_left(prompts[::k], tokenizer.pad_token_id)
+        inputs = prefill_once(model, {key: v.to(device) for key, v in unique.items()}, k)
+    else:
+        inputs = {key: v.to(device) for key, v in pad_left(prompts, tokenizer.pad_token_id).items()}
+    batch = {key: inputs[key] for key in ("input_ids", "attention_mask")}
     truncation = Truncation(temperature, top_p, top_k) if truncates(top_p, top_k) else None
     with plain_generation_config(model, tokenizer):
         output = model.generate(
-            **batch,
+            **inputs,
             do_sample=True,
             temperature=temperature,
             top_p=1.0,
@@ -240,6 +252,18 @@ def replayed_logits(logits: torch.Tensor, rollout: Rollout) -> torch.Tensor:
     keep = keep.scatter(-1, rollout.response_ids.to(logits.device).unsqueeze(-1), True)
     keep = keep | (kept <= 0).unsqueeze(-1)
     return logits.masked_fill(~keep, float("-inf"))
+
+
+def group_size(prompts: Sequence[Sequence[int]]) -> int:
+    """k when `prompts` are runs of k copies of each prompt side by side (how the group methods and
+    Quark lay out their k samples of a prompt), else 1."""
+    k = 1
+    while k < len(prompts) and list(prompts[k]) == list(prompts[0]):
+        k += 1
+    if k == 1 or len(prompts) % k:
+        return 1
+    same = all(list(prompts[i]) == list(prompts[i - i % k]) for i in range(len(prompts)))
+    return k if same else 1
 
 
 def add_control_tokens(model: Any, tokenizer: Any, tokens: Sequence[str], like: int) -> list[int]:

@@ -247,3 +247,24 @@ def test_every_file_of_a_model_folder_follows_the_umask(tmp_path, umask):
         name: expected for name in ("meta.json", "model.safetensors", "tokenizer.json")
     }
     assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_meta_records_the_cpu_seconds_spent_so_far():
+    """meta.json says how much CPU the tool had spent when it wrote the folder (user + system, its
+    threads and the processes it waited for), so that a finished run can be profiled stage by stage
+    (bench/stage_profile.py)."""
+    import resource
+
+    def spent() -> float:
+        return sum(
+            u.ru_utime + u.ru_stime
+            for u in (
+                resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+            )
+        )
+
+    before = spent()
+    meta = model_meta("farm-x", "policy", "m", "chat", 0, {}, {})
+    after = spent()
+    assert before - 0.01 <= meta["cpu_seconds"] <= after + 0.01 and before > 0
