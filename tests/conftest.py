@@ -125,7 +125,7 @@ MODEL_FIXTURES = {"embedded_path", "tiny_model_path"}
 LONGEST_FILES = {
     "test_demo.py": 132,
     "test_ppo.py": 100,
-    "test_quark.py": 81,
+    "test_quark.py": 45,
     "test_checkpoints.py": 78,
     "test_openai_backend.py": 68,
     "test_config.py": 63,

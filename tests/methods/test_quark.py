@@ -470,10 +470,53 @@ def test_a_deepspeed_launch_with_a_fixed_device_is_refused_not_ignored(monkeypat
     assert not (tmp_path / "quark").exists()
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_control_token_is_read_as_the_prompts_last_token_and_written_as_the_average(
+    tiny_model_path, tied
+):
+    """What keeps the embedded model's answers whole behind a control token (the slow test below):
+    its input row starts as a copy of the token it follows (the end of the prompt), an input the
+    model has read, not transformers' mean row; an untied output row starts as the average output
+    row (an average logit: rarely sampled). The rows the model had are untouched."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from farmkit.train.policy import add_control_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    before_in = model.get_input_embeddings().weight.detach().clone()
+    before_out = model.get_output_embeddings().weight.detach().clone()
+    like = tokenizer("Name a colour.")["input_ids"][-1]
+    ids = add_control_tokens(model, tokenizer, ["<|q0|>", "<|q1|>"], like)
+    rows_in = model.get_input_embeddings().weight.detach()
+    rows_out = model.get_output_embeddings().weight.detach()
+    old = before_in.shape[0]
+    assert ids == [old, old + 1] and rows_in.shape[0] == old + 2
+    assert torch.equal(rows_in[:old], before_in)
+    for token in ids:
+        assert torch.equal(rows_in[token], before_in[like])
+        if not tied:
+            assert torch.allclose(rows_out[token], before_out.mean(dim=0))
+    if not tied:
+        assert torch.equal(rows_out[:old], before_out)
+
+
+@pytest.mark.slow
 def test_control_tokens_do_not_collapse_the_embedded_models_answers(
     embedded_path, tiny_model_path, tmp_path_factory, tmp_path
 ):
-    """Round 1 samples the SFT model itself; round 2 samples it behind the new best-quantile token
+    """(Slow lane: 40 s of the embedded model; the test above checks the rows that keep it so.)
+    Round 1 samples the SFT model itself; round 2 samples it behind the new best-quantile token
     after one round of training. A control token that starts as transformers' default row (the mean
     embedding) is an input the model has never read: SmolLM2 then answers in fragments (24 prompts x
     2 samples, 32 new tokens, temperature 0.7: 79 characters without a token, 23 behind a mean row,
