@@ -330,6 +330,8 @@ SHARED: dict[str, Shared] = {
     "no_cache": Shared(("--no-cache",), click.BOOL, False, flag=True),
     "max_cost": Shared(("--max-cost",), _shared_number("max_cost"), metavar="USD", own_help=True),
     "prices": Shared(("--prices",), click.Path(exists=True, dir_okay=False)),
+    # the human labels of farm-audit, farm-winrate and farm-correlate
+    "include_screened": Shared(("--include-screened",), click.BOOL, False, flag=True),
 }
 
 

@@ -182,6 +182,7 @@ def test_every_shared_option_reads_the_same_in_every_tool():
         "gold": set(POLICY_METHODS),
         "gold_prompts": set(POLICY_METHODS),
         "gold_size": set(POLICY_METHODS),
+        "include_screened": {"farm-audit", "farm-winrate", "farm-correlate"},
         **{
             name: {"farm-annotate", "farm-online-dpo"}
             for name in (

@@ -74,6 +74,7 @@ from farmkit.evaluate.correlate import (
     pair_key,
     resample_weights,
 )
+from farmkit.train.config import shared_field
 
 log = logging.getLogger("farmkit")
 
@@ -145,13 +146,7 @@ class AuditConfig:
         path=EXISTING_FILE,
         show_default=False,
     )
-    include_screened: bool = help_field(
-        False,
-        "With --humans: count the labels of annotators screened out by their check answers too "
-        "(farm-label --min-check-score marks them screened_out: true); left out by default, and "
-        "said on stderr.",
-        flag=True,
-    )
+    include_screened: bool = shared_field("include_screened", False)
     families: str | None = help_field(
         None,
         "The family of each generator (and of the judge's model): a JSON/YAML file or "

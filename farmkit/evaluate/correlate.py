@@ -100,6 +100,7 @@ from farmkit.core.io import (
 from farmkit.core.validate import problems
 from farmkit.core.values import FRACTION, NON_NEGATIVE
 from farmkit.evaluate.boards import BOARD_FORMATS, markdown_text
+from farmkit.train.config import shared_field
 
 TIE = 1.5
 LABEL_CODES = {1.0: 0, TIE: 1, 2.0: 2}  # a label's column in a table of counts
@@ -186,13 +187,7 @@ class CorrelateConfig:
         path=FILE_OR_STDIN,
         show_default=False,
     )
-    include_screened: bool = help_field(
-        False,
-        "Annotation mode: count the labels of annotators screened out by their check answers too "
-        "(farm-label --min-check-score marks them screened_out: true); left out by default, and "
-        "said on stderr.",
-        flag=True,
-    )
+    include_screened: bool = shared_field("include_screened", False)
     key: str | None = help_field(
         None,
         "Field that identifies a pair in all files. Default: pair_id, else the texts.",

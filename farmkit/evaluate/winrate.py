@@ -41,6 +41,7 @@ from farmkit.evaluate.length_control import (
     ppi_length_controlled,
 )
 from farmkit.evaluate.ppi import PairLedger, labels_for_se, rank_sets, slot_values
+from farmkit.train.config import shared_field
 
 VALUE_GRID = 10_000  # bootstrap histogram resolution of x
 CHUNK = 16_384  # records read, checked and folded at a time (bounds the memory used)
@@ -859,13 +860,7 @@ class WinrateConfig:
         path={"dir_okay": False},
         metavar="FILE",
     )
-    include_screened: bool = help_field(
-        False,
-        "With --humans: count the labels of annotators screened out by their check answers too "
-        "(farm-label --min-check-score marks them screened_out: true); left out by default, and "
-        "said on stderr.",
-        flag=True,
-    )
+    include_screened: bool = shared_field("include_screened", False)
     target_se: float | None = help_field(
         None,
         "With --humans or --old-judge (also in --plan): add ppi_labels_for_target_se, the number of labels "

@@ -99,6 +99,10 @@ SHARED_HELP = {
     "max_cost": "Budget in USD. Refuses a model without a known price (give one with --prices); each "
     "request in flight holds its worst case (max_tokens, and the prompt at the densest billing "
     "seen), so concurrent requests cannot overshoot the cap.",
+    # the human labels of farm-audit, farm-winrate and farm-correlate (farm-label's screening)
+    "include_screened": "With --humans: count the labels of annotators screened out by their check "
+    "answers too (farm-label --min-check-score marks them screened_out: true); left out by default, "
+    "and said on stderr.",
     "prices": "YAML price table: MODEL: {prompt: USD/1M, completion: USD/1M} (and batch: the share of it a "
     "Batch API bills, default 0.5).",
 }
