@@ -43,6 +43,7 @@ from farmkit.lm.tokens import estimate_tokens
 
 log = logging.getLogger("farmkit")
 TOOL = "farm-annotate"
+_SIGNALLED = object()  # put on a run's record queue by its SIGINT or SIGTERM handler
 CLAIM_POLL = 0.2  # seconds between looks at a verdict another run is asking for
 # seconds a claim lasts unless renewed, and between renewals: a live run renews its claims, so the lease
 # only bounds how long a run that died on another host (where its pid cannot be checked) holds them
@@ -51,6 +52,9 @@ CLAIM_RENEWAL = 20.0
 BULK_REQUEST = (
     512  # pairs per call for in-process backends (oracle, file), whatever the judge's batch size
 )
+# seconds a SIGINT or SIGTERM waits for the replies already on their way (cached as they come);
+# a request still unanswered then is left, whatever its timeout: the run ends within seconds
+STOP_GRACE = 2.0
 BUDGET_POLL = 0.02  # seconds between looks at the budget, while requests in flight may free room
 
 
@@ -414,7 +418,7 @@ class Annotator:
             self._loop = asyncio.new_event_loop()
         loop = self._loop
         out: queue.SimpleQueue = queue.SimpleQueue()
-        restore = self._stop_on_signals()
+        restore = self._stop_on_signals(out)
         work = loop.create_task(self._all(requests, items, flush, ready, out))
 
         def serve() -> None:
@@ -428,7 +432,21 @@ class Annotator:
         thread.start()
         self._requests = (work, thread)
         try:
-            while (batch := out.get()) is not None:
+            # once a signal came: when the replies on their way are no longer waited for
+            stop_at: float | None = None
+            while True:
+                try:
+                    wait = None if stop_at is None else max(0.0, stop_at - time.monotonic())
+                    batch = out.get(timeout=wait)
+                except queue.Empty:  # still unanswered: left (a rerun asks them again)
+                    assert self._signal is not None
+                    self._stop_requests()
+                    _interrupted(self._signal, left=True)
+                if batch is _SIGNALLED:
+                    stop_at = time.monotonic() + STOP_GRACE
+                    continue
+                if batch is None:
+                    break
                 if isinstance(batch, BaseException):
                     raise batch
                 yield from batch
@@ -502,13 +520,15 @@ class Annotator:
                 if not task.cancelled():
                     task.exception()  # retrieved, so asyncio does not report it again at exit
 
-    def _stop_on_signals(self) -> Callable[[], None]:
+    def _stop_on_signals(self, out: queue.SimpleQueue) -> Callable[[], None]:
         """Until the returned function is called, SIGINT or SIGTERM stops sending requests: those
-        waiting (for a rate limit's reset, a retry's backoff, a place) are not sent, and the requests
-        in flight (at most the pool's concurrency) are answered and their verdicts cached before the
-        run ends, so that a paid reply is not lost. A second signal acts at once. The
-        handlers run in the main thread (where Python delivers signals); the requests' thread reads
-        the flag they set."""
+        waiting (for a rate limit's reset, a retry's backoff, a place) are not sent, and the replies
+        of the requests in flight (at most the pool's concurrency) are waited for STOP_GRACE seconds
+        and their verdicts cached, so that a paid reply is not lost; a request unanswered by then is
+        left (not cached, its claim released: a rerun asks it again), so that the run ends within
+        seconds whatever the timeout. A second signal acts at once. The handlers run in the main
+        thread (where Python delivers signals); the requests' thread reads the flag they set, and
+        the reader of `out` is told at once (SimpleQueue.put may be called from a handler)."""
         saved: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
@@ -524,6 +544,7 @@ class Annotator:
             # requests waiting for a rate limit's reset or a retry's backoff end now
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self.backends.stop)
+            out.put(_SIGNALLED)
 
         for number in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -893,12 +914,19 @@ class Annotator:
         )
 
 
-def _interrupted(number: int) -> None:
-    """End the run after a SIGINT or SIGTERM, once the replies in flight are cached."""
+def _interrupted(number: int, left: bool = False) -> None:
+    """End the run after a SIGINT or SIGTERM, once the replies in flight are cached (`left`: those
+    not received within STOP_GRACE seconds were left)."""
+    received = (
+        f"the replies received were cached, those not received within {STOP_GRACE:g} s were left "
+        "(an endpoint may bill them)"
+        if left
+        else "the replies in flight were received and cached"
+    )
     log.warning(
-        "farm-annotate: stopped by %s; the replies in flight were received and cached: rerun the "
-        "same command to finish",
+        "farm-annotate: stopped by %s; %s: rerun the same command to finish",
         signal.Signals(number).name,
+        received,
     )
     if number == signal.SIGINT:
         raise KeyboardInterrupt

@@ -296,6 +296,48 @@ def test_a_signal_mid_run_repays_at_most_the_requests_in_flight(tmp_path, kill):
         assert paid == cached and repaid == 0, (paid, cached, repaid)
 
 
+@pytest.mark.heavy
+def test_a_sigterm_does_not_wait_out_the_timeout_of_a_request_never_answered(tmp_path):
+    # the endpoint answers the first request and never the second (it would after 10 minutes);
+    # with --timeout 120 one SIGTERM still ends the run within seconds: the reply on its way is
+    # waited for a moment, then left; the answer received stays cached and is not paid again
+    pool = _pool(tmp_path, source="single", settings="settings: {concurrency: 1, backoff: 0.02}\n")
+    (tmp_path / "pairs.jsonl").write_bytes(_jsonl(_pairs(2)))
+    cache, output = tmp_path / "c.sqlite", tmp_path / "out.jsonl"
+    command = ["--pool", pool, "--timeout", "120", "--cache", str(cache), "-o", str(output)]
+    with OpenAIServer(respond=judge_longer, script=[None, "timeout"], hang=600) as server:
+        env = {**os.environ, **_env(server)}
+        binary = str(Path(sys.executable).parent / "farm-annotate")
+        process = subprocess.Popen(
+            [binary, *command, str(tmp_path / "pairs.jsonl")], env=env, stderr=subprocess.PIPE
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while server.outcomes["timeout"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _verdicts_in(cache) == 1 and server.outcomes["timeout"] == 1
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=60)
+            stopped_in = time.monotonic() - started
+        finally:
+            process.kill()
+            process.wait()
+        said = stderr.decode()
+        assert process.returncode == 143, said
+        assert stopped_in < 30, stopped_in
+        assert "stopped by SIGTERM" in said and "Traceback" not in said, said
+        assert "not received within 2 s were left" in said, said
+        assert not output.exists() and _verdicts_in(cache) == 1 and server.outcomes["ok"] == 1
+        resumed = _annotate(*command, str(tmp_path / "pairs.jsonl"), input=b"", env=_env(server))
+        assert resumed.returncode == 0, resumed.stderr.decode()
+        # the resume pays only for the request that was in flight
+        assert server.outcomes["ok"] == 2, server.outcomes
+    assert [r["preference"] for r in _records(output.read_bytes())] == [
+        _longer(p) for p in _pairs(2)
+    ]
+
+
 def _lines_of(stream) -> tuple[list[bytes], threading.Event]:
     """Lines read from `stream` in a thread, and an event set at each new line."""
     lines, arrived = [], threading.Event()
