@@ -37,16 +37,24 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 from farmkit import __version__
-from farmkit.annotate.pools import FLIP_RATE
+from farmkit.annotate.pools import FLIP_RATE, load_pool
 from farmkit.core import console
 from farmkit.core import fields as config_fields
 from farmkit.core.allocator import keep_freed_memory
-from farmkit.core.io import ON_ERROR, FarmError, set_on_error, set_records_stdout, set_split
+from farmkit.core.io import (
+    ON_ERROR,
+    FarmError,
+    MissingInput,
+    set_on_error,
+    set_records_stdout,
+    set_split,
+)
 from farmkit.core.values import Bounds, Number, check_number
 from farmkit.lm.models import TEMPLATES
 from farmkit.train import config as method_config
@@ -254,6 +262,34 @@ class DeviceName(click.ParamType):
 
 DEVICE = DeviceName()
 
+GOLD_EXPECTED = (
+    "expected a reward model folder, a learned judge folder (farm-judge-train), a shipped "
+    "annotator pool's name (farm-annotate --list-pools) or a pool YAML file"
+)
+
+
+class GoldJudge(click.ParamType):
+    """--gold POOL_OR_RM: a folder (a reward model or a learned judge, read when the run starts),
+    else an annotator pool, read here: a pool file that is missing or malformed, or a name that is
+    no shipped pool, is a usage error naming it, before any model loads."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value)
+        if Path(text).is_dir():
+            return text
+        try:
+            load_pool(text)
+        except MissingInput:
+            self.fail(f"{text}: no such file, folder or shipped pool; {GOLD_EXPECTED}", param, ctx)
+        except FarmError as exc:
+            self.fail(f"{exc}; {GOLD_EXPECTED}", param, ctx)
+        return text
+
+
+GOLD = GoldJudge()
+
 
 SHARED: dict[str, Shared] = {
     # model
@@ -319,7 +355,7 @@ SHARED: dict[str, Shared] = {
     "report_to": Shared(("--report-to",), click.Choice(REPORT_TO), "none"),
     "rollout_backend": Shared(("--rollout-backend",), click.Choice(ROLLOUT_BACKENDS), "auto"),
     # the gold judge of every policy method (farmkit.train.gold)
-    "gold": Shared(("--gold",), click.STRING, metavar="POOL_OR_RM"),
+    "gold": Shared(("--gold",), GOLD, metavar="POOL_OR_RM"),
     "gold_prompts": Shared(("--gold-prompts",), click.Path(exists=True, dir_okay=False)),
     "gold_size": Shared(("--gold-size",), _shared_number("gold_size"), 32),
     # the annotator of farm-annotate and of farm-online-dpo's rounds (judge_options)

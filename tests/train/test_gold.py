@@ -117,6 +117,41 @@ def test_every_policy_tool_has_the_gold_options():
         assert option.metavar == "POOL_OR_RM" and option.default is None, tool
 
 
+def _bad_gold(tmp_path, bad: str) -> tuple[str, str]:
+    """A --gold value naming a pool file that is missing or malformed, and what its error says."""
+    if bad == "missing":
+        return str(tmp_path / "missing.yaml"), "no such file"
+    path = tmp_path / "bad.yaml"
+    path.write_text("judges: [\n" if bad == "not YAML" else "name: x\njudges: 3\n")
+    return str(path), "not valid YAML" if bad == "not YAML" else "`judges` must be a non-empty list"
+
+
+@pytest.mark.parametrize("bad", ["missing", "not YAML", "not a pool"])
+def test_a_gold_pool_file_missing_or_malformed_is_a_usage_error_before_any_work(tmp_path, bad):
+    value, said = _bad_gold(tmp_path, bad)
+    pairs = write_jsonl(
+        tmp_path / "pairs.jsonl",
+        [{"instruction": "x", "output_1": "a", "output_2": "b", "preference": 1}],
+    )
+    command = importlib.import_module(SCRIPTS["farm-dpo"].split(":")[0]).cli
+    args = ["embedded", str(pairs), "-o", str(tmp_path / "out"), "--max-steps", "1"]
+    result = CliRunner().invoke(command, [*args, "--gold", value])
+    assert result.exit_code == 2, result.output
+    message = result.stderr
+    assert f"Invalid value for '--gold': {value}" in message and said in message, message
+    assert "expected a reward model folder" in message and "Traceback" not in message, message
+    assert not (tmp_path / "out").exists()  # before any work
+
+
+@pytest.mark.parametrize("tool", POLICY_METHODS)
+def test_every_policy_tool_refuses_a_missing_gold_pool_file_alike(tmp_path, tool):
+    value, said = _bad_gold(tmp_path, "missing")
+    command = importlib.import_module(SCRIPTS[tool].split(":")[0]).cli
+    result = CliRunner().invoke(command, ["--gold", value])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '--gold': {value}: {said}" in result.stderr, result.stderr
+
+
 def test_gold_prompts_are_a_fixed_slice_or_a_file(tmp_path):
     training = [{"instruction": q, "input": ""} for q in ["a", "b", "a", "c", "d"]]
     chosen, source = gold_module.choose_prompts(training, None, 3)
