@@ -21,6 +21,8 @@ under the same cap; every line it billed is booked once, by the run whose transa
 batch, at its usage or at its worst case where the usage is not told (duplicates, replies to lines
 never sent and lines that are not JSON included), into the ledger as it is collected. A batch that
 can no longer be collected is marked failed, booked at its worst case and its questions requeued.
+A line pending since the first --batch, which kept no worst tokens per line, is booked at its share
+of its batch's worst price (recorded with every batch), never at $0 (`_dated`).
 A line is also known by what it asks (`request_id`), so a run that reaches the same endpoint by
 another host name joins a pending line rather than paying for it again.
 """
@@ -674,7 +676,7 @@ class BatchMode:
         questions go back to the queue (--batch-fallback), and, where a batch may have been created
         (its file was uploaded), each of its lines is booked at its worst case: the endpoint may
         have billed them and will not say."""
-        lines = self.cache.batch_lines(row["intent"])
+        lines = _dated(self.cache.batch_lines(row["intent"]), row.get("worst"))
         if not self.cache.settle_lines(row["intent"], list(lines), {}):
             return  # another run settled it
         self.committed.pop(row["intent"], None)
@@ -682,7 +684,7 @@ class BatchMode:
         spend = _Spend(self.annotator.prices)
         for keys, spec in lines.values():
             if billed:
-                spend.add(spec, *_worst(spec), estimated=True)
+                spend.add_worst(spec)
             for asked in [keys, *spec.get("joined", [])]:
                 self._unanswered(asked, f"batch lost: {reason}")
         self.stats.failed += len(lines)
@@ -717,7 +719,7 @@ class BatchMode:
         reply at all (booked at the batch's largest worst case) included. A line answered twice
         with different verdicts keeps neither (it is asked again)."""
         intent = row["intent"]
-        lines = self.cache.batch_lines(intent)
+        lines = _dated(self.cache.batch_lines(intent), row.get("worst"))
         if not lines:
             return
         got: dict[str, list[dict[str, Any]]] = {}
@@ -737,12 +739,8 @@ class BatchMode:
                 else:
                     strays.append(entry)
         spend = _Spend(self.annotator.prices)
-        prices = self.annotator.prices
         # what a reply that cannot be told apart is booked at: the costliest line's worst case
-        largest = max(
-            (spec for _, spec in lines.values()),
-            key=lambda spec: prices.price(spec["model"], *_worst(spec), batch=True),
-        )
+        largest = max((spec for _, spec in lines.values()), key=spend.worst_price)
         verdicts: dict[str, dict[str, Any]] = {}
         answers: list[tuple[list[str], list[Verdict] | str]] = []
         for custom_id, (keys, spec) in lines.items():
@@ -750,7 +748,7 @@ class BatchMode:
             line_spend = _Spend(self.annotator.prices)
             for entry in got.get(custom_id, []):
                 if _billed(entry):
-                    line_spend.add(spec, *_usage(entry, spec))
+                    line_spend.add_reply(entry, spec)
                 reads.append(self._reply(entry, spec))
             spend.merge(line_spend)
             read = self._choose(custom_id, reads, batch)
@@ -775,8 +773,8 @@ class BatchMode:
             answers.append(([keys, *spec.get("joined", [])], read))
         for entry in strays:
             if _billed(entry):
-                spend.add(largest, *_usage(entry, largest))
-        spend.add(largest, *_worst(largest), estimated=True, times=cut)
+                spend.add_reply(entry, largest)
+        spend.add_worst(largest, times=cut)
         if not self.cache.settle_lines(intent, list(lines), verdicts):
             return  # another run collected it at the same time, and booked it
         self.committed.pop(intent, None)
@@ -969,15 +967,42 @@ class _Spend:
         completion: float,
         estimated: bool = False,
         times: int = 1,
+        price: float | None = None,
     ) -> None:
+        """Book `times` replies of the line `spec`: their tokens, at the batch price (or at
+        `price` each, where only that is known)."""
         if times <= 0:
             return
         model = spec["model"]
-        price = self.prices.price(model, prompt, completion, batch=True)
+        if price is None:
+            price = self.prices.price(model, prompt, completion, batch=True)
         entry = self.models.setdefault(model, [0, 0.0, 0.0, 0.0])
         for position, amount in enumerate((spec["pairs"], prompt, completion, price)):
             entry[position] += amount * times
         self.estimated += times * estimated
+
+    def worst_price(self, spec: dict[str, Any]) -> float:
+        """The most the line `spec` can be billed (USD): its worst tokens at the batch price; a line
+        recorded before it kept them (farm-annotate's first --batch), its `share` (`_dated`)."""
+        if "worst" not in spec and "share" in spec:
+            return float(spec["share"])
+        return self.prices.price(spec["model"], *_worst(spec), batch=True)
+
+    def add_worst(self, spec: dict[str, Any], times: int = 1) -> None:
+        """Book `times` replies of the line `spec` at its worst case (their bill is not told)."""
+        if "worst" not in spec and "share" in spec:  # its tokens are not known, only its price
+            self.add(spec, 0.0, 0.0, estimated=True, times=times, price=self.worst_price(spec))
+        else:
+            self.add(spec, *_worst(spec), estimated=True, times=times)
+
+    def add_reply(self, entry: dict[str, Any], spec: dict[str, Any]) -> None:
+        """Book a billed reply of the line `spec` at its usage, or at the line's worst case where
+        the reply does not tell it and the line's worst tokens are not known."""
+        prompt, completion, estimated = _usage(entry, spec)
+        if estimated and "worst" not in spec and "share" in spec:
+            self.add_worst(spec)
+        else:
+            self.add(spec, prompt, completion, estimated)
 
     def merge(self, other: _Spend) -> None:
         for model, amounts in other.models.items():
@@ -1007,8 +1032,26 @@ def _billed(entry: dict[str, Any]) -> bool:
     )
 
 
+def _dated(
+    lines: dict[str, tuple[list[str], dict[str, Any]]], worst: float | None
+) -> dict[str, tuple[list[str], dict[str, Any]]]:
+    """A batch's pending `lines` (custom_id -> (keys, spec)), those recorded before each line kept
+    its worst tokens (farm-annotate's first --batch wrote no `worst` in a line's spec) given a
+    `share`: their batch's worst price (USD, recorded with every batch since the first --batch:
+    `worst`, the sum of its lines' worst prices) shared equally among its lines, so that a reply
+    whose bill is not told, or a lost batch, is booked at its worst case, never at $0."""
+    if not lines or all("worst" in spec for _, spec in lines.values()):
+        return lines
+    share = float(worst or 0.0) / len(lines)
+    return {
+        custom_id: (keys, spec if "worst" in spec else {**spec, "share": share})
+        for custom_id, (keys, spec) in lines.items()
+    }
+
+
 def _worst(spec: dict[str, Any]) -> tuple[float, float]:
-    """The most a line can be billed (prompt, completion tokens); lines recorded before it was kept: 0."""
+    """The most a line can be billed (prompt, completion tokens); lines recorded before it was kept
+    (farm-annotate's first --batch): 0 tokens (their worst price is their `share`, `_dated`)."""
     worst = spec.get("worst")
     return (
         (float(worst[0]), float(worst[1]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,36 @@ def test_a_create_answered_with_a_bomb_is_found_or_given_up_never_sent_twice_sil
             assert "can no longer be collected" in done.stderr
             assert "more than 1,048,576 bytes" in done.stderr
             assert server.calls["POST /v1/batches"] == 2 and _booked(setup) >= billed > 0
+
+
+@pytest.mark.parametrize("outcome", ["gone", "no_usage"])
+def test_lines_recorded_without_their_worst_case_are_not_booked_at_0(setup, outcome):
+    """Lines pending from before each line kept its worst case (farm-annotate's first --batch):
+    a lost batch of them, or their replies without usage, are booked at the worst price recorded
+    with the batch (shared among its lines), never at $0."""
+    pairs = _pairs(4)
+    with BatchServer(polls=1, outcomes=[outcome]) as server:
+        assert _annotate(setup, server, "--batch", "submit", input=pairs).code == 0
+        with sqlite3.connect(setup.cache) as db:  # the lines as that version wrote them
+            for custom_id, spec in db.execute("SELECT custom_id, spec FROM batch_lines").fetchall():
+                old = {k: v for k, v in orjson.loads(spec).items() if k not in ("worst", "request")}
+                db.execute(
+                    "UPDATE batch_lines SET spec = ? WHERE custom_id = ?",
+                    (orjson.dumps(old), custom_id),
+                )
+            ((worst,),) = db.execute("SELECT worst FROM batches").fetchall()
+            ((lines,),) = db.execute("SELECT count(*) FROM batch_lines").fetchall()
+        done = _annotate(setup, server, "--batch", input=pairs)
+        assert done.code == 0, done.stderr
+        assert _all_longer(done.records, 4)
+        assert ("can no longer be collected" in done.stderr) == (outcome == "gone")
+        billed = server.billed_price(*RATES)
+    rows = [orjson.loads(line) for line in Path(setup.ledger).read_bytes().splitlines()]
+    first = [row for row in rows if "collected" in row][0]  # booked as it was collected or given up
+    # every line of it booked at its worst case
+    assert worst > 0 and first["price"] == pytest.approx(worst, rel=1e-6), (first, worst)
+    assert first["estimated"] == lines
+    assert _booked(setup) >= billed > 0
 
 
 def test_a_run_killed_after_create_without_a_batch_listing_is_not_stuck(setup):
