@@ -9,7 +9,6 @@ import base64
 import json
 import socket
 import threading
-import time
 import tracemalloc
 from collections.abc import Callable
 
@@ -148,10 +147,10 @@ def transport(request, monkeypatch):
 def test_interim_replies_before_the_final_one_are_skipped(raw_server, transport):
     interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
     server = raw_server(lambda head: interim + ok())
-    started = time.monotonic()
+    # the server keeps the connection open and the client does not retry (max_retries 0): a client
+    # that took an interim reply for the final one would wait out the timeout and fail, not answer
     reply = complete(server.url, timeout=5.0)
     assert reply.text == "Pair 1: B" and reply.attempts == 1
-    assert time.monotonic() - started < 2  # not the whole timeout waited out
 
 
 def test_chunked_encoding_wins_over_a_content_length_beside_it(raw_server):

@@ -1,6 +1,6 @@
 """Pacing by the provider's rate-limit headers (farmkit/core/endpoint.py's Pacer), against the local
 server in tests/openai_server.py enforcing a requests and a tokens limit over a sliding window: none
-over the limit once the headers are known, and throughput within 10% of the limit."""
+over the limit once the headers are known, and no reset waited out that was not needed."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _body(i: int) -> dict:
 
 
 @pytest.mark.parametrize("binding", ["requests", "tokens"])
-def test_requests_stay_under_the_limits_the_headers_tell_and_use_nine_tenths_of_them(binding):
+def test_requests_stay_under_the_limits_the_headers_tell_and_wait_no_needless_reset(binding):
     cost = count_tokens(_body(0)["messages"][0]["content"]) + count_tokens(REPLY)
     limits = {"requests": PER_WINDOW, "tokens": 10**9, "window": WINDOW}
     if binding == "tokens":
@@ -42,7 +42,11 @@ def test_requests_stay_under_the_limits_the_headers_tell_and_use_nine_tenths_of_
     assert server.over == 0  # the first reply told the limits: nothing was sent over them
     elapsed = server.admitted[-1] - server.admitted[0]
     ideal = 2 * WINDOW
-    assert ideal <= elapsed <= ideal / 0.9, elapsed
+    # no faster than the limit allows (load only slows a run down), and not a window later: a pacer
+    # that waits out one more reset than it needs takes 3 windows or more. (The bound was 10% over
+    # the ideal, 3.33 s: runs on 2 busy cores took 3.1-3.25 s, a hair from failing; the slack here,
+    # a whole window, is 6 times the most those runs went over the ideal.)
+    assert ideal <= elapsed < ideal + WINDOW, elapsed
 
 
 def test_without_the_headers_nothing_waits():
