@@ -286,7 +286,7 @@ MUTATIONS = [
     Mutation(
         "async rollouts: a stale batch without its sampling weights' log-probabilities (no correction)",
         "farmkit/train/async_rollouts.py",
-        "if version < number:",
+        "if logprobs is None and version < number:",
         "if False:",
         (
             f"{T_ASYNC}::test_a_stale_batch_carries_the_sampling_weights_logprobs_and_the_ratio_corrects_it",
