@@ -583,7 +583,13 @@ def test_async_rollouts_sample_the_next_batch_with_the_engine_one_step_stale(
     (before batch 3, the weights after step 1). Batch 1 (not stale): the engine's log-probabilities
     are the trainer's, every ratio 1 (fp32 tolerance). Batch 3: the engine's log-probabilities are
     those of the step-1 checkpoint (fp32 tolerance), not the trainer's after step 2, and each
-    token's correction weight is min(exp(log pi_old - log pi_engine), 3), the hf path's arithmetic."""
+    token's correction weight is min(exp(log pi_old - log pi_engine), 3), the hf path's arithmetic.
+    Every batch is sampled in the sampler's thread; how long each generation ran beside the
+    trainer's passes (scoring: the reward model, reference and old policy; the update) is printed
+    (timing, not asserted)."""
+    import threading
+    import time
+
     import torch
     from policy_fixtures import prompt_records
 
@@ -592,8 +598,19 @@ def test_async_rollouts_sample_the_next_batch_with_the_engine_one_step_stale(
     from farmkit.train import rollout_backends as RB
     from farmkit.train.rollout_backends import logprob_mismatch
 
-    seen, syncs = {}, []
+    seen, syncs, spans = {}, [], {"sample": [], "train": []}
     mismatch, sync = onpolicy.OnPolicyTrainer.engine_mismatch, RB.VLLMBackend.sync
+    sample, Trainer = RB.VLLMBackend.sample, onpolicy.OnPolicyTrainer
+
+    def timed(kind, function):
+        def call(*args, **kwargs):
+            began = time.monotonic()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spans[kind].append((began, time.monotonic(), threading.current_thread().name))
+
+        return call
 
     def spy(self, step):
         figures, weights = mismatch(self, step)
@@ -618,10 +635,21 @@ def test_async_rollouts_sample_the_next_batch_with_the_engine_one_step_stale(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(onpolicy.OnPolicyTrainer, "engine_mismatch", spy)
         patch.setattr(RB.VLLMBackend, "sync", counted_sync)
+        patch.setattr(RB.VLLMBackend, "sample", timed("sample", sample))
+        for phase in ("score", "advantages", "update"):
+            patch.setattr(Trainer, phase, timed("train", getattr(Trainer, phase)))
         train(str(colour_models[0]), str(colour_models[1]), prompt_records(16), str(output), config)
     rows = [orjson.loads(line) for line in (output / "metrics.jsonl").read_bytes().splitlines()]
     print(f"\nasync vllm: {[(row['staleness'], engine_mismatch(row)) for row in rows]}")
     assert [row["staleness"] for row in rows] == [0, 1, 1]
+    assert [name.startswith("farmkit-rollouts") for *_, name in spans["sample"]] == [True] * 3
+    for number, (began, ended, _) in enumerate(spans["sample"]):
+        overlap = sum(
+            max(0.0, min(ended, end) - max(began, start)) for start, end, _ in spans["train"]
+        )
+        print(
+            f"batch {number + 1}: sampled in {ended - began:.2f} s, {overlap:.2f} s beside training"
+        )
 
     batch, trainer, weights = seen[0]
     mask = batch.rollout.response_mask
