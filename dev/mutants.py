@@ -145,8 +145,8 @@ MUTATIONS = [
     Mutation(
         "DAPO: tokens averaged per micro-batch, not over the minibatch",
         "farmkit/train/estimators.py",
-        'register_policy_loss("dapo", RESPONSE, token_mean)',
-        'register_policy_loss("dapo", RESPONSE, micro_token_mean)',
+        'register_policy_loss("dapo", RESPONSE, token_mean, params=TWO_SIDED)',
+        'register_policy_loss("dapo", RESPONSE, micro_token_mean, params=TWO_SIDED)',
         (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[dapo-ragged]",),
         fast=True,
     ),
@@ -158,6 +158,14 @@ MUTATIONS = [
         (f"{T_TRL}::test_clip_higher_lets_positive_advantages_rise_further",),
     ),
     Mutation(
+        "delta: the two-sided clipping's cap ignored",
+        "farmkit/train/rl_common.py",
+        "unclipped = -advantages * (ratio if delta is None else ratio.clamp(max=delta))",
+        "unclipped = -advantages * ratio",
+        (f"{T_TRL}::test_delta_clips_the_ratio_from_above_as_trl[dapo-large-ratios]",),
+        fast=True,
+    ),
+    Mutation(
         "BNPO: a micro-batch weighs as the whole minibatch",
         "farmkit/train/estimators.py",
         "share = mask.shape[0] / responses",
@@ -167,8 +175,8 @@ MUTATIONS = [
     Mutation(
         "GSPO: the sequence ratio not length-normalized",
         "farmkit/train/estimators.py",
-        "return rl_common.clipped_policy_terms(log_ratio / length, advantages[:, None], low, high)",
-        "return rl_common.clipped_policy_terms(log_ratio, advantages[:, None], low, high)",
+        "clipped_policy_terms(log_ratio / length, advantages[:, None], low, high, delta)",
+        "clipped_policy_terms(log_ratio, advantages[:, None], low, high, delta)",
         (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[gspo-ragged]",),
     ),
     Mutation(
@@ -188,8 +196,8 @@ MUTATIONS = [
     Mutation(
         "LUSPO: the length factor dropped (GSPO's weighing)",
         "farmkit/train/estimators.py",
-        '@register_policy_loss("luspo", RESPONSE, seq_mean_token_sum, per_response_weights=True)',
-        '@register_policy_loss("luspo", RESPONSE, seq_mean_token_mean, per_response_weights=True)',
+        '"luspo", RESPONSE, seq_mean_token_sum, per_response_weights=True, params=TWO_SIDED',
+        '"luspo", RESPONSE, seq_mean_token_mean, per_response_weights=True, params=TWO_SIDED',
         (f"{T_TRL}::test_each_loss_and_its_gradient_are_trls[luspo-ragged]",),
     ),
     Mutation(
@@ -286,7 +294,7 @@ MUTATIONS = [
     Mutation(
         "async rollouts: a stale batch without its sampling weights' log-probabilities (no correction)",
         "farmkit/train/async_rollouts.py",
-        "if version < number:",
+        "if logprobs is None and version < number:",
         "if False:",
         (
             f"{T_ASYNC}::test_a_stale_batch_carries_the_sampling_weights_logprobs_and_the_ratio_corrects_it",

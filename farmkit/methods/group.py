@@ -122,6 +122,15 @@ class GroupConfig(OnPolicyConfig):
         "use_bias_correction_kl=False). It matters only where the policy has moved from the "
         "sampling policy (several updates per batch).",
     )
+    delta: float | None = help_field(
+        None,
+        "Two-sided clipping (INTELLECT-2; TRL's delta): each ratio r is also capped at DELTA in "
+        "the surrogate's unclipped branch, so a response with a negative advantage stops pushing "
+        "once r passes DELTA (above 1 + clip-range-high, as TRL recommends). For the clipped "
+        "losses (not cispo, sapo, vespo). Default: off.",
+        bounds=POSITIVE,
+        show_default=False,
+    )
     sapo_temperature_pos: float = help_field(
         SAPO_TEMPERATURES["sapo_temperature_pos"],
         "With --policy-loss sapo: the temperature tau of the soft gate (4 / tau) sigmoid(tau (r - "
@@ -188,8 +197,13 @@ class GroupConfig(OnPolicyConfig):
 
     @property
     def loss_params(self) -> dict[str, float]:
-        """The values of the policy loss's own parameters (SAPO's temperatures, VESPO's kernel)."""
-        return {name: getattr(self, name) for name in policy_loss(self.policy_loss).params}
+        """The values of the policy loss's own parameters (SAPO's temperatures, VESPO's kernel,
+        the clipped losses' --delta where given)."""
+        return {
+            name: getattr(self, name)
+            for name in policy_loss(self.policy_loss).params
+            if getattr(self, name) is not None
+        }
 
     @property
     def opponent_count(self) -> int | None:
@@ -197,6 +211,11 @@ class GroupConfig(OnPolicyConfig):
         return None if self.opponents == "all" else int(self.opponents)
 
     def check_rollout(self) -> None:
+        if self.delta is not None and "delta" not in policy_loss(self.policy_loss).params:
+            raise ValueError(
+                f"--delta is the clipped losses' two-sided clipping; --policy-loss "
+                f"{self.policy_loss} has no clipped ratio to cap (as in TRL, which ignores it there)"
+            )
         if self.samples_per_prompt < 2:
             raise ValueError("num-samples must be at least 2: a group of one has no baseline")
         if self.rollout_batch_size % self.samples_per_prompt:

@@ -18,6 +18,16 @@ log-probabilities of the sampled tokens (the behaviour policy's, in the rollout'
 min(pi_trainer / pi_behaviour, cap): the importance ratio between the weights the update starts
 from and those that sampled (farmkit.train.rollout_backends.rollout_correction).
 
+With the vllm backend the colocated engine is the copy (`push`: the trainer hands it the policy's
+weights, farmkit.train.rollout_backends.VLLMBackend.sync): the weights are pushed in the trainer's
+thread once no batch is in flight (the engine holds one set of weights), then the sampler's thread
+drives the in-process engine (LLM.generate) while the trainer's thread updates the policy. The
+engine's own log-probabilities of its sampled tokens are the behaviour policy's, stale or not (a
+batch that is not stale still carries the engine's numerical mismatch, corrected as the
+synchronous vllm run corrects it). Since the engine holds one set of weights, K > 1 keeps the
+schedule (batch m sampled by the weights after m - K steps) but not more overlap: a push waits
+for the batches in flight, so one batch samples while one step trains.
+
 Sampling seeds torch's global generator (as sample_and_score does); a lock keeps the trainer's own
 sampling (the gold judge's, at a checkpoint) from interleaving with it, and nothing else in a step
 draws from that generator. A checkpoint waits for the batches in flight and saves them (and the
@@ -84,19 +94,24 @@ class AheadSampler:
     """The batches of the next steps, asked for in step order and sampled by one thread.
     `sample(model, number)`: step `number`'s rollout sampled by `model` (its seed, prompts and
     settings are the trainer's); `autocast`: the trainer's precision context (thread-local, so
-    entered in the thread); `size`: rows per pass of the behaviour log-probabilities."""
+    entered in the thread); `size`: rows per pass of the behaviour log-probabilities. `sample`
+    returns (rollout, the engine's log-probabilities of its tokens or None where the model sampled
+    itself). `push(policy)`: where an engine samples (vllm), hand it the policy's weights; there are
+    then no copies, `sample` gets the policy itself (for its device only)."""
 
     def __init__(
         self,
         staleness: int,
         steps: int,
-        sample: Callable[[Any, int], P.Rollout],
+        sample: Callable[[Any, int], tuple[P.Rollout, torch.Tensor | None]],
         temperature: float,
         size: int,
         autocast: Callable[[], Any],
+        push: Callable[[Any], None] | None = None,
     ) -> None:
         self.staleness, self.steps, self.sample = staleness, steps, sample
         self.temperature, self.size, self.autocast = temperature, size, autocast
+        self.push = push
         self.lock = threading.Lock()  # held while torch's global generator samples
         self.pending: dict[int, Future] = {}
         self.copies: list[_Copy] = []
@@ -113,7 +128,7 @@ class AheadSampler:
             if m not in self.pending and (m != number or sampled is None)
         ]
         if needed:
-            weights = self._copy_of(policy)
+            weights = self._copy_of(policy) if self.push is None else self._engine_with(policy)
             for m in needed:
                 future = self.executor.submit(self._sample, weights.model, m, number)
                 weights.futures.append(future)
@@ -135,12 +150,21 @@ class AheadSampler:
         self.copies.append(_Copy(model))
         return self.copies[-1]
 
+    def _engine_with(self, policy: Any) -> _Copy:
+        """The engine given `policy`'s weights now, once the batches in flight (sampled by the
+        weights it holds) are done."""
+        for future in self.pending.values():
+            future.result()
+        self.push(policy)
+        return _Copy(policy)
+
     def _sample(self, model: Any, number: int, version: int) -> Sampled:
         with self.autocast():
             with self.lock:
-                rollout = self.sample(model, number)
-            logprobs = None
-            if version < number:  # stale: the ratio needs the sampling weights' own
+                rollout, logprobs = self.sample(model, number)
+            # an engine's (vllm) are those of the weights it held; where the copy sampled and the
+            # batch is stale, the ratio needs the copy's own
+            if logprobs is None and version < number:
                 logprobs = behaviour_logprobs(model, rollout, self.temperature, self.size)
         return Sampled(number, version, rollout, logprobs)
 

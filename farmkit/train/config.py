@@ -376,11 +376,13 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
     async_rollouts: bool = help_field(
         False,
         "One-step off-policy rollouts: the next step's batch is sampled (by a copy of the policy "
-        "as of the step it starts at, in a thread) while the current one trains, so a batch is "
+        "as of the step it starts at, or the vllm engine given those weights, in a thread) while "
+        "the current one trains, so a batch is "
         "at most --max-staleness steps old when it trains. metrics.jsonl gets each step's "
         "staleness; the sampling weights' log-probabilities correct it through the rollout "
         "correction (--rollout-correction; an --importance-sampling-cap of 0 becomes 3). Not "
-        "with --dynamic-sampling or ZeRO-3; the hf rollout backend only, for now.",
+        "with --dynamic-sampling or ZeRO-3 (nor, with the vllm rollout backend, with "
+        "--top-p/--top-k).",
     )
     max_staleness: int = help_field(
         1,

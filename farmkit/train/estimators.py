@@ -363,6 +363,11 @@ def seq_mean_token_weights(mask: torch.Tensor) -> torch.Tensor:
 GSPO_CLIP = (3e-4, 4e-4)  # GSPO (Zheng et al., 2025, v2 section 5.1), as TRL's paper index sets it
 
 
+# the clipped losses' two-sided clipping (rl_common.clipped_policy_terms; TRL's delta, which it
+# applies to these losses and not to cispo, sapo or vespo): --delta
+TWO_SIDED = ("delta",)
+
+
 def per_token_clipped(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -370,18 +375,21 @@ def per_token_clipped(
     mask: torch.Tensor,
     low: float,
     high: float,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A ratio per token; advantages per token [rows, tokens] or per response [rows]."""
     from farmkit.train import rl_common
 
     per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
-    return rl_common.clipped_policy_terms(logprobs - old_logprobs, per_token, low, high)
+    return rl_common.clipped_policy_terms(logprobs - old_logprobs, per_token, low, high, delta)
 
 
-register_policy_loss("token-mean", TOKEN, token_mean)(per_token_clipped)
+register_policy_loss("token-mean", TOKEN, token_mean, params=TWO_SIDED)(per_token_clipped)
 
 
-@register_policy_loss("sequence-ratio", RESPONSE, seq_mean_token_sum, per_response_weights=True)
+@register_policy_loss(
+    "sequence-ratio", RESPONSE, seq_mean_token_sum, per_response_weights=True, params=TWO_SIDED
+)
 def sequence_ratio_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -389,28 +397,36 @@ def sequence_ratio_terms(
     mask: torch.Tensor,
     low: float,
     high: float,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One ratio per response, of the whole response's probability (its summed token log-ratio):
     RLOO's one action."""
     from farmkit.train import rl_common
 
     log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True)
-    return rl_common.clipped_policy_terms(log_ratio, advantages[:, None], low, high)
+    return rl_common.clipped_policy_terms(log_ratio, advantages[:, None], low, high, delta)
 
 
 # GRPO averages over each response's tokens; Dr.GRPO divides by a constant instead
-register_policy_loss("seq-mean-token-mean", RESPONSE, seq_mean_token_mean)(per_token_clipped)
-register_policy_loss("seq-mean-token-sum-norm", RESPONSE, seq_mean_token_sum_norm)(
+register_policy_loss("seq-mean-token-mean", RESPONSE, seq_mean_token_mean, params=TWO_SIDED)(
     per_token_clipped
 )
+register_policy_loss(
+    "seq-mean-token-sum-norm", RESPONSE, seq_mean_token_sum_norm, params=TWO_SIDED
+)(per_token_clipped)
 # DAPO (Yu et al., 2025): every token of the minibatch weighs the same, however long its response
-register_policy_loss("dapo", RESPONSE, token_mean)(per_token_clipped)
+register_policy_loss("dapo", RESPONSE, token_mean, params=TWO_SIDED)(per_token_clipped)
 # BNPO (TRL's): as DAPO, each micro-batch normalized by its own tokens
-register_policy_loss("bnpo", RESPONSE, micro_token_mean)(per_token_clipped)
+register_policy_loss("bnpo", RESPONSE, micro_token_mean, params=TWO_SIDED)(per_token_clipped)
 
 
 @register_policy_loss(
-    "gspo", RESPONSE, seq_mean_token_mean, per_response_weights=True, clip=GSPO_CLIP
+    "gspo",
+    RESPONSE,
+    seq_mean_token_mean,
+    per_response_weights=True,
+    clip=GSPO_CLIP,
+    params=TWO_SIDED,
 )
 def gspo_terms(
     logprobs: torch.Tensor,
@@ -419,6 +435,7 @@ def gspo_terms(
     mask: torch.Tensor,
     low: float,
     high: float,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (Zheng et al., 2025): one ratio per response, exp of the mean of its token log-ratios
     (length-normalized, so its scale is a token's), clipped; TRL's importance_sampling_level
@@ -427,7 +444,7 @@ def gspo_terms(
 
     log_ratio = ((logprobs - old_logprobs) * mask).sum(dim=1, keepdim=True)
     length = mask.sum(dim=1, keepdim=True).clamp(min=1)
-    return rl_common.clipped_policy_terms(log_ratio / length, advantages[:, None], low, high)
+    return rl_common.clipped_policy_terms(log_ratio / length, advantages[:, None], low, high, delta)
 
 
 @register_policy_loss("cispo", RESPONSE, token_mean)
@@ -498,7 +515,9 @@ def sapo_terms(
     return -gate * per_token, figures
 
 
-@register_policy_loss("luspo", RESPONSE, seq_mean_token_sum, per_response_weights=True)
+@register_policy_loss(
+    "luspo", RESPONSE, seq_mean_token_sum, per_response_weights=True, params=TWO_SIDED
+)
 def luspo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -506,12 +525,13 @@ def luspo_terms(
     mask: torch.Tensor,
     low: float,
     high: float,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """LUSPO (Liu et al., 2026, Length-Unbiased Sequence Policy Optimization): GSPO's term (one
     length-normalized ratio per response, clipped) on each of the response's tokens, so that
     summed over them it counts |y| times: each response's term scaled by its length, then
     averaged over the responses (TRL's loss_type "luspo", importance_sampling_level "sequence")."""
-    terms, figures = gspo_terms(logprobs, old_logprobs, advantages, mask, low, high)
+    terms, figures = gspo_terms(logprobs, old_logprobs, advantages, mask, low, high, delta)
     return terms.expand_as(mask), {name: value.expand_as(mask) for name, value in figures.items()}
 
 

@@ -469,10 +469,13 @@ class OnPolicyTrainer:
         self.steps_done, self.stopped = config.steps, None
         # vllm asked for and missing: say so before any work
         kind = resolve_backend(config.rollout_backend)
-        if config.async_rollouts and kind != "hf":
+        truncated = getattr(config, "top_p", 1.0) < 1 or getattr(config, "top_k", 0) > 0
+        if config.async_rollouts and kind == "vllm" and truncated:
             raise FarmError(
-                "--async-rollouts samples with the hf rollout backend for now (the colocated vllm "
-                "engine is not yet driven from a thread of its own): add --rollout-backend hf"
+                "--async-rollouts with the vllm rollout backend samples without --top-p/--top-k for "
+                "now (the engine does not say which tokens it kept, and the trainer can replay the "
+                "truncation only on the weights that sampled, which a stale batch's are not): "
+                "leave them out, or use --rollout-backend hf"
             )
         accelerator = self.accelerator = start_run(config, method.tool, output)
         self.device = str(accelerator.device)
@@ -556,13 +559,16 @@ class OnPolicyTrainer:
                 config.temperature,
                 config.micro_batch_size,
                 accelerator.autocast,
+                # the engine is the sampling copy: handed the weights before it samples ahead
+                push=None if self.backend.name == "hf" else self.push_weights,
             )
             self.ahead.restore(state, self.rank, accelerator.device)
         correcting = bool(config.importance_sampling_cap)
         if config.async_rollouts:
             # stale batches carry the sampling weights' log-probabilities: the correction acts
-            # on them (with no staleness allowed there is none, and nothing to correct)
-            correcting = config.max_staleness > 0
+            # on them (with no staleness allowed there is none, and nothing to correct, unless an
+            # engine samples: its mismatch is corrected as in the synchronous run)
+            correcting = config.max_staleness > 0 or self.backend.name != "hf"
         elif correcting and self.backend.name == "hf":
             log.warning(
                 "--importance-sampling-cap does nothing with the hf rollout backend: the policy "
@@ -778,20 +784,29 @@ class OnPolicyTrainer:
         step.staleness = sampled.staleness
         return step
 
-    def sample_ahead(self, policy: Any, number: int) -> Any:
-        """Step `number`'s rollout sampled by `policy` (a copy of the weights, in the sampler's
-        thread) as sample_rows samples it: the same rows, seed and settings."""
+    def sample_ahead(self, policy: Any, number: int) -> tuple[Any, Any]:
+        """Step `number`'s rollout sampled by `policy` (a copy of the weights; with vllm, the
+        engine given the weights earlier) in the sampler's thread, as sample_rows samples it: the
+        same rows, seed and settings; with the engine's log-probabilities (None with hf)."""
         config = self.config
         rows = self.method.rows(self.step_prompts(number))
-        rollout, _ = self.backend.sample(
+        return self.backend.sample(
             policy,
             self.tokenizer,
             [self.prompt_ids[i] for i in rows],
             temperature=config.temperature,
             max_new_tokens=config.max_new_tokens,
             seed=derive_seed(self.seed, f"{self.method.name} rollout", number, self.rank),
+            top_p=getattr(config, "top_p", 1.0),
+            top_k=getattr(config, "top_k", 0),
         )
-        return rollout
+
+    def push_weights(self, policy: Any) -> None:
+        """The policy's weights into the rollout engine where they moved since the last push
+        (--async-rollouts with vllm: in the trainer's thread, no batch in flight)."""
+        if self.stale:
+            self.backend.sync(policy)
+            self.stale = False
 
     def sample_rows(self, rows: list[int], number: int, label: str) -> Any:
         """One response to each row's prompt, scored."""

@@ -142,14 +142,20 @@ def generalized_advantages(
 
 
 def clipped_policy_terms(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    low: float,
+    high: float,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's pessimistic surrogate per entry, max(-A r, -A clip(r, 1 - low, 1 + high)) with
     r = exp(log_ratio) (one range, or DAPO's clip-higher when high > low), and its figures per
     entry: whether the clipped branch won, and the update's approximate KL 0.5 log_ratio^2. The
-    caller aggregates (farmkit.train.estimators)."""
+    caller aggregates (farmkit.train.estimators). `delta`: two-sided clipping (INTELLECT-2; TRL's
+    GRPOConfig.delta), the first branch's r capped at delta, so that a negative advantage's term
+    stops growing (and its gradient stops) once r passes delta."""
     ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
+    unclipped = -advantages * (ratio if delta is None else ratio.clamp(max=delta))
     clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     figures = {
         "clip_fraction": (clipped > unclipped).detach(),

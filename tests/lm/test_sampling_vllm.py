@@ -574,6 +574,100 @@ def test_the_rollout_correction_masks_the_real_engines_mismatch(onpolicy_runs):
     assert all(row["rollout_kl"] > 1e-3 for row in rows[1:]), rows
 
 
+def test_async_rollouts_sample_the_next_batch_with_the_engine_one_step_stale(
+    colour_models, tmp_path
+):
+    """--async-rollouts with the vllm backend: GRPO for 3 steps, a checkpoint after each. The
+    engine samples batch m + 1 in the sampler's thread while step m trains, from the weights it was
+    handed when step m began: metrics.jsonl's staleness is 0, 1, 1 and the engine gets one push
+    (before batch 3, the weights after step 1). Batch 1 (not stale): the engine's log-probabilities
+    are the trainer's, every ratio 1 (fp32 tolerance). Batch 3: the engine's log-probabilities are
+    those of the step-1 checkpoint (fp32 tolerance), not the trainer's after step 2, and each
+    token's correction weight is min(exp(log pi_old - log pi_engine), 3), the hf path's arithmetic.
+    Every batch is sampled in the sampler's thread; how long each generation ran beside the
+    trainer's passes (scoring: the reward model, reference and old policy; the update) is printed
+    (timing, not asserted)."""
+    import threading
+    import time
+
+    import torch
+    from policy_fixtures import prompt_records
+
+    from farmkit.lm.models import load_causal_lm
+    from farmkit.train import onpolicy
+    from farmkit.train import rollout_backends as RB
+    from farmkit.train.rollout_backends import logprob_mismatch
+
+    seen, syncs, spans = {}, [], {"sample": [], "train": []}
+    mismatch, sync = onpolicy.OnPolicyTrainer.engine_mismatch, RB.VLLMBackend.sync
+    sample, Trainer = RB.VLLMBackend.sample, onpolicy.OnPolicyTrainer
+
+    def timed(kind, function):
+        def call(*args, **kwargs):
+            began = time.monotonic()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spans[kind].append((began, time.monotonic(), threading.current_thread().name))
+
+        return call
+
+    def spy(self, step):
+        figures, weights = mismatch(self, step)
+        seen[step.number] = (step.batch, step.old_logprobs.clone(), weights)
+        return figures, weights
+
+    def counted_sync(self, policy):
+        syncs.append(True)
+        sync(self, policy)
+
+    train, config = onpolicy_trainer(
+        "grpo",
+        **{
+            **ONPOLICY,
+            "steps": 3,
+            "rollout_backend": "vllm",
+            "async_rollouts": True,
+            "checkpoint_every": 1,
+        },
+    )
+    output = tmp_path / "grpo"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onpolicy.OnPolicyTrainer, "engine_mismatch", spy)
+        patch.setattr(RB.VLLMBackend, "sync", counted_sync)
+        patch.setattr(RB.VLLMBackend, "sample", timed("sample", sample))
+        for phase in ("score", "advantages", "update"):
+            patch.setattr(Trainer, phase, timed("train", getattr(Trainer, phase)))
+        train(str(colour_models[0]), str(colour_models[1]), prompt_records(16), str(output), config)
+    rows = [orjson.loads(line) for line in (output / "metrics.jsonl").read_bytes().splitlines()]
+    print(f"\nasync vllm: {[(row['staleness'], engine_mismatch(row)) for row in rows]}")
+    assert [row["staleness"] for row in rows] == [0, 1, 1]
+    assert [name.startswith("farmkit-rollouts") for *_, name in spans["sample"]] == [True] * 3
+    for number, (began, ended, _) in enumerate(spans["sample"]):
+        overlap = sum(
+            max(0.0, min(ended, end) - max(began, start)) for start, end, _ in spans["train"]
+        )
+        print(
+            f"batch {number + 1}: sampled in {ended - began:.2f} s, {overlap:.2f} s beside training"
+        )
+
+    batch, trainer, weights = seen[0]
+    mask = batch.rollout.response_mask
+    assert within(logprob_mismatch(batch.engine_logprobs, trainer, mask))
+    assert float(((weights - 1).abs() * mask).max()) < TOLERANCE["max"] * 2
+
+    batch, trainer, weights = seen[2]
+    rollout, mask, engine = batch.rollout, batch.rollout.response_mask, batch.engine_logprobs
+    sampler, _ = load_causal_lm(
+        tmp_path / "grpo-checkpoints" / "step-000001", device="cpu", dtype="float32"
+    )
+    assert within(logprob_mismatch(engine, trainer_logprobs(sampler, rollout), mask))
+    assert logprob_mismatch(engine, trainer, mask)["mean"] > 1e-3  # the policy moved since
+    expected = torch.exp((trainer - engine) * mask).clamp(max=3.0) * mask
+    assert torch.allclose(weights, expected, atol=1e-6)
+    assert len(syncs) == 1
+
+
 def test_a_rerun_with_the_same_seed_writes_the_same_metrics(onpolicy_runs):
     """Seeded engine requests and a seeded loop: a second PPO run repeats the first to the bit
     (every figure of every step but the clocks)."""

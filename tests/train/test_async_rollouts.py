@@ -100,17 +100,23 @@ def test_a_stale_batch_carries_the_sampling_weights_logprobs_and_the_ratio_corre
     assert torch.allclose(weights, expected, atol=1e-6)
 
 
-def test_staleness_0_trains_exactly_as_the_synchronous_run(models, tmp_path):
+@pytest.mark.parametrize(
+    "truncation, steps", [({}, 2), (dict(top_p=0.9, top_k=3), 1)], ids=["full", "top-p-k"]
+)
+def test_staleness_0_trains_exactly_as_the_synchronous_run(models, tmp_path, truncation, steps):
+    """With K = 0 the batches are sampled by a copy in the thread, as the synchronous loop samples
+    them: the same weights and metrics, truncated sampling (--top-p, --top-k) included (one step
+    shows it: the first batch was sampled without them)."""
     sft, rm = models
     runs = {}
     for name, extra in (("sync", {}), ("async", dict(async_rollouts=True, max_staleness=0))):
         output = tmp_path / name
-        config = GRPOConfig(steps=2, checkpoint_every=0, **TINY, **extra)
+        config = GRPOConfig(steps=steps, checkpoint_every=0, **TINY, **truncation, **extra)
         train_group(str(sft), str(rm), prompt_records(8), str(output), config)
         runs[name] = (load_file(output / "model.safetensors"), rows_of(output))
     (weights, rows), (async_weights, async_rows) = runs["sync"], runs["async"]
     assert all(torch.equal(weights[key], async_weights[key]) for key in weights)
-    assert [row.pop("staleness") for row in async_rows] == [0, 0]
+    assert [row.pop("staleness") for row in async_rows] == [0] * steps
     assert [without_clock(row) for row in rows] == [without_clock(row) for row in async_rows]
 
 
@@ -134,16 +140,37 @@ def test_a_resumed_run_trains_the_batch_sampled_ahead_before_the_interruption(
     assert without_clock(rows_of(output)[-1]) == without_clock(rows_of(done)[-1])
 
 
-def test_the_correction_is_on_with_its_default_cap_and_vllm_is_refused_before_any_work(
-    tmp_path, monkeypatch
-):
+def test_the_correction_is_on_with_its_default_cap():
     assert GRPOConfig(async_rollouts=True).importance_sampling_cap == 3.0
     assert (
         GRPOConfig(async_rollouts=True, importance_sampling_cap=1.5).importance_sampling_cap == 1.5
     )
     assert GRPOConfig().importance_sampling_cap == 0.0
+
+
+@pytest.mark.parametrize("truncation", [dict(top_p=0.9), dict(top_k=3)], ids=["top-p", "top-k"])
+def test_vllm_with_truncated_sampling_is_refused_before_any_work(tmp_path, monkeypatch, truncation):
+    """The engine does not say which tokens top-p/top-k kept, and a stale batch's sampling weights
+    are not the trainer's, so the truncation cannot be replayed: refused, nothing written."""
     monkeypatch.setattr(RB, "vllm_installed", lambda: True)
-    config = GRPOConfig(steps=1, async_rollouts=True, rollout_backend="vllm", **TINY)
-    with pytest.raises(FarmError, match="--rollout-backend hf"):
+    config = GRPOConfig(steps=1, async_rollouts=True, rollout_backend="vllm", **TINY, **truncation)
+    with pytest.raises(FarmError, match="--async-rollouts with the vllm rollout backend"):
         train_group("no-such-sft", "no-such-rm", prompt_records(8), str(tmp_path / "out"), config)
     assert not (tmp_path / "out").exists()
+
+
+def test_vllm_without_truncation_is_not_refused(models, tmp_path, monkeypatch):
+    """--async-rollouts with the vllm rollout backend goes past the checks to the engine (the
+    vllm lane runs it: tests/lm/test_sampling_vllm.py); here the engine's start is stood in for
+    by a failure of its own, reached only where no check refused the run."""
+
+    def engine(*args, **kwargs):
+        raise FarmError("the engine would start here")
+
+    monkeypatch.setattr(RB, "vllm_installed", lambda: True)
+    monkeypatch.setattr(onpolicy, "start_backend", engine)
+    config = GRPOConfig(steps=1, async_rollouts=True, rollout_backend="vllm", **TINY)
+    with pytest.raises(FarmError, match="the engine would start here"):
+        train_group(
+            str(models[0]), str(models[1]), prompt_records(8), str(tmp_path / "out"), config
+        )

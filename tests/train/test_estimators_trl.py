@@ -88,10 +88,12 @@ def trl_loss(
     beta: float = 0.0,
     bias_correction: bool = False,
     params: dict[str, float] | None = None,
+    delta: float | None = None,
 ) -> tuple[float, torch.Tensor]:
     """(loss, gradient) of TRL's _compute_loss summed over two accumulation steps of two rows;
     with `beta`, its KL term to data["ref"] (use_bias_correction_kl: `bias_correction`);
-    `params`: SAPO's and VESPO's, TRL's defaults where not given."""
+    `params`: SAPO's and VESPO's, TRL's defaults where not given; `delta`: TRL's two-sided
+    clipping."""
     logprobs = data["logprobs"].clone().requires_grad_()
     total = 0.0
     for rows in (slice(0, 2), slice(2, 4)):
@@ -112,7 +114,7 @@ def trl_loss(
             epsilon_low=low,
             epsilon_high=high,
             args=SimpleNamespace(
-                delta=None,
+                delta=delta,
                 use_bias_correction_kl=bias_correction,
                 steps_per_generation=2,
                 **{**trl_grpo()[1], **(params or {})},
@@ -248,6 +250,49 @@ def test_the_loss_parameters_act_as_trls(name, shape):
     # farm-grpo's options of those names reach the loss
     options = dict(clip_range_low=LOW, clip_range_high=HIGH, kl_coef=0.0, **params)
     assert_same(group_loss(name, with_reference(data), **options), ours)
+
+
+# TRL applies its delta to these losses' ratio (grpo, bnpo, dr_grpo, dapo, luspo; gspo is grpo at
+# the sequence level), above 1 + HIGH as it recommends
+TWO_SIDED = sorted(name for name in FAMILY if "delta" in E.policy_loss(name).params)
+DELTA = 1.5
+
+
+def test_the_two_sided_clipping_is_declared_by_trls_clipped_losses_only():
+    assert TWO_SIDED == [
+        "bnpo",
+        "dapo",
+        "gspo",
+        "luspo",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ]
+
+
+@pytest.mark.parametrize("shape", ["ragged", "large-ratios"])
+@pytest.mark.parametrize("name", TWO_SIDED)
+def test_delta_clips_the_ratio_from_above_as_trl(name, shape):
+    """--delta (TRL's GRPOConfig.delta, INTELLECT-2's two-sided clipping): the loss and its
+    gradient are TRL's with the same delta, they differ from those without it where some ratio of
+    a negative advantage passes delta (the large ratios: GSPO's and LUSPO's length-normalised
+    ratios stay below it on the ragged batch), and farm-grpo's option reaches the loss."""
+    loss_type, level, trl_high = FAMILY[name]
+    data, params = batch(**BATCHES[shape]), {"delta": DELTA}
+    ours = farmkit_loss(name, data, (LOW, HIGH), params=params)
+    assert_same(ours, trl_loss(loss_type, level, data, LOW, trl_high, delta=DELTA))
+    if shape == "large-ratios":
+        plain = farmkit_loss(name, data, (LOW, HIGH))
+        assert abs(ours[0] - plain[0]) > 1e-4 and float((ours[1] - plain[1]).abs().max()) > 1e-4
+    options = dict(clip_range_low=LOW, clip_range_high=HIGH, kl_coef=0.0, delta=DELTA)
+    assert_same(group_loss(name, with_reference(data), **options), ours)
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo", "vespo"])
+def test_delta_is_refused_for_a_loss_without_a_clipped_ratio(name):
+    from farmkit.methods.group import GRPOConfig
+
+    with pytest.raises(ValueError, match="--delta"):
+        GRPOConfig(policy_loss=name, delta=DELTA)
 
 
 def test_luspo_weighs_each_response_by_its_length():
