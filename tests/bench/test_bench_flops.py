@@ -47,7 +47,9 @@ def test_the_parameters_of_the_products(tiny_config):
     untied = LlamaForCausalLM(tiny_config)
     tiny_config.tie_word_embeddings = True
     # untied: the head counts, the input embedding (a lookup) does not
-    assert bench.matmul_parameters(untied) == sum(p.numel() for p in untied.parameters()) - embedding
+    assert (
+        bench.matmul_parameters(untied) == sum(p.numel() for p in untied.parameters()) - embedding
+    )
     classifier = LlamaForSequenceClassification(tiny_config)
     assert (
         bench.matmul_parameters(classifier)
