@@ -292,7 +292,7 @@ def sft_runs(batch: int, steps: int, rounds: int, peaks: dict[str, float]) -> No
 
     def farmkit_run() -> tuple[int, float, int]:
         clock, restore = farmkit_clock()
-        config = SFTConfig(max_steps=1 + steps, batch_size=batch, device="cpu", logging_steps=1)
+        config = SFTConfig(max_steps=1 + steps, batch_size=batch, device="cpu")
         with tempfile.TemporaryDirectory() as folder:
             try:
                 train_sft("embedded", examples, Path(folder) / "sft", config)
@@ -510,7 +510,7 @@ def decode_runs(solo: int, batch: int, rounds: int, limits: dict[str, float]) ->
     kv = kv_bytes_per_token(model.config, next(model.parameters()).element_size())
 
     calls: list[tuple[int, int, int]] = []
-    produced = [0]
+    produced = [0]  # sampled tokens (to the end token) of the calls so far
     original = model.generate
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
@@ -557,7 +557,7 @@ def decode_runs(solo: int, batch: int, rounds: int, limits: dict[str, float]) ->
         }
         for side in sides.values():  # warm-up
             side(99)
-        figures = {name: [0, 0.0, 0.0] for name in sides}  # tokens, CPU s, bound s
+        figures = {name: [0, 0.0, 0.0, 0] for name in sides}  # tokens, CPU s, bound s, row-steps
         for r in range(rounds):
             for name in sides if r % 2 == 0 else list(sides)[::-1]:
                 calls.clear()
@@ -571,7 +571,8 @@ def decode_runs(solo: int, batch: int, rounds: int, limits: dict[str, float]) ->
                 figures[name][0] += produced[0]
                 figures[name][1] += seconds
                 figures[name][2] += bound
-        for name, (tokens, seconds, bound) in figures.items():
+                figures[name][3] += sum(rows * new for rows, _, new in calls)
+        for name, (tokens, seconds, bound, row_steps) in figures.items():
             emit(
                 row(
                     f"decoding, {name}, batch {size} ({count} prompts, {new_tokens} new tokens, "
@@ -581,6 +582,9 @@ def decode_runs(solo: int, batch: int, rounds: int, limits: dict[str, float]) ->
                     "tokens/s",
                     "bound",
                     tokens / bound,
+                    # the share of the rows' decoding positions that were sampled tokens (the rest
+                    # ran after a row's end token, until the batch's longest answer ended)
+                    sampled_share=tokens / row_steps,
                 )
             )
     model.generate = original
