@@ -32,7 +32,9 @@ including the end token. The bound (`decode_bound_seconds`) is a roofline over w
 call did: its prefill at the fp32 peak, then each decoding step the larger of (weights + the batch's
 KV cache read) / bandwidth and 2 x parameters x rows / peak.
 
-    python bench/bench_flops.py          # ~10 min on an idle 2-core machine
+    python bench/bench_flops.py                    # all three parts, one after another
+    BENCH_FLOPS_PARTS=decode python bench/bench_flops.py   # or sft, reward: one part (13-22 min each
+                                                          # at load 13-22 on the 2-core machine)
 """
 
 from __future__ import annotations
