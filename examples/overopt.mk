@@ -34,7 +34,7 @@ $(OO_SPLITS)/.done: $(DATA)
 	farm-split $< -o $(OO_SPLITS) --sizes sft=$(N_SFT),pref=$(OO_N_PREF),unlabeled=$(OO_N_UNLABELED),val=$(OO_N_VAL) --seed $(SEED) -q
 	touch $@ && touch $(OO_SPLIT_FILES)
 
-$(OO_SFT)/meta.json $(OO)/pairs.jsonl $(OO)/rm_pool/meta.json $(OO)/rm_single/meta.json: export OMP_NUM_THREADS = $(JOBS)
+$(OO_SFT)/meta.json $(OO)/pairs.jsonl $(OO)/rm_pool/meta.json $(OO)/rm_single/meta.json: export OMP_NUM_THREADS = $(HEAD_THREADS)
 
 $(OO_SFT)/meta.json: $(OO_SPLITS)/sft.jsonl
 	$(call train,farm-sft) $(MODEL) $< -o $(@D) --max-steps $(SFT_STEPS) --batch-size $(TRAIN_BATCH) $(TRAIN_OPTS)

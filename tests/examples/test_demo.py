@@ -49,8 +49,10 @@ def _make(*args: str, check: bool = True, timeout: float = 2400) -> subprocess.C
     # the recipe's farm-* commands start as forks of the test's fork server where that cannot
     # change what they do (tests/forkserver.py); VENV= keeps the shims first on PATH
     env["PATH"], venv = forkserver.recipe_path(env["PATH"])
+    # one torch thread for every step: the suite's workers already fill the cores, and a step with
+    # two threads beside them spends CPU time waiting for its second thread
     result = subprocess.run(
-        ["make", "-C", str(EXAMPLES), *args, *venv],
+        ["make", "-C", str(EXAMPLES), *args, "HEAD_THREADS=1", *venv],
         capture_output=True,
         text=True,
         env=env,
