@@ -282,6 +282,7 @@ def train_sft(
         write_meta,
     )
     from farmkit.train import launch
+    from farmkit.train.policy import trainer_optim
 
     if not examples:
         raise FarmError("no demonstrations to train on")
@@ -358,6 +359,7 @@ def train_sft(
             disable_tqdm=quiet,
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
+            optim=trainer_optim(device),  # FARMKIT_FUSED_ADAMW=0: the per-tensor loop
             gradient_checkpointing=False,
             deepspeed=_deepspeed_config(config.deepspeed),
             dataset_num_proc=None,

@@ -126,7 +126,11 @@ def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, m
         return batch
 
     monkeypatch.setattr(sft_trainer.DataCollatorForLanguageModeling, "torch_call", torch_call)
+    from policy_fixtures import spy_adamw
+
+    optimizers = spy_adamw(monkeypatch)
     train_sft(str(tiny_model_path), DEMOS, tmp_path / "sft", quick(max_steps=2))
+    assert [o.defaults["fused"] for o in optimizers] == [True]  # torch's fused AdamW, the default
     assert batches
     tokenizer = load_tokenizer(tiny_model_path)
     fmt = PromptFormat.for_model(tiny_model_path)
@@ -453,3 +457,17 @@ def test_options_carry_the_config_help_and_read_a_yaml_file(tmp_path, monkeypatc
         0.5,
         3,
     )  # the flag wins over the file
+
+
+def test_fused_adamw_switched_off_gives_the_trainer_the_per_tensor_loop(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """farm-sft's Trainer steps torch's fused AdamW by default (bench/bench_optim.py; checked in
+    test_prompt_tokens_carry_no_loss_in_the_trainer, which trains anyway); FARMKIT_FUSED_ADAMW=0
+    reaches it too (tests/train/test_policy.py: the same update)."""
+    from policy_fixtures import spy_adamw
+
+    created = spy_adamw(monkeypatch)
+    monkeypatch.setenv("FARMKIT_FUSED_ADAMW", "0")
+    train_sft(str(tiny_model_path), DEMOS, tmp_path / "loop", quick(max_steps=1))
+    assert [bool(o.defaults["fused"]) for o in created] == [False]
