@@ -9,7 +9,14 @@ its 8 pairs' 16 texts, farm-dpo TRL's 8 prompt + chosen and 8 prompt + rejected 
 data into batches (the tools draw theirs at random). The SFT data are the demo's split of the shipped
 instructions (farm-split, seed 0, the demo's sizes); the reward model's and DPO's need the demo's
 sampled and annotated pairs: the preferences.jsonl of a demo run (BENCH_PADDING_RUN, default
-examples/runs/demo), skipped when there is none. No model runs: this is arithmetic on token counts.
+examples/runs/demo), skipped when there is none. These shares are arithmetic on token counts.
+
+Then the time it costs: farm-sft's step (forward and backward of the causal LM loss on the responses)
+on the embedded model, one torch thread, on BENCH_PADDING_BATCHES (2) random batches of the demo's
+demonstrations, padded (FARMKIT_PACKED_SFT=0) against padding-free (the default: one row, positions
+restarting at each demonstration, as TRL's collator builds it), interleaved, after one warm-up pass,
+BENCH_PADDING_ROUNDS (2) rounds: CPU seconds (user + system) summed; the ratio is packed / padded.
+The largest difference between the two ways' logits on the real tokens is printed too.
 
     python bench/bench_padding.py
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -96,6 +104,86 @@ def emit(figure: str, share: float, batches: int, unit_note: str) -> None:
     )
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_sft_step(path, tokenizer, rows: list[dict]) -> None:
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from farmkit.lm.models import load_causal_lm
+
+    torch.set_num_threads(1)
+    model, _ = load_causal_lm(path, device="cpu", dtype="float32")
+    draw = random.Random(1)
+    chosen = [
+        draw.sample(rows, BATCH) for _ in range(int(os.environ.get("BENCH_PADDING_BATCHES", "2")))
+    ]
+    ways = {
+        "padded": DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id),
+        "packed": DataCollatorForLanguageModeling(
+            pad_token_id=tokenizer.pad_token_id, padding_free=True
+        ),
+    }
+    model.eval()
+    with torch.no_grad():  # the same logits on the real tokens
+        batch = chosen[0]
+        wide = model(**ways["padded"](batch), use_cache=False).logits
+        flat = model(**ways["packed"](batch), use_cache=False).logits[0]
+        start, largest = 0, 0.0
+        for row, item in enumerate(batch):
+            n = len(item["input_ids"])
+            largest = max(largest, float((wide[row, :n] - flat[start : start + n]).abs().max()))
+            start += n
+    model.train()
+    spent = {name: 0.0 for name in ways}
+    rounds = int(os.environ.get("BENCH_PADDING_ROUNDS", "2"))
+    for index in range(rounds + 1):
+        for batch in chosen:
+            for name, collate in ways.items():
+                inputs = collate(batch)
+                model.zero_grad(set_to_none=True)
+                start_time = cpu_seconds()
+                model(**inputs, use_cache=False).loss.backward()
+                if index:  # the first pass is a warm-up
+                    spent[name] += cpu_seconds() - start_time
+    steps = rounds * len(chosen)
+    print(
+        json.dumps(
+            {
+                "benchmark": "padding",
+                "figure": "SFT forward + backward, packed (per batch of 8)",
+                "value": round(spent["packed"] / steps, 3),
+                "unit": "CPU s",
+                "peer": "padded",
+                "peer_value": round(spent["padded"] / steps, 3),
+                "ratio": round(spent["packed"] / spent["padded"], 3),
+                "target": "< 1",
+                "met": spent["packed"] < spent["padded"],
+            }
+        ),
+        flush=True,
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "padding",
+                "figure": "largest logit difference, packed - padded, real tokens",
+                "value": largest,
+                "unit": "",
+                "peer": "largest logit",
+                "peer_value": float(wide.abs().max()),
+                "ratio": largest / float(wide.abs().max()),
+                "target": "<= 1e-5",
+                "met": largest / float(wide.abs().max()) <= 1e-5,
+            }
+        ),
+        flush=True,
+    )
+
+
 def main() -> None:
     from farmkit.lm.models import PromptFormat, load_tokenizer, resolve
     from farmkit.methods.dpo import pair_rows
@@ -108,6 +196,7 @@ def main() -> None:
     rows = tokenize_examples(tokenizer, fmt, sft_examples(), 512)
     share, batches = padding_share([len(r["input_ids"]) for r in rows], BATCH, EPOCHS)
     emit("SFT batch padding (demo split, 8 a batch)", share, batches, "batches")
+    time_sft_step(path, tokenizer, rows)
 
     run = Path(os.environ.get("BENCH_PADDING_RUN", ROOT / "examples" / "runs" / "demo"))
     prefs_file = run / "preferences.jsonl"
