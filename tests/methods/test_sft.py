@@ -468,6 +468,7 @@ def test_options_carry_the_config_help_and_read_a_yaml_file(tmp_path, monkeypatc
     )  # the flag wins over the file
 
 
+@pytest.mark.slow  # a trainer run; tests/methods/test_dpo.py checks the same switch in the default lane
 def test_fused_adamw_switched_off_gives_the_trainer_the_per_tensor_loop(
     tiny_model_path, tmp_path, monkeypatch
 ):
@@ -517,6 +518,7 @@ def test_packed_logits_equal_the_padded_batchs(tiny_model_path):
     assert (run_on[last : last + lengths[-1]] - wide[-1, : lengths[-1]]).abs().max() > 1e-2
 
 
+@pytest.mark.slow  # two trainer runs; the default lane checks the pieces
 def test_packed_and_padded_batches_train_alike(tiny_model_path, tmp_path, monkeypatch):
     """farm-sft's padding-free batches (the default) and padded ones (FARMKIT_PACKED_SFT=0) give the
     same losses and weights to float rounding."""
