@@ -7,7 +7,8 @@ of the shipped instructions (examples/data/instructions.jsonl, in the embedded m
 different lengths as the tools' batches are. The compile figure is the first pass of the compiled
 model over those batches (each new length may compile again); then BENCH_COMPILE_ROUNDS (2) rounds
 over them, eager and compiled interleaved. It pays where compile + steps x compiled < steps x eager
-over a run's steps: the figure `break-even steps` is compile / (eager - compiled) per step.
+over a run's steps: the figure `break-even steps` is compile / (eager - compiled) per step. Inductor
+compiles in this process (TORCHINDUCTOR_COMPILE_THREADS=1), so that its CPU time is counted.
 
     python bench/bench_compile.py
 """
@@ -28,6 +29,9 @@ def cpu_seconds() -> float:
 
 
 def main() -> None:
+    # inductor compiles in this process, so that its CPU time is this process's (its worker
+    # processes' would not be counted until they exit)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
 
     from farmkit.lm.models import PromptFormat, load_causal_lm, resolve

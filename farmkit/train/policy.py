@@ -74,8 +74,8 @@ def trainer_optim(device: str) -> str:
 
 def adamw(parameters: Sequence[torch.nn.Parameter], **options: Any) -> torch.optim.AdamW:
     """torch's AdamW with its fused kernel where the parameters' device has one (CPU and CUDA), as
-    transformers' Trainer defaults to (`adamw_torch_fused`): on the CPU it takes 0.17 s per step on
-    the embedded model's 135M parameters, against 0.6 s for the default per-tensor loop
+    transformers' Trainer defaults to (`adamw_torch_fused`): on the CPU it takes 0.09-0.17 CPU s per
+    step on the embedded model's 135M parameters, against 0.6 s for the default per-tensor loop
     (bench/bench_optim.py). The same update to float rounding; FARMKIT_FUSED_ADAMW=0 turns it off."""
     parameters = list(parameters)
     fused = (
