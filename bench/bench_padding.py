@@ -13,7 +13,7 @@ examples/runs/demo), skipped when there is none. These shares are arithmetic on 
 
 Then the time it costs: farm-sft's step (forward and backward of the causal LM loss on the responses)
 on the embedded model, one torch thread, on BENCH_PADDING_BATCHES (2) random batches of the demo's
-demonstrations, padded (FARMKIT_PACKED_SFT=0) against padding-free (the default: one row, positions
+demonstrations, padded (the default) against padding-free (FARMKIT_PACKED_SFT=1: one row, positions
 restarting at each demonstration, as TRL's collator builds it), interleaved, after one warm-up pass,
 BENCH_PADDING_ROUNDS (2) rounds: CPU seconds (user + system) summed; the ratio is packed / padded.
 The largest difference between the two ways' logits on the real tokens is printed too.

@@ -170,11 +170,14 @@ def training_ids(
 
 
 def packed_batches() -> bool:
-    """Whether farm-sft trains on padding-free batches (the default): the demonstrations of a batch
-    concatenated into one row, their positions restarting at each, so that attention stays within
-    each one (transformers reads the boundaries from position_ids) and the logits are the padded
-    batch's to float rounding (tests/methods/test_sft.py). FARMKIT_PACKED_SFT=0 pads them again."""
-    return os.environ.get("FARMKIT_PACKED_SFT", "1") != "0"
+    """Whether farm-sft trains on padding-free batches (FARMKIT_PACKED_SFT=1; padded by default): the
+    demonstrations of a batch concatenated into one row, their positions restarting at each, so that
+    attention stays within each one (transformers reads the boundaries from position_ids) and the
+    logits are the padded batch's to float rounding (tests/methods/test_sft.py). Off by default: on
+    the CPU the packed step's time was within the measurement's noise of the padded one's
+    (bench/README.md, `padding`), and a model whose attention ignores position_ids would read across
+    the demonstrations."""
+    return os.environ.get("FARMKIT_PACKED_SFT", "0") == "1"
 
 
 def tokenize_examples(
@@ -371,8 +374,8 @@ def train_sft(
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
             optim=trainer_optim(device),  # FARMKIT_FUSED_ADAMW=0: the per-tensor loop
-            # a batch's demonstrations as one row, each attending to itself only (position_ids):
-            # no padding computed (bench/bench_padding.py); FARMKIT_PACKED_SFT=0 pads them again
+            # FARMKIT_PACKED_SFT=1: a batch's demonstrations as one row, each attending to itself
+            # only (position_ids), no padding computed (bench/bench_padding.py)
             padding_free=packed,
             gradient_checkpointing=False,
             deepspeed=_deepspeed_config(config.deepspeed),

@@ -139,7 +139,7 @@ def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, m
     optimizers = spy_adamw(monkeypatch)
     train_sft(str(tiny_model_path), DEMOS, tmp_path / "sft", quick(max_steps=2))
     assert [o.defaults["fused"] for o in optimizers] == [True]  # torch's fused AdamW, the default
-    assert batches and all(packed)  # padding-free batches, the default
+    assert batches and not any(packed)  # padded batches, the default (FARMKIT_PACKED_SFT=1 packs)
     tokenizer = load_tokenizer(tiny_model_path)
     fmt = PromptFormat.for_model(tiny_model_path)
     expected = {}  # the tokens of each demonstration -> its response's positions
@@ -520,13 +520,25 @@ def test_packed_logits_equal_the_padded_batchs(tiny_model_path):
 
 @pytest.mark.slow  # two trainer runs; the default lane checks the pieces
 def test_packed_and_padded_batches_train_alike(tiny_model_path, tmp_path, monkeypatch):
-    """farm-sft's padding-free batches (the default) and padded ones (FARMKIT_PACKED_SFT=0) give the
+    """farm-sft's padding-free batches (FARMKIT_PACKED_SFT=1) and padded ones (the default) give the
     same losses and weights to float rounding."""
+    from trl.trainer import sft_trainer
+
+    original, rows = sft_trainer.DataCollatorForLanguageModeling.torch_call, []
+
+    def torch_call(self, examples):
+        batch = original(self, examples)
+        rows.append(batch["input_ids"].shape[0])
+        return batch
+
+    monkeypatch.setattr(sft_trainer.DataCollatorForLanguageModeling, "torch_call", torch_call)
     losses, weights = {}, {}
     for packed in ("1", "0"):
         monkeypatch.setenv("FARMKIT_PACKED_SFT", packed)
         summary = train_sft(str(tiny_model_path), DEMOS, tmp_path / packed, quick(max_steps=2))
         losses[packed], weights[packed] = summary["losses"], state(tmp_path / packed)
+        assert set(rows) == ({1} if packed == "1" else {4}), rows  # one row, or the batch's 4
+        rows.clear()
     assert losses["1"] == pytest.approx(losses["0"], rel=1e-4)
     import torch
 
