@@ -279,7 +279,7 @@ def train_dpo(
     from farmkit.train import launch
     from farmkit.train.budget import Budget
     from farmkit.train.gold import GoldRequest, check_processes, make_gold
-    from farmkit.train.policy import plain_model
+    from farmkit.train.policy import plain_model, trainer_optim
 
     if not pairs:
         raise FarmError("no usable preference pairs (all ties or null verdicts)")
@@ -290,7 +290,8 @@ def train_dpo(
         )
     if config.gold:
         check_processes()
-    on_gpu = launch.check_device(config.device).startswith("cuda")
+    device = launch.check_device(config.device)
+    on_gpu = device.startswith("cuda")
     # every preference record read was paid for, ties and null verdicts included
     budget = Budget(sum((counts or {}).get(key, 0) for key in ("tie", "null")) + len(pairs))
     torch.manual_seed(seed)
@@ -363,6 +364,7 @@ def train_dpo(
             data_seed=seed,
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
+            optim=trainer_optim(device),  # FARMKIT_FUSED_ADAMW=0: the per-tensor loop
             **{no_checkpointing_field(TRLConfig): False},
             save_strategy="steps" if config.save_steps else "no",
             save_steps=config.save_steps or 500,

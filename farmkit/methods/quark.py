@@ -327,7 +327,7 @@ class QuarkTrainer:
             device=device,
             start_network=self.reference,
         )
-        optimizer = torch.optim.AdamW(
+        optimizer = P.adamw(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.learning_rate,
             eps=config.adam_eps,

@@ -212,6 +212,7 @@ def train_reward_model(
     from farmkit.lm.models import load_tokenizer, write_meta
     from farmkit.train import checkpoints as C
     from farmkit.train import launch
+    from farmkit.train import policy as P
     from farmkit.train import schedule as schedules
 
     if not items:
@@ -271,7 +272,7 @@ def train_reward_model(
         if config.max_steps > 0
         else max(1, math.ceil(config.epochs * steps_per_epoch))
     )
-    optimizer = torch.optim.AdamW(
+    optimizer = P.adamw(
         [p for p in network.parameters() if p.requires_grad],
         lr=config.learning_rate,
         weight_decay=config.weight_decay,

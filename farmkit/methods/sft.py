@@ -169,6 +169,17 @@ def training_ids(
     )["input_ids"]
 
 
+def packed_batches() -> bool:
+    """Whether farm-sft trains on padding-free batches (FARMKIT_PACKED_SFT=1; padded by default): the
+    demonstrations of a batch concatenated into one row, their positions restarting at each, so that
+    attention stays within each one (transformers reads the boundaries from position_ids) and the
+    logits are the padded batch's to float rounding (tests/methods/test_sft.py). Off by default: on
+    the CPU the packed step's time was within the measurement's noise of the padded one's
+    (bench/README.md, `padding`), and a model whose attention ignores position_ids would read across
+    the demonstrations."""
+    return os.environ.get("FARMKIT_PACKED_SFT", "0") == "1"
+
+
 def tokenize_examples(
     tokenizer: Any, prompt_format: Any, examples: Sequence[dict[str, Any]], max_length: int
 ) -> list[dict[str, list[int]]]:
@@ -282,6 +293,7 @@ def train_sft(
         write_meta,
     )
     from farmkit.train import launch
+    from farmkit.train.policy import trainer_optim
 
     if not examples:
         raise FarmError("no demonstrations to train on")
@@ -299,6 +311,7 @@ def train_sft(
     set_seed(config.seed)  # the rows of new control tokens are drawn at random: seed them too
     _add_control_tokens(network, tokenizer, examples)
     rows = tokenize_examples(tokenizer, prompt_format, examples, config.max_length)
+    packed = packed_batches()
     if not rows:
         raise FarmError(
             f"every demonstration's prompt is longer than max_length={config.max_length}"
@@ -346,7 +359,9 @@ def train_sft(
             warmup_steps=float(config.warmup_ratio),  # a float below 1 is a fraction of the steps
             lr_scheduler_type=config.lr_scheduler,
             weight_decay=config.weight_decay,
-            max_length=config.max_length,
+            # the rows are cut at max_length already (tokenize_examples); TRL refuses a max_length
+            # it would not enforce on padding-free batches
+            max_length=None if packed else config.max_length,
             completion_only_loss=True,
             seed=config.seed,
             data_seed=config.seed,
@@ -358,6 +373,10 @@ def train_sft(
             disable_tqdm=quiet,
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
             bf16=on_gpu and torch.cuda.is_bf16_supported(),
+            optim=trainer_optim(device),  # FARMKIT_FUSED_ADAMW=0: the per-tensor loop
+            # FARMKIT_PACKED_SFT=1: a batch's demonstrations as one row, each attending to itself
+            # only (position_ids), no padding computed (bench/bench_padding.py)
+            padding_free=packed,
             gradient_checkpointing=False,
             deepspeed=_deepspeed_config(config.deepspeed),
             dataset_num_proc=None,

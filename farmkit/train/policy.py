@@ -55,15 +55,37 @@ def _apply(rollout: Rollout, name: str, change: Callable[[torch.Tensor], torch.T
     return None if value is None else change(value)
 
 
+FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
+
+
+def fused_adamw() -> bool:
+    """Whether AdamW takes torch's fused kernel where the device has one (the default);
+    FARMKIT_FUSED_ADAMW=0 gives torch's own default back (the single-tensor loop on the CPU)."""
+    return os.environ.get("FARMKIT_FUSED_ADAMW", "1") != "0"
+
+
+def trainer_optim(device: str) -> str:
+    """TrainingArguments.optim for the Trainer-based tools (farm-sft, farm-dpo) on `device`: the
+    fused AdamW where the device has it, as `adamw` (a DeepSpeed config without an optimizer of
+    its own, like the shipped ones, wraps this one)."""
+    fused = fused_adamw() and device.split(":")[0] in FUSED_DEVICES
+    return "adamw_torch_fused" if fused else "adamw_torch"
+
+
 def adamw(parameters: Sequence[torch.nn.Parameter], **options: Any) -> torch.optim.AdamW:
     """torch's AdamW with its fused kernel where the parameters' device has one (CPU and CUDA), as
-    transformers' Trainer defaults to (`adamw_torch_fused`): on the CPU it takes 0.17 s per step on
-    the embedded model's 135M parameters, against 0.6 s for the default per-tensor loop."""
+    transformers' Trainer defaults to (`adamw_torch_fused`): on the CPU it takes 0.09-0.17 CPU s per
+    step on the embedded model's 135M parameters, against 0.6 s for the default per-tensor loop
+    (bench/bench_optim.py). The same update to float rounding; FARMKIT_FUSED_ADAMW=0 turns it off."""
     parameters = list(parameters)
-    fused = bool(parameters) and all(
-        p.device.type in ("cpu", "cuda")
-        and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        for p in parameters
+    fused = (
+        fused_adamw()
+        and bool(parameters)
+        and all(
+            p.device.type in FUSED_DEVICES
+            and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            for p in parameters
+        )
     )
     return torch.optim.AdamW(parameters, fused=fused or None, **options)
 

@@ -18,6 +18,7 @@ from policy_fixtures import (
     keyword_probability,
     keyword_reward_model,
     sampled_rewards,
+    spy_adamw,
     tiny_sft,
     write_jsonl,
 )
@@ -168,7 +169,7 @@ def test_config_rejects_bad_combinations(kwargs, message):
         ("hinge,ipo", "1,0.5", 1.0 + 0.5 * 25.0),
     ],
 )
-def test_loss_variants_reach_trl(sft, tmp_path, loss_type, weights, expected):
+def test_loss_variants_reach_trl(sft, tmp_path, loss_type, weights, expected, monkeypatch):
     """The loss TRL computes is the one asked for, with its weights: at the first step the policy
     is the reference, every log-ratio margin is 0, and each loss type has a known value there (TRL's
     default, sigmoid, would give log 2 = 0.693)."""
@@ -181,7 +182,25 @@ def test_loss_variants_reach_trl(sft, tmp_path, loss_type, weights, expected):
     config = DPOConfig(
         loss_type=loss_type, beta=0.1, max_steps=1, batch_size=4, learning_rate=1e-4, **options
     )
+    optimizers = spy_adamw(monkeypatch)
     last = train_dpo(str(sft), pairs, str(tmp_path / "out"), config)
+    assert [o.defaults["fused"] for o in optimizers] == [True]  # torch's fused AdamW, the default
     assert last["loss"] == pytest.approx(expected, rel=1e-4)
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["config"]["loss_type"] == loss_type
+
+
+def test_fused_adamw_switched_off_gives_the_trainer_the_per_tensor_loop(sft, tmp_path, monkeypatch):
+    """farm-dpo's Trainer steps torch's fused AdamW by default (checked in
+    test_loss_variants_reach_trl, which trains anyway); FARMKIT_FUSED_ADAMW=0 reaches it too
+    (tests/train/test_policy.py: the same update)."""
+    from farmkit.methods.dpo import train_dpo
+
+    created = spy_adamw(monkeypatch)
+    monkeypatch.setenv("FARMKIT_FUSED_ADAMW", "0")
+    pairs = [
+        {"instruction": q, "input": "", "chosen": KEYWORD, "rejected": "red"} for q in QUESTIONS[:4]
+    ]
+    config = DPOConfig(max_steps=1, batch_size=4, learning_rate=1e-4)
+    train_dpo(str(sft), pairs, str(tmp_path / "out"), config)
+    assert [bool(o.defaults["fused"]) for o in created] == [False]

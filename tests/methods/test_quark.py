@@ -553,6 +553,7 @@ def test_adamw_takes_the_configured_eps(models, tmp_path, monkeypatch):
     train_quark(str(sft), str(rm), prompt_records(16), str(tmp_path / "out"), config, seed=0)
     assert len(created) == 1
     assert [group["eps"] for group in created[0].param_groups] == [3e-7]
+    assert created[0].defaults["fused"] is True  # torch's fused kernel (bench/bench_optim.py)
 
 
 def test_gradients_are_clipped_at_the_configured_norm(models, tmp_path):

@@ -213,10 +213,13 @@ def test_held_out_split_keeps_prompts_together():
     assert split_held_out(items, 0.3, seed=1)[1] != held_out
 
 
-def test_train_layers_leaves_lower_weights_untouched(tiny_model_path, tmp_path):
+def test_train_layers_leaves_lower_weights_untouched(tiny_model_path, tmp_path, monkeypatch):
+    from policy_fixtures import spy_adamw
     from safetensors.torch import load_file
 
+    optimizers = spy_adamw(monkeypatch)
     summary = train_keyword_rm(tiny_model_path, tmp_path / "rm", pairs=64, train_layers=1, epochs=1)
+    assert [o.defaults["fused"] for o in optimizers] == [True]  # torch's fused AdamW, the default
     assert summary["train_pairs"] == 51 and summary["steps"] == 4  # 13 of 64 prompts held out
     base = load_file(tiny_model_path / "model.safetensors")
     trained = load_file(tmp_path / "rm" / "model.safetensors")
@@ -228,6 +231,21 @@ def test_train_layers_leaves_lower_weights_untouched(tiny_model_path, tmp_path):
         trained["model.layers.1.mlp.up_proj.weight"] == base["model.layers.1.mlp.up_proj.weight"]
     ).all()
     assert "score.weight" in trained
+
+
+def test_fused_adamw_switched_off_gives_the_reward_model_the_per_tensor_loop(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """farm-rm-train steps torch's fused AdamW by default (bench/bench_optim.py: a seventh of the
+    per-tensor loop's CPU time on the embedded model; checked in
+    test_train_layers_leaves_lower_weights_untouched, which trains anyway); FARMKIT_FUSED_ADAMW=0
+    gives the loop back (tests/train/test_policy.py: the same update either way)."""
+    from policy_fixtures import spy_adamw
+
+    created = spy_adamw(monkeypatch)
+    monkeypatch.setenv("FARMKIT_FUSED_ADAMW", "0")
+    train_keyword_rm(tiny_model_path, tmp_path / "loop", pairs=8, max_steps=1, eval_fraction=0)
+    assert [bool(o.defaults["fused"]) for o in created] == [False]
 
 
 def test_lora_run_saves_a_merged_loadable_reward_model(tiny_model_path, tmp_path):

@@ -118,16 +118,28 @@ def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, m
 
     from farmkit.lm.models import PromptFormat, load_tokenizer
 
-    original, batches = sft_trainer.DataCollatorForLanguageModeling.torch_call, []
+    original, batches, packed = sft_trainer.DataCollatorForLanguageModeling.torch_call, [], []
 
     def torch_call(self, examples):
         batch = original(self, examples)
         batches.append({key: batch[key].clone() for key in ("input_ids", "labels")})
+        packed.append("position_ids" in batch and "attention_mask" not in batch)
+        if packed[-1]:  # a padding-free batch: one row, positions restart at each
+            starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist()
+            ends = [*starts[1:], batch["input_ids"].shape[1]]
+            batches[-1] = {
+                key: [batches[-1][key][0, a:b] for a, b in zip(starts, ends, strict=True)]
+                for key in ("input_ids", "labels")
+            }
         return batch
 
     monkeypatch.setattr(sft_trainer.DataCollatorForLanguageModeling, "torch_call", torch_call)
+    from policy_fixtures import spy_adamw
+
+    optimizers = spy_adamw(monkeypatch)
     train_sft(str(tiny_model_path), DEMOS, tmp_path / "sft", quick(max_steps=2))
-    assert batches
+    assert [o.defaults["fused"] for o in optimizers] == [True]  # torch's fused AdamW, the default
+    assert batches and not any(packed)  # padded batches, the default (FARMKIT_PACKED_SFT=1 packs)
     tokenizer = load_tokenizer(tiny_model_path)
     fmt = PromptFormat.for_model(tiny_model_path)
     expected = {}  # the tokens of each demonstration -> its response's positions
@@ -136,7 +148,8 @@ def test_prompt_tokens_carry_no_loss_in_the_trainer(tiny_model_path, tmp_path, m
         expected[tuple(prompt_ids + completion_ids)] = len(prompt_ids)
     seen = 0
     for batch in batches:
-        for ids, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist(), strict=True):
+        for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+            ids, labels = ids.tolist(), labels.tolist()
             key = next(k for k in expected if ids[: len(k)] == list(k))
             start = expected[key]
             assert labels[:start] == [-100] * start
@@ -453,3 +466,81 @@ def test_options_carry_the_config_help_and_read_a_yaml_file(tmp_path, monkeypatc
         0.5,
         3,
     )  # the flag wins over the file
+
+
+@pytest.mark.slow  # a trainer run; tests/methods/test_dpo.py checks the same switch in the default lane
+def test_fused_adamw_switched_off_gives_the_trainer_the_per_tensor_loop(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """farm-sft's Trainer steps torch's fused AdamW by default (bench/bench_optim.py; checked in
+    test_prompt_tokens_carry_no_loss_in_the_trainer, which trains anyway); FARMKIT_FUSED_ADAMW=0
+    reaches it too (tests/train/test_policy.py: the same update)."""
+    from policy_fixtures import spy_adamw
+
+    created = spy_adamw(monkeypatch)
+    monkeypatch.setenv("FARMKIT_FUSED_ADAMW", "0")
+    train_sft(str(tiny_model_path), DEMOS, tmp_path / "loop", quick(max_steps=1))
+    assert [bool(o.defaults["fused"]) for o in created] == [False]
+
+
+def test_packed_logits_equal_the_padded_batchs(tiny_model_path):
+    """A padding-free batch (TRL's collator, as farm-sft builds it) gives each demonstration the
+    logits the padded batch gives it: attention stays within each one. Without the boundaries
+    (positions running on) the demonstrations after the first would read the ones before them."""
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from farmkit.lm.models import PromptFormat, load_causal_lm
+
+    model, tokenizer = load_causal_lm(tiny_model_path)
+    rows = sft.tokenize_examples(tokenizer, PromptFormat.for_model(tiny_model_path), DEMOS, 128)
+    lengths = [len(row["input_ids"]) for row in rows]
+    assert len(set(lengths)) > 1  # the padded batch has padding
+    padded = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)(rows)
+    packed = DataCollatorForLanguageModeling(
+        pad_token_id=tokenizer.pad_token_id, padding_free=True
+    )(rows)
+    model.eval()
+    with torch.no_grad():
+        wide = model(
+            input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], use_cache=False
+        ).logits
+        flat = model(
+            input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False
+        ).logits[0]
+        run_on = model(input_ids=packed["input_ids"], use_cache=False).logits[0]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    for row, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+        torch.testing.assert_close(
+            flat[start : start + length], wide[row, :length], rtol=1e-4, atol=1e-4
+        )
+    last = starts[-1]
+    assert (run_on[last : last + lengths[-1]] - wide[-1, : lengths[-1]]).abs().max() > 1e-2
+
+
+@pytest.mark.slow  # two trainer runs; the default lane checks the pieces
+def test_packed_and_padded_batches_train_alike(tiny_model_path, tmp_path, monkeypatch):
+    """farm-sft's padding-free batches (FARMKIT_PACKED_SFT=1) and padded ones (the default) give the
+    same losses and weights to float rounding."""
+    from trl.trainer import sft_trainer
+
+    original, rows = sft_trainer.DataCollatorForLanguageModeling.torch_call, []
+
+    def torch_call(self, examples):
+        batch = original(self, examples)
+        rows.append(batch["input_ids"].shape[0])
+        return batch
+
+    monkeypatch.setattr(sft_trainer.DataCollatorForLanguageModeling, "torch_call", torch_call)
+    losses, weights = {}, {}
+    for packed in ("1", "0"):
+        monkeypatch.setenv("FARMKIT_PACKED_SFT", packed)
+        summary = train_sft(str(tiny_model_path), DEMOS, tmp_path / packed, quick(max_steps=2))
+        losses[packed], weights[packed] = summary["losses"], state(tmp_path / packed)
+        assert set(rows) == ({1} if packed == "1" else {4}), rows  # one row, or the batch's 4
+        rows.clear()
+    assert losses["1"] == pytest.approx(losses["0"], rel=1e-4)
+    import torch
+
+    for name, tensor in weights["0"].items():
+        torch.testing.assert_close(weights["1"][name], tensor, rtol=1e-4, atol=1e-5)
