@@ -159,7 +159,7 @@ def main() -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     def decode(bf16: bool, step: int) -> None:
         prompts = [chat(rows[(step * args.batch + i) % len(rows)])[0] for i in range(args.batch)]
@@ -236,9 +236,11 @@ def main() -> int:
             torch.manual_seed(1)
             model, optimizer = make()
             # the same start both ways (the reward model's new score head drawn from this seed)
-            curves[bf16] = [
-                train_step(model, optimizer, loss_fn, step, bf16) for step in range(args.curve)
-            ]
+            curves[bf16] = []
+            for step in range(args.curve):
+                curves[bf16].append(train_step(model, optimizer, loss_fn, step, bf16))
+                label = "bf16" if bf16 else "fp32"
+                print(f"  {name} {label} step {step}: {curves[bf16][-1]:.4f}", file=sys.stderr)
         print(f"{name} loss curve (every 5th step): fp32 / bf16", file=sys.stderr)
         for step in range(0, args.curve, 5):
             print(

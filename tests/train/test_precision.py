@@ -136,18 +136,25 @@ def test_bf16_reward_model_trains_and_records_it(tiny_model_path, tmp_path):
 
 
 def test_sampling_is_not_autocast(tiny_model_path):
-    """A rollout sampled under a bf16 autocast context (as the trainers' sampling runs) draws the
-    same tokens as one without: decoding stays in the weights' precision."""
+    """A rollout sampled inside a bf16 autocast context (as the trainers' sampling runs) computes in
+    the weights' float32, prefill and decoding alike, and draws the tokens it draws without one."""
     import torch
 
     from farmkit.lm.models import load_causal_lm
     from farmkit.train import policy as P
 
     model, tokenizer = load_causal_lm(tiny_model_path)
+    computed = []  # the dtype of every forward's logits
+    model.lm_head.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
     prompts = [tokenizer("Name a colour.")["input_ids"], tokenizer("Count to three.")["input_ids"]]
     drawn = []
     for autocast in (False, True):
         torch.manual_seed(5)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            drawn.append(P.sample_rollout(model, tokenizer, prompts, 1.0, 24).response_ids)
+            drawn.append(P.sample_rollout(model, tokenizer, prompts, 1.0, 8).response_ids)
+    assert set(computed) == {torch.float32} and len(computed) >= 2 * 8
     assert torch.equal(drawn[0], drawn[1])
+    # the trainers' own forward passes (the update, the reference) still autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=torch.tensor([prompts[0]]))
+    assert computed[-1] == torch.bfloat16
