@@ -135,6 +135,25 @@ def test_bf16_reward_model_trains_and_records_it(tiny_model_path, tmp_path):
     assert meta["launch"]["mixed_precision"] == "bf16"
 
 
+def test_bf16_dpo_records_it_and_starts_at_log_2(tiny_model_path, tmp_path):
+    """farm-dpo (and farm-online-dpo's rounds) under bf16: the policy and its reference autocast
+    alike, so the first step's margin is 0 and its loss log 2, as in fp32."""
+    import math
+
+    from farmkit.methods.dpo import DPOConfig, train_dpo
+
+    pairs = [
+        {"instruction": f"Name colour {n}.", "input": "", "chosen": "Blue.", "rejected": "Red."}
+        for n in range(4)
+    ]
+    config = DPOConfig(max_steps=1, batch_size=4, learning_rate=1e-4, precision="bf16")
+    last = train_dpo(str(tiny_model_path), pairs, str(tmp_path / "dpo"), config)
+    assert last["loss"] == pytest.approx(math.log(2), rel=1e-4)
+    assert _weights_dtypes(tmp_path / "dpo") == {"F32"}
+    meta = json.loads((tmp_path / "dpo" / "meta.json").read_text())
+    assert meta["launch"]["mixed_precision"] == "bf16"
+
+
 def test_sampling_is_not_autocast(tiny_model_path):
     """A rollout sampled inside a bf16 autocast context (as the trainers' sampling runs) computes in
     the weights' float32, prefill and decoding alike, and draws the tokens it draws without one."""
