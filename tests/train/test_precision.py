@@ -93,36 +93,21 @@ def _weights_dtypes(folder: Path) -> set[str]:
         return {str(weights.get_slice(name).get_dtype()) for name in weights.keys()}  # noqa: SIM118
 
 
-@pytest.fixture(scope="module")
-def sft_runs(tmp_path_factory, tiny_model_path):
-    """farm-sft's training on the tiny model, 4 steps, in fp32 and in bf16."""
+def test_bf16_sft_trains_with_the_loss_falling_and_float32_weights(tiny_model_path, tmp_path):
     from test_sft import DEMOS, quick
 
     from farmkit.methods.sft import train_sft
 
-    runs = {}
-    for precision in ("fp32", "bf16"):
-        folder = tmp_path_factory.mktemp(f"sft-{precision}") / "sft"
-        summary = train_sft(
-            str(tiny_model_path), DEMOS, folder, quick(max_steps=4, precision=precision)
-        )
-        runs[precision] = (folder, summary)
-    return runs
-
-
-def test_bf16_sft_trains_with_the_loss_falling_and_float32_weights(sft_runs):
-    folder, summary = sft_runs["bf16"]
+    folder = tmp_path / "sft"
+    summary = train_sft(str(tiny_model_path), DEMOS, folder, quick(max_steps=4, precision="bf16"))
     losses = summary["losses"]
-    assert len(losses) == 4 and losses[-1] < losses[0] - 0.3, losses  # fp32's: 10.9 to 10.2
+    # here: 10.91, 10.63, 10.41, 10.24 (on the embedded model the bf16 and fp32 curves agree step
+    # by step to a few hundredths: bench/README.md, "precision")
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.3, losses
     assert _weights_dtypes(folder) == {"F32"}  # the master weights stayed float32
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["launch"]["mixed_precision"] == "bf16"
     assert meta["config"]["precision"] == "bf16"
-    # really computed in bf16: the same run in fp32 records "no" and other losses
-    fp32_folder, fp32_summary = sft_runs["fp32"]
-    assert json.loads((fp32_folder / "meta.json").read_text())["launch"]["mixed_precision"] == "no"
-    assert fp32_summary["losses"][0] == pytest.approx(losses[0], rel=0.05)
-    assert fp32_summary["losses"] != losses
 
 
 def test_bf16_reward_model_trains_and_records_it(tiny_model_path, tmp_path):
