@@ -58,7 +58,8 @@ SHARED_HELP = {
     "precision": "Training arithmetic: fp32, or bf16 autocast over float32 weights, optimizer "
     "state and loss; auto: bf16 on a GPU that supports it and on a CPU with native bf16 "
     "(avx512_bf16 or amx_bf16 in /proc/cpuinfo), else fp32 (env FARMKIT_PRECISION sets auto's "
-    "choice). Sampling stays as it was. meta.json's launch.mixed_precision records it.",
+    "choice). A CPU samples rollouts in float32 either way. meta.json's launch.mixed_precision "
+    "records it.",
     "temperature": "Sampling temperature; 0 decodes greedily where the tool allows it (best-of-n "
     "and the trainers need > 0: their log-probabilities, and so their KL to the SFT model, are "
     "those of the tempered distribution). AlpacaFarm: 1 for training and pairs to annotate, 0.7 "
