@@ -134,9 +134,10 @@ def without_cpu_autocast(function: Any) -> Any:
     """`function` run with the CPU's autocast off (a fresh context each call: threads may share it).
 
     Decoding is memory-bound: on a CPU, bf16 autocast (which casts every weight again at each
-    forward) does not pay there (bench/bench_precision.py: 0.99 of fp32's CPU time), so a trainer
-    under --precision bf16 samples in the weights' own precision, its prefill too (the KV cache must
-    match the decoding steps'). The trainer recomputes the rollout's log-probabilities under its own."""
+    forward) gains little there (bench/bench_precision.py: 0.99 of fp32's CPU time on a loaded
+    machine, 0.83 idle), so a trainer under --precision bf16 samples in the weights' own
+    precision, its prefill too (the KV cache must match the decoding steps'). The trainer
+    recomputes the rollout's log-probabilities under its own."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
