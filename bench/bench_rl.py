@@ -648,7 +648,10 @@ def run_worker(
         str(out),
     ]
     began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    # fp32 on both sides (TRL's bf16=False): farmkit's --precision auto would pick bf16 on a CPU
+    # with native bf16 (bench_precision measures that)
+    environment = {**os.environ, "FARMKIT_PRECISION": "fp32"}
+    done = subprocess.run(command, capture_output=True, text=True, env=environment)
     wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(

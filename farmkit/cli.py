@@ -59,6 +59,7 @@ from farmkit.core.values import Bounds, Number, check_number
 from farmkit.lm.models import TEMPLATES
 from farmkit.train import config as method_config
 from farmkit.train.config import REPORT_TO, ROLLOUT_BACKENDS, SHARED_HELP, SHARED_NUMBERS
+from farmkit.train.precision import PRECISIONS
 
 log = logging.getLogger("farmkit")
 
@@ -295,6 +296,7 @@ SHARED: dict[str, Shared] = {
     # model
     "template": Shared(("--template",), click.Choice(TEMPLATES), "auto"),
     "device": Shared(("--device",), DEVICE, "auto"),
+    "precision": Shared(("--precision",), click.Choice(PRECISIONS), "auto"),
     "seed": Shared(("--seed",), _shared_number("seed"), 0),
     # sampling: farm-sample writes them all, farm-bon and farm-expiter keep the best
     "num_samples": Shared(

@@ -18,6 +18,12 @@ from farmkit.core.allocator import keep_freed_memory
 # train by calling the library in the pytest process itself
 keep_freed_memory()
 
+# The trainers' --precision auto picks bf16 autocast on a CPU with native bf16 (farmkit.train.precision):
+# the suite's exact figures (TRL parity, resume equals unbroken, the mutation gate's) are fp32's, on
+# every machine. Set before any tool runs, so run_tool's processes inherit it; tests/train/
+# test_precision.py checks bf16 itself. FARMKIT_PRECISION=bf16 in the environment runs the suite so.
+os.environ.setdefault("FARMKIT_PRECISION", "fp32")
+
 ROOT = Path(__file__).resolve().parent.parent
 # tests/ mirrors the package (tests/core/, tests/methods/, ...). A few test modules import helpers from
 # a test module in another folder (test_reward's keyword world, test_cli's scalar tags): every folder

@@ -179,6 +179,7 @@ def test_every_shared_option_reads_the_same_in_every_tool():
         "save_steps": {"farm-sft", "farm-ppo", *group_methods, *resume_added},
         "resume": {"farm-sample", "farm-sft", "farm-ppo", *group_methods, *resume_added},
         "report_to": set(TRAINERS),
+        "precision": set(TRAINERS),  # issue 48
         "gold": set(POLICY_METHODS),
         "gold_prompts": set(POLICY_METHODS),
         "gold_size": set(POLICY_METHODS),

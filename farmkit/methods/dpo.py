@@ -30,6 +30,7 @@ from farmkit.train.config import (
     shared_field,
 )
 from farmkit.train.metrics import from_trainer_log, write_metrics
+from farmkit.train.precision import PRECISIONS
 
 log = logging.getLogger("farmkit")
 
@@ -90,6 +91,7 @@ class DPOConfig(ModelArgs, TrackingArgs, GoldArgs):
     lora_rank: int = shared_field("lora_rank", 16)
     lora_alpha: int = shared_field("lora_alpha", 32)
     device: str = shared_field("device", "auto")
+    precision: str = shared_field("precision", "auto", PRECISIONS)
     save_steps: int = save_steps_field()
     resume: bool = resume_field()
 
@@ -292,6 +294,8 @@ def train_dpo(
         check_processes()
     device = launch.check_device(config.device)
     on_gpu = device.startswith("cuda")
+    from farmkit.train.precision import resolve_precision
+
     # every preference record read was paid for, ties and null verdicts included
     budget = Budget(sum((counts or {}).get(key, 0) for key in ("tie", "null")) + len(pairs))
     torch.manual_seed(seed)
@@ -363,7 +367,7 @@ def train_dpo(
             seed=seed,
             data_seed=seed,
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
-            bf16=on_gpu and torch.cuda.is_bf16_supported(),
+            bf16=resolve_precision(config.precision, on_gpu) == "bf16",
             optim=trainer_optim(device),  # FARMKIT_FUSED_ADAMW=0: the per-tensor loop
             **{no_checkpointing_field(TRLConfig): False},
             save_strategy="steps" if config.save_steps else "no",

@@ -51,6 +51,7 @@ SFT_ROUND_FIELDS = (
     "lora",
     "lora_rank",
     "lora_alpha",
+    "precision",
 )
 
 

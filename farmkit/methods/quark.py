@@ -38,6 +38,7 @@ from farmkit.train.config import (
     shared_field,
 )
 from farmkit.train.metrics import metrics_row, write_metrics
+from farmkit.train.precision import PRECISIONS
 
 log = logging.getLogger("farmkit")
 KEEP = ("top", "all")
@@ -136,6 +137,7 @@ class QuarkConfig(RolloutConfig, TrackingArgs, GoldArgs):
     )
     generation_batch_size: int = shared_field("generation_batch_size", 16)
     device: str = shared_field("device", "auto")
+    precision: str = shared_field("precision", "auto", PRECISIONS)
     # LoRA adapters on the policy (and the control tokens' embedding rows); the KL reference stays
     # the SFT model, a frozen copy
     lora: bool = shared_field("lora", False)

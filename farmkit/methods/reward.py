@@ -28,6 +28,7 @@ from farmkit.train import tracking
 from farmkit.train.checkpoints import resume_field, save_steps_field
 from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
 from farmkit.train.metrics import MetricsWriter
+from farmkit.train.precision import PRECISIONS
 from farmkit.train.scoring import reward_format, reward_text, sequence_rewards, tail_token_ids
 
 log = logging.getLogger("farmkit")
@@ -76,6 +77,7 @@ class RewardConfig(ModelArgs, TrackingArgs):
     save_steps: int = save_steps_field()
     resume: bool = resume_field()
     device: str = shared_field("device", "auto")
+    precision: str = shared_field("precision", "auto", PRECISIONS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -214,6 +216,7 @@ def train_reward_model(
     from farmkit.train import launch
     from farmkit.train import policy as P
     from farmkit.train import schedule as schedules
+    from farmkit.train.precision import resolve_precision
 
     if not items:
         raise FarmError("no comparisons to train on")
@@ -221,7 +224,7 @@ def train_reward_model(
     # joins the launcher's processes and honours a DeepSpeed launch (see launch.use_cpu)
     accelerator = launch.make_accelerator(
         cpu=config.device == "cpu",
-        mixed_precision="bf16" if gpu and torch.cuda.is_bf16_supported() else "no",
+        mixed_precision=resolve_precision(config.precision, gpu),
         **tracking.accelerator_kwargs(config.report_to, output_dir),
     )
     launch.refuse_lora_under_zero3(accelerator, config.lora)

@@ -28,6 +28,7 @@ from farmkit.core.values import AT_LEAST_ONE, Bounds
 from farmkit.train.checkpoints import resume_field, save_steps_field
 from farmkit.train.config import ModelArgs, TrackingArgs, help_field, shared_field
 from farmkit.train.metrics import from_trainer_log, write_metrics
+from farmkit.train.precision import PRECISIONS
 
 log = logging.getLogger("farmkit")
 
@@ -99,6 +100,7 @@ class SFTConfig(ModelArgs, TrackingArgs):
         bounds=AT_LEAST_ONE,
     )
     device: str = shared_field("device", "auto")
+    precision: str = shared_field("precision", "auto", PRECISIONS)
     deepspeed: str | None = field(
         default=None,
         metadata={
@@ -277,7 +279,6 @@ def train_sft(
     into meta.json (a caller names itself with "tool", its inputs with "inputs", and the token
     sampling must use with "sampling_control_token"). Returns a summary: steps, losses, paths.
     """
-    import torch
     from datasets import Dataset
     from transformers import PrinterCallback, set_seed
     from trl import SFTConfig as TRLConfig
@@ -300,6 +301,8 @@ def train_sft(
     path = resolve(model)
     device = choose_device(config.device)
     on_gpu = device.startswith("cuda")
+    from farmkit.train.precision import resolve_precision
+
     # fp32 master weights on the CPU; the Trainer moves them to this process's device (one GPU per rank)
     # loaded whole even where an earlier round's Trainer set up ZeRO-3 in this process
     with launch.whole_models():
@@ -372,7 +375,7 @@ def train_sft(
             report_to=report_to,
             disable_tqdm=quiet,
             use_cpu=launch.use_cpu(on_gpu),  # never drops a DeepSpeed launch
-            bf16=on_gpu and torch.cuda.is_bf16_supported(),
+            bf16=resolve_precision(config.precision, on_gpu) == "bf16",
             optim=trainer_optim(device),  # FARMKIT_FUSED_ADAMW=0: the per-tensor loop
             # FARMKIT_PACKED_SFT=1: a batch's demonstrations as one row, each attending to itself
             # only (position_ids), no padding computed (bench/bench_padding.py)

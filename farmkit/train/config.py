@@ -39,6 +39,7 @@ from farmkit.train.estimators import (
     names_of,
     policy_loss,
 )
+from farmkit.train.precision import PRECISIONS
 
 # ---------------------------------------------------------------------------------------------
 # One help text per concept shared by several tools (the CLI dialect; tests/test_cli.py).
@@ -54,6 +55,11 @@ SHARED_HELP = {
     "else alpaca), chat or alpaca.",
     "device": "auto (a GPU if present, else the CPU), cpu, cuda, cuda:1...; under accelerate "
     "launch leave it auto (each process uses its own).",
+    "precision": "Training arithmetic: fp32, or bf16 autocast over float32 weights, optimizer "
+    "state and loss; auto: bf16 on a GPU that supports it and on a CPU with native bf16 "
+    "(avx512_bf16 or amx_bf16 in /proc/cpuinfo), else fp32 (env FARMKIT_PRECISION sets auto's "
+    "choice). A CPU samples rollouts in float32 either way. meta.json's launch.mixed_precision "
+    "records it.",
     "temperature": "Sampling temperature; 0 decodes greedily where the tool allows it (best-of-n "
     "and the trainers need > 0: their log-probabilities, and so their KL to the SFT model, are "
     "those of the tempered distribution). AlpacaFarm: 1 for training and pairs to annotate, 0.7 "
@@ -326,6 +332,7 @@ class OnPolicyConfig(RolloutConfig, TrackingArgs, GoldArgs):
         "before its first save), the run starts from the beginning.",
     )
     device: str = shared_field("device", "auto")
+    precision: str = shared_field("precision", "auto", PRECISIONS)
     # LoRA adapters (on the policy, and PPO's value model); the KL reference is the policy without them
     lora: bool = shared_field("lora", False)
     lora_rank: int = shared_field("lora_rank", 16)

@@ -206,9 +206,14 @@ def start_run(config: Any, tool: str, output: str, **accelerator_kwargs: Any) ->
     processes); only the main process logs from here on."""
     from farmkit.train import launch, tracking
     from farmkit.train.gold import check_processes
+    from farmkit.train.precision import launch_precision
 
+    on_gpu = launch.check_device(config.device).startswith("cuda")
     accelerator = launch.device_accelerator(
-        config.device, **accelerator_kwargs, **tracking.accelerator_kwargs(config.report_to, output)
+        config.device,
+        **launch_precision(config.precision, on_gpu),
+        **accelerator_kwargs,
+        **tracking.accelerator_kwargs(config.report_to, output),
     )
     if config.gold:
         check_processes()

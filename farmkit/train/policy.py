@@ -6,6 +6,7 @@ the same code farm-score runs."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -151,7 +152,25 @@ def pad_left(prompts: Sequence[Sequence[int]], pad_token_id: int) -> dict[str, t
     }
 
 
+def without_cpu_autocast(function: Any) -> Any:
+    """`function` run with the CPU's autocast off (a fresh context each call: threads may share it).
+
+    Decoding is memory-bound: on a CPU, bf16 autocast (which casts every weight again at each
+    forward) gains little there (bench/bench_precision.py: 0.99 of fp32's CPU time on a loaded
+    machine, 0.83 idle), so a trainer under --precision bf16 samples in the weights' own
+    precision, its prefill too (the KV cache must match the decoding steps'). The trainer
+    recomputes the rollout's log-probabilities under its own."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", enabled=False):
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
 @torch.no_grad()
+@without_cpu_autocast
 def sample_rollout(
     model: Any,
     tokenizer: Any,
