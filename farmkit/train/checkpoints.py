@@ -456,16 +456,33 @@ def check_same_settings(found: Path, written: dict[str, Any], config: Any) -> No
     config, or the settings a run records as a dict)."""
     settings = config if isinstance(config, dict) else config_dict(config)
     now = json.loads(json.dumps(settings))  # as JSON holds it (lists, not tuples)
+    # an option added since the checkpoint was written (an older farmkit's) ran as its default
+    defaults = {} if isinstance(config, dict) else _defaults(config)
     changed = sorted(
         key
         for key in set(now) | set(written)
-        if key not in RESUMABLE_CHANGES and now.get(key) != written.get(key)
+        if key not in RESUMABLE_CHANGES
+        and now.get(key) != written.get(key)
+        and not (key not in written and key in defaults and now.get(key) == defaults[key])
     )
     if changed:
         raise FarmError(
             f"--resume: {found} was written with other settings ({', '.join(changed)}); "
             "resume with the same ones"
         )
+
+
+def _defaults(config: Any) -> dict[str, Any]:
+    """A method config's fields at their defaults, as JSON holds them."""
+    import dataclasses
+
+    found = {}
+    for field in dataclasses.fields(config):
+        if field.default is not dataclasses.MISSING:
+            found[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            found[field.name] = field.default_factory()
+    return json.loads(json.dumps(found, default=str))
 
 
 def mark_complete(checkpoint: Path, state: dict[str, Any]) -> None:

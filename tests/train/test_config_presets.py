@@ -358,3 +358,18 @@ def test_a_run_resumes_under_the_preset_or_under_the_values_it_resolved_to(tmp_p
             config_dict(preset),
             build_config(PPOConfig, {"preset": "alpacafarm", "learning_rate": 2e-5}),
         )
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_when_the_option_keeps_its_default(
+    tmp_path,
+):
+    """A run interrupted under an older farmkit resumes under this one: an option added since (not in
+    the checkpoint's settings) at its default does not refuse; the option set otherwise does."""
+    from farmkit.core.io import FarmError
+    from farmkit.train.checkpoints import check_same_settings
+
+    now = build_config(PPOConfig, {})
+    older = {key: value for key, value in config_dict(now).items() if key != "precision"}
+    check_same_settings(tmp_path, older, now)
+    with pytest.raises(FarmError, match="precision"):
+        check_same_settings(tmp_path, older, build_config(PPOConfig, {"precision": "bf16"}))
