@@ -294,7 +294,8 @@ def sft_runs(batch: int, steps: int, rounds: int, peaks: dict[str, float]) -> No
 
     def farmkit_run() -> tuple[int, float, int]:
         clock, restore = farmkit_clock()
-        config = SFTConfig(max_steps=1 + steps, batch_size=batch, device="cpu")
+        # fp32 on both sides (TRL's is bf16=False): the shares are of the fp32 peak
+        config = SFTConfig(max_steps=1 + steps, batch_size=batch, device="cpu", precision="fp32")
         with tempfile.TemporaryDirectory() as folder:
             try:
                 train_sft("embedded", examples, Path(folder) / "sft", config)
@@ -385,7 +386,11 @@ def reward_runs(batch: int, steps: int, rounds: int, peaks: dict[str, float]) ->
     def farmkit_run() -> tuple[int, float, int]:
         clock, restore = farmkit_clock()
         config = RewardConfig(
-            max_steps=1 + steps, batch_size=batch, eval_fraction=0.0, device="cpu"
+            max_steps=1 + steps,
+            batch_size=batch,
+            eval_fraction=0.0,
+            device="cpu",
+            precision="fp32",  # as TRL's side (bf16=False): the shares are of the fp32 peak
         )
         with tempfile.TemporaryDirectory() as folder:
             try:
