@@ -1,7 +1,8 @@
-"""Start the farm-* tools of the tests as forks of a process that has imported torch and transformers.
+"""Start the farm-* tools of the tests as forks of a process that has imported torch, transformers
+and the trainers' libraries (peft, TRL).
 
 Every tool that loads a model spends about 2.5 s of CPU importing torch and transformers before it
-does anything, and the suite starts hundreds of them. So `run_tool` (conftest.py) and the recipes
+does anything (and a trainer 3.5 s more for peft and TRL), and the suite starts hundreds of them. So `run_tool` (conftest.py) and the recipes
 that the tests run through make (a `farm-*` shim first on their PATH, `shim_folder()`) ask a fork
 server, one per pytest process, for a child forked from an interpreter that imported those libraries
 once. The child runs the tool's console-script entry point as its own process: its own pid, argv,
@@ -96,6 +97,15 @@ with warnings.catch_warnings(record=True) as caught:
     import transformers.models.llama.modeling_llama
     import transformers.models.auto.modeling_auto
     import transformers.tokenization_utils_fast
+    # the trainers' libraries (farm-sft, farm-dpo and the tools built on them): about 3.5 s of CPU a
+    # tool, most of it peft's import of transformers' model classes
+    try:
+        import transformers.trainer
+        import peft
+        import trl
+        from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+    except ImportError:  # an environment without the ml extra's trainers: the tools import less
+        pass
 sys.stdout, sys.stderr = real_stdout, real_stderr
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(sys.argv[1])
