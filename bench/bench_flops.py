@@ -273,6 +273,23 @@ def sft_examples(count: int) -> list[dict[str, str]]:
     ]
 
 
+def trl_args(config_class: Any, folder: str, steps: int, batch: int) -> Any:
+    """TRL's trainer settings for the comparison, the same for SFTTrainer and RewardTrainer: fp32 on
+    the CPU, no gradient checkpointing, logging or saving, 1 + `steps` steps of `batch`."""
+    return config_class(
+        output_dir=folder,
+        max_steps=1 + steps,
+        per_device_train_batch_size=batch,
+        learning_rate=1e-5,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+
+
 def sft_runs(batch: int, steps: int, rounds: int, peaks: dict[str, float]) -> None:
     from datasets import Dataset
     from trl import SFTConfig as TRLConfig
@@ -308,18 +325,7 @@ def sft_runs(batch: int, steps: int, rounds: int, peaks: dict[str, float]) -> No
         model, tok = load_causal_lm(path, device="cpu", dtype="float32")
         tok.padding_side = "right"
         with tempfile.TemporaryDirectory() as folder:
-            args = TRLConfig(
-                output_dir=folder,
-                max_steps=1 + steps,
-                per_device_train_batch_size=batch,
-                learning_rate=1e-5,
-                use_cpu=True,
-                bf16=False,
-                gradient_checkpointing=False,
-                report_to="none",
-                save_strategy="no",
-                disable_tqdm=True,
-            )
+            args = trl_args(TRLConfig, folder, steps, batch)
             trainer = SFTTrainer(
                 model=model,
                 args=args,
@@ -403,18 +409,7 @@ def reward_runs(batch: int, steps: int, rounds: int, peaks: dict[str, float]) ->
         clock = StepClock()
         network = load()
         with tempfile.TemporaryDirectory() as folder:
-            args = TRLConfig(
-                output_dir=folder,
-                max_steps=1 + steps,
-                per_device_train_batch_size=batch,
-                learning_rate=1e-5,
-                use_cpu=True,
-                bf16=False,
-                gradient_checkpointing=False,
-                report_to="none",
-                save_strategy="no",
-                disable_tqdm=True,
-            )
+            args = trl_args(TRLConfig, folder, steps, batch)
             data = Dataset.from_list(
                 [
                     {"chosen_ids": c, "rejected_ids": r}
